@@ -1,0 +1,1 @@
+"""Communication on top of torch.distributed."""

@@ -1,0 +1,148 @@
+"""RunConfig: one validated description of a training run, from flags, TOML or Python."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from polyrhythm.errors import ConfigError
+
+
+def default_workers() -> int:
+    """CPU cores, capped at 4: more workers than cores only slows real compute down."""
+    return max(1, min(os.cpu_count() or 1, 4))
+
+
+class RunConfig(BaseModel):
+    """Everything that defines a run. Unknown keys are errors; `servers` is resolved on creation."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    strategy: str = Field("bsp", description="consistency strategy (see `polyrhythm strategies`)")
+    workers: int = Field(default_factory=default_workers, description="number of workers N")
+    servers: int | None = Field(
+        None, description="parameter-server shards (default 1 for PS strategies, 0 otherwise)"
+    )
+    staleness: int = Field(3, description="ssp: how many clocks a worker may run ahead")
+    epochs: int = Field(3, description="passes over the training set")
+    batch_size: int = Field(64, description="global batch B; each worker takes B/N")
+    lr: float = Field(0.05, description="learning rate")
+    momentum: float = Field(0.9, description="SGD momentum")
+    weight_decay: float = Field(1e-4, description="L2 weight decay")
+    lr_decay_every: int = Field(0, description="multiply lr by lr_decay every this many epochs (0: never)")
+    lr_decay: float = Field(0.1, description="step learning-rate decay factor")
+    dataset: str = Field("mnist5k", description="data set (see README)")
+    data_path: str | None = Field(None, description="file or directory for cifar10/cifar100")
+    synthetic_shape: list[int] = Field([1, 8, 8], description="synthetic: sample shape (C H W)")
+    synthetic_classes: int = Field(10, description="synthetic: number of classes")
+    synthetic_size: int = Field(2000, description="synthetic: number of samples")
+    val_fraction: float = Field(0.1, description="share of the data held out for validation")
+    model: str = Field("cnn", description="model (cnn, mlp)")
+    seed: int = Field(0, description="fixes init, sharding and data order")
+    steps_per_epoch: int | None = Field(None, description="cap on steps per epoch (default: all)")
+    worker_delay_s: list[float] = Field(
+        [], description="extra seconds of emulated compute per step, one entry per worker"
+    )
+    threads: int | None = Field(None, description="torch threads per worker (default: cores/N)")
+    out: str = Field("runs", description="directory that holds run records and the store")
+
+    @model_validator(mode="after")
+    def _check(self) -> RunConfig:
+        from polyrhythm.data.datasets import DATASETS
+        from polyrhythm.models import MODELS
+        from polyrhythm.strategies import STRATEGIES
+
+        _one_of("strategy", self.strategy, STRATEGIES)
+        _one_of("model", self.model, MODELS)
+        _one_of("dataset", self.dataset, DATASETS)
+        uses_servers = STRATEGIES[self.strategy].uses_servers
+        if self.servers is None:
+            object.__setattr__(self, "servers", 1 if uses_servers else 0)
+        _check_ranges(self, uses_servers)
+        return self
+
+    @property
+    def world_size(self) -> int:
+        """Processes in the job: servers first, then workers."""
+        return self.servers + self.workers
+
+    def to_toml(self) -> str:
+        return tomli_w.dumps(self.model_dump(exclude_none=True))
+
+
+def _one_of(field: str, value: str, valid: dict) -> None:
+    if value not in valid:
+        raise ValueError(f"unknown {field} {value!r}; valid: {', '.join(sorted(valid))}")
+
+
+def _check_ranges(c: RunConfig, uses_servers: bool) -> None:
+    rules = [
+        (c.workers >= 1, f"workers must be at least 1, got {c.workers}"),
+        (c.servers >= 0, f"servers must be at least 0, got {c.servers}"),
+        (not uses_servers or c.servers >= 1,
+         f"strategy {c.strategy!r} needs at least 1 server, got {c.servers}"),
+        (uses_servers or c.servers == 0, f"strategy {c.strategy!r} uses no servers; drop --servers"),
+        (c.staleness >= 0, f"staleness must be at least 0, got {c.staleness}"),
+        (c.epochs >= 1, f"epochs must be at least 1, got {c.epochs}"),
+        (c.batch_size >= c.workers,
+         f"batch size {c.batch_size} is smaller than the worker count {c.workers}"),
+        (c.lr > 0, f"lr must be positive, got {c.lr}"),
+        (0 <= c.momentum < 1, f"momentum must be in [0, 1), got {c.momentum}"),
+        (c.weight_decay >= 0, f"weight decay must be at least 0, got {c.weight_decay}"),
+        (c.lr_decay_every >= 0, f"lr_decay_every must be at least 0, got {c.lr_decay_every}"),
+        (0 < c.val_fraction < 1, f"val_fraction must be in (0, 1), got {c.val_fraction}"),
+        (c.steps_per_epoch is None or c.steps_per_epoch >= 1,
+         f"steps_per_epoch must be at least 1, got {c.steps_per_epoch}"),
+        (all(d >= 0 for d in c.worker_delay_s), "worker_delay_s entries must be at least 0"),
+        (c.threads is None or c.threads >= 1, f"threads must be at least 1, got {c.threads}"),
+        (c.synthetic_classes >= 2, "synthetic_classes must be at least 2"),
+        (c.synthetic_size >= 2 * c.synthetic_classes,
+         "synthetic_size must be at least twice synthetic_classes"),
+        (len(c.synthetic_shape) in (1, 3) and all(s >= 1 for s in c.synthetic_shape),
+         "synthetic_shape must be [features] or [channels, height, width] of positive sizes"),
+    ]
+    for ok, message in rules:
+        if not ok:
+            raise ValueError(message)
+
+
+def make_config(values: dict[str, Any]) -> RunConfig:
+    """Build a RunConfig, turning pydantic's multi-line report into one ConfigError line."""
+    try:
+        return RunConfig(**values)
+    except ValidationError as exc:
+        raise ConfigError(_one_line(exc)) from None
+
+
+def _one_line(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"])
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        return f"unknown config key {where!r}"
+    return f"{where}: {msg}" if where else msg
+
+
+def load_toml(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a TOML config file into a dict of RunConfig fields."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {str(p)!r}: {exc.strerror}") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"invalid TOML in {str(p)!r}: {exc}") from None
+
+
+def load_config(path: str | os.PathLike | None = None, **overrides: Any) -> RunConfig:
+    """Config from an optional TOML file, with keyword overrides taking precedence."""
+    values = load_toml(path) if path is not None else {}
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return make_config(values)

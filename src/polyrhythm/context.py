@@ -1,0 +1,65 @@
+"""Who is who in a job, passed explicitly to every role (no roles read from the environment)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from polyrhythm.comm.transport import Transport
+from polyrhythm.metrics.recorder import Spans
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Global rank -> role: servers first (0 .. S-1), then workers (S .. S+N-1)."""
+
+    servers: int
+    workers: int
+
+    @property
+    def world_size(self) -> int:
+        return self.servers + self.workers
+
+    @property
+    def server_ranks(self) -> list[int]:
+        return list(range(self.servers))
+
+    @property
+    def worker_ranks(self) -> list[int]:
+        return list(range(self.servers, self.world_size))
+
+    def role(self, rank: int) -> str:
+        return "server" if rank < self.servers else "worker"
+
+    def worker_index(self, rank: int) -> int:
+        return rank - self.servers
+
+    def describe(self, rank: int) -> str:
+        """'server 0' or 'worker 2', for messages a user reads."""
+        if rank < self.servers:
+            return f"server {rank}"
+        return f"worker {self.worker_index(rank)}"
+
+
+ProgressSink = Callable[[dict[str, Any]], None]
+
+
+def no_progress(event: dict[str, Any]) -> None:
+    """A progress sink that drops every event."""
+
+
+@dataclass
+class RankContext:
+    """What one process of a job knows: the run, its place in the job, and its instruments."""
+
+    config: Any  # RunConfig (kept loose to avoid an import cycle)
+    rank: int
+    topology: Topology
+    transport: Transport = field(default_factory=Transport)
+    spans: Spans = field(default_factory=Spans)
+    progress: ProgressSink = no_progress
+
+    @property
+    def worker_index(self) -> int:
+        return self.topology.worker_index(self.rank)

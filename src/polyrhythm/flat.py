@@ -1,0 +1,49 @@
+"""Parameters as one contiguous buffer, and its split into server shards.
+
+A push is then one tensor per server, not one message per layer.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class FlatParameters:
+    """Rebinds a model's parameters as views into one flat float32 buffer `self.data`."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.data = torch.cat([p.detach().reshape(-1) for p in self.params])
+        offset = 0
+        for p in self.params:
+            n = p.numel()
+            p.data = self.data[offset:offset + n].view_as(p)
+            offset += n
+
+    def grad(self) -> torch.Tensor:
+        """All gradients, concatenated in parameter order (zeros where a gradient is missing)."""
+        return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                          for p in self.params])
+
+    def set_grad(self, flat: torch.Tensor) -> None:
+        """Give every parameter its slice of a flat gradient (views, no copy)."""
+        offset = 0
+        for p in self.params:
+            n = p.numel()
+            p.grad = flat[offset:offset + n].view_as(p)
+            offset += n
+
+    def __len__(self) -> int:
+        return self.data.numel()
+
+
+def shard_ranges(numel: int, shards: int) -> list[tuple[int, int]]:
+    """Split [0, numel) into `shards` contiguous ranges whose sizes differ by at most one."""
+    base, extra = divmod(numel, shards)
+    ranges, start = [], 0
+    for j in range(shards):
+        stop = start + base + (1 if j < extra else 0)
+        ranges.append((start, stop))
+        start = stop
+    return ranges

@@ -1,0 +1,65 @@
+"""What every process of a job runs, whoever launched it (local launcher or torchrun).
+
+The process group must already be initialised. Each rank plays its role, then all reports are
+gathered to rank 0, which turns them into the run's summary.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+from polyrhythm.context import ProgressSink, RankContext, Topology, no_progress
+from polyrhythm.data.datasets import Dataset, load_dataset, train_val_split
+from polyrhythm.data.sharding import steps_per_epoch
+from polyrhythm.flat import FlatParameters, shard_ranges
+from polyrhythm.models import build_model
+from polyrhythm.server import ParameterServerShard
+from polyrhythm.strategies import STRATEGIES
+from polyrhythm.summary import RunResult, summarise
+from polyrhythm.worker import Worker
+
+
+def prepare_data(config) -> tuple[Dataset, Dataset]:
+    """The training and validation sets; identical on every process for a given seed."""
+    return train_val_split(load_dataset(config), config.val_fraction, config.seed)
+
+
+def set_threads(config, role: str, local_workers: int) -> None:
+    """Workers share the cores; servers mostly wait, so one thread each is enough."""
+    if role == "server":
+        threads = 1
+    else:
+        threads = config.threads or max(1, (os.cpu_count() or 1) // max(1, local_workers))
+    torch.set_num_threads(threads)
+
+
+def run_rank(config, rank: int, progress: ProgressSink = no_progress,
+             local_workers: int | None = None) -> RunResult | None:
+    """Play this rank's role in the job; rank 0 returns the run's result, others None."""
+    topology = Topology(config.servers, config.workers)
+    ctx = RankContext(config, rank, topology, progress=progress)
+    set_threads(config, topology.role(rank), local_workers or config.workers)
+    train, val = prepare_data(config)
+    dist.barrier()  # start the clock when every process is ready
+    started = time.perf_counter()
+    report = _play_role(ctx, train, val)
+    reports = [None] * topology.world_size if rank == 0 else None
+    dist.gather_object(report, reports, dst=0)
+    if rank != 0:
+        return None
+    return summarise(config, reports, val, time.perf_counter() - started)
+
+
+def _play_role(ctx: RankContext, train: Dataset, val: Dataset) -> dict:
+    if ctx.topology.role(ctx.rank) == "worker":
+        return Worker(ctx, train, val).run()
+    config = ctx.config
+    initial = FlatParameters(build_model(config.model, train.shape, train.classes, config.seed))
+    start, stop = shard_ranges(len(initial), config.servers)[ctx.rank]
+    policy = STRATEGIES[config.strategy].policy(config)
+    steps = steps_per_epoch(len(train), config.batch_size, config.steps_per_epoch)
+    return ParameterServerShard(ctx, initial.data, start, stop, policy, steps).serve()

@@ -1,0 +1,165 @@
+"""The local launcher: spawns every rank on loopback, supervises them, tears them all down.
+
+The launcher hosts the rendezvous store on a free port, so there is no port race. Any rank
+failing, Ctrl-C or SIGTERM ends every process; children also die with the launcher
+(PR_SET_PDEATHSIG), so no process outlives the run.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing as mp
+import os
+import queue
+import signal
+import sys
+import traceback
+from datetime import timedelta
+from multiprocessing.connection import wait
+
+import torch.distributed as dist
+
+from polyrhythm.context import Topology
+from polyrhythm.errors import RunFailed
+from polyrhythm.launch.progress import ProgressBoard
+from polyrhythm.records import RunRecord, complete_run, fail_run, read_summary
+
+HOST = "127.0.0.1"
+RENDEZVOUS_TIMEOUT = timedelta(seconds=120)
+GRACE_S = 3.0
+_PR_SET_NAME, _PR_SET_PDEATHSIG = 15, 1
+
+
+def process_name(rank: int) -> str:
+    """The name each rank's process shows in ps/top (/proc/PID/comm)."""
+    return f"polyrhythm-r{rank}"
+
+
+def launch_local(config, record: RunRecord, progress: ProgressBoard | None = None) -> dict:
+    """Run the job in local processes; return the summary or raise RunFailed."""
+    topology = Topology(config.servers, config.workers)
+    store = dist.TCPStore(HOST, 0, None, True, timeout=RENDEZVOUS_TIMEOUT,
+                          wait_for_workers=False)
+    ctx = mp.get_context("spawn")
+    events = ctx.Queue()
+    procs = [ctx.Process(target=_rank_main, name=process_name(rank),
+                         args=(config.model_dump(), rank, store.port, record, events))
+             for rank in range(topology.world_size)]
+    board = progress or ProgressBoard(config.workers, enabled=False)
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        for p in procs:
+            p.start()
+        _supervise(procs, events, board, topology)
+    except KeyboardInterrupt:
+        _teardown(procs)
+        fail_run(record, "interrupted")
+        raise RunFailed(f"run {record.run_id} interrupted; all processes stopped") from None
+    except RunFailed as exc:
+        _teardown(procs)
+        fail_run(record, str(exc))
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        _teardown(procs)
+    return read_summary(record)
+
+
+def _raise_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def _supervise(procs: list, events, board: ProgressBoard, topology: Topology) -> None:
+    errors: dict[int, str] = {}
+    running = {p.sentinel: rank for rank, p in enumerate(procs)}
+    while running:
+        ready = wait(list(running), timeout=0.2)
+        _drain(events, board, errors)
+        board.draw()
+        ended = [running.pop(s) for s in ready]
+        for r in ended:
+            procs[r].join()  # sets exitcode
+        failed = [r for r in ended if procs[r].exitcode != 0]
+        if failed:
+            _drain(events, board, errors)
+            raise RunFailed(_failure_message(failed, procs, errors, topology))
+    _drain(events, board, errors)
+    board.draw(force=True)
+
+
+def _drain(events, board: ProgressBoard, errors: dict[int, str]) -> None:
+    while True:
+        try:
+            event = events.get_nowait()
+        except queue.Empty:
+            return
+        if "error" in event:
+            errors[event["rank"]] = event["error"]
+        else:
+            board.update(event)
+
+
+def _failure_message(failed: list[int], procs: list, errors: dict[int, str],
+                     topology: Topology) -> str:
+    # A rank killed by a signal is the cause; its peers then fail on the broken connection.
+    first = min(failed, key=lambda r: (procs[r].exitcode >= 0, r))
+    code = procs[first].exitcode
+    if code < 0:
+        how = f"was killed by {signal.Signals(-code).name}"
+    else:
+        how = f"failed: {errors.get(first, f'exit code {code}')}"
+    return f"rank {first} ({topology.describe(first)}) {how}"
+
+
+def _teardown(procs: list) -> None:
+    alive = [p for p in procs if p.is_alive()]
+    for p in alive:
+        p.terminate()
+    for p in alive:
+        p.join(GRACE_S)
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
+def _rank_main(config_values: dict, rank: int, port: int, record: RunRecord, events) -> None:
+    """Entry point of one spawned rank."""
+    _bind_to_parent(rank)
+    from polyrhythm.config import RunConfig
+    from polyrhythm.job import run_rank
+
+    config = RunConfig(**config_values)
+    try:
+        store = dist.TCPStore(HOST, port, None, False, timeout=RENDEZVOUS_TIMEOUT)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=config.world_size,
+                                timeout=timedelta(seconds=600))
+        result = run_rank(config, rank, progress=lambda e: _offer(events, e))
+        if rank == 0:
+            complete_run(record, result)
+        dist.destroy_process_group()
+    except KeyboardInterrupt:
+        os._exit(130)
+    except BaseException as exc:  # report one line; the traceback goes to the rank's log
+        record.log_path(rank).write_text(traceback.format_exc())
+        _offer(events, {"rank": rank, "error": f"{type(exc).__name__}: {exc}".splitlines()[0]})
+        events.close()
+        events.join_thread()
+        sys.exit(1)
+
+
+def _offer(events, event: dict) -> None:
+    try:
+        events.put_nowait(event)
+    except queue.Full:  # progress is best-effort; never block training on it
+        pass
+
+
+def _bind_to_parent(rank: int) -> None:
+    """Die with the launcher, and show a recognisable process name."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        libc.prctl(_PR_SET_NAME, process_name(rank).encode())
+    except (OSError, AttributeError):
+        pass  # not Linux: the supervisor's teardown still applies
+    signal.signal(signal.SIGINT, signal.default_int_handler)

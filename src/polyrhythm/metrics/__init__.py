@@ -1,0 +1,1 @@
+"""Measuring runs and storing them."""

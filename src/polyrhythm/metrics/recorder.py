@@ -1,0 +1,44 @@
+"""Cheap per-process instruments: named time spans and staleness counts."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+class Spans:
+    """Total seconds spent in each named span (compute, push, pull, update, ...)."""
+
+    def __init__(self) -> None:
+        self.totals: dict[str, float] = defaultdict(float)
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.totals[name] += time.perf_counter() - start
+
+
+class StalenessLog:
+    """Staleness of every applied gradient: updates applied between its pull and its push."""
+
+    def __init__(self) -> None:
+        self.histogram: Counter[int] = Counter()
+
+    def record(self, staleness: int) -> None:
+        self.histogram[staleness] += 1
+
+    @staticmethod
+    def summarise(histogram: Counter[int]) -> dict:
+        """Mean, max and the histogram (as {staleness: count}) of merged logs."""
+        count = sum(histogram.values())
+        total = sum(s * n for s, n in histogram.items())
+        return {
+            "staleness_mean": total / count if count else 0.0,
+            "staleness_max": max(histogram) if histogram else 0,
+            "staleness_histogram": {str(s): histogram[s] for s in sorted(histogram)},
+        }

@@ -1,0 +1,113 @@
+"""The SQLite run store (`<out>/polyrhythm.db`): one row per run, one per run and epoch."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY,
+    created TEXT NOT NULL,
+    status TEXT NOT NULL,             -- running | completed | failed
+    strategy TEXT NOT NULL,
+    workers INTEGER NOT NULL,
+    servers INTEGER NOT NULL,
+    epochs INTEGER NOT NULL,
+    dataset TEXT NOT NULL,
+    model TEXT NOT NULL,
+    config TEXT NOT NULL,             -- resolved config, TOML
+    summary TEXT,                     -- summary.json, once completed
+    error TEXT,                       -- one line, once failed
+    final_val_accuracy REAL,
+    samples_per_s REAL,
+    wall_s REAL
+);
+CREATE TABLE IF NOT EXISTS epochs (
+    run_id TEXT NOT NULL REFERENCES runs(run_id),
+    epoch INTEGER NOT NULL,
+    train_loss REAL,
+    val_loss REAL,
+    val_accuracy REAL,
+    samples_per_s REAL,
+    wall_s REAL,
+    PRIMARY KEY (run_id, epoch)
+);
+"""
+
+EPOCH_COLUMNS = ("epoch", "train_loss", "val_loss", "val_accuracy", "samples_per_s", "wall_s")
+
+
+class RunStore:
+    """Opens (and creates or migrates) the store on every call; safe across processes."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    @contextmanager
+    def _connect(self) -> Iterator[sqlite3.Connection]:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(self.path, timeout=30)
+        conn.row_factory = sqlite3.Row
+        try:
+            with conn:
+                self._migrate(conn)
+                yield conn
+        finally:
+            conn.close()
+
+    @staticmethod
+    def _migrate(conn: sqlite3.Connection) -> None:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise RuntimeError(f"run store schema {version} is newer than this polyrhythm's")
+        if version < 1:
+            conn.executescript(_SCHEMA)
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def add_run(self, run_id: str, created: str, config, config_toml: str) -> None:
+        with self._connect() as conn:
+            conn.execute(
+                "INSERT INTO runs (run_id, created, status, strategy, workers, servers, epochs,"
+                " dataset, model, config) VALUES (?, ?, 'running', ?, ?, ?, ?, ?, ?, ?)",
+                (run_id, created, config.strategy, config.workers, config.servers,
+                 config.epochs, config.dataset, config.model, config_toml))
+
+    def complete_run(self, run_id: str, summary: dict, epochs: list[dict]) -> None:
+        with self._connect() as conn:
+            conn.execute(
+                "UPDATE runs SET status = 'completed', summary = ?, final_val_accuracy = ?,"
+                " samples_per_s = ?, wall_s = ? WHERE run_id = ?",
+                (json.dumps(summary), summary["final_val_accuracy"], summary["samples_per_s"],
+                 summary["wall_s"], run_id))
+            conn.executemany(
+                f"INSERT OR REPLACE INTO epochs (run_id, {', '.join(EPOCH_COLUMNS)})"
+                f" VALUES (?{', ?' * len(EPOCH_COLUMNS)})",
+                [(run_id, *(row[c] for c in EPOCH_COLUMNS)) for row in epochs])
+
+    def fail_run(self, run_id: str, error: str) -> None:
+        with self._connect() as conn:
+            conn.execute("UPDATE runs SET status = 'failed', error = ? WHERE run_id = ?",
+                         (error, run_id))
+
+    def runs(self) -> list[dict]:
+        """Every stored run, oldest first."""
+        if not self.path.exists():
+            return []
+        with self._connect() as conn:
+            return [dict(r) for r in conn.execute("SELECT * FROM runs ORDER BY created, run_id")]
+
+    def run(self, run_id: str) -> dict | None:
+        with self._connect() as conn:
+            row = conn.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+            return dict(row) if row else None
+
+    def epochs(self, run_id: str) -> list[dict]:
+        with self._connect() as conn:
+            return [dict(r) for r in conn.execute(
+                "SELECT * FROM epochs WHERE run_id = ? ORDER BY epoch", (run_id,))]

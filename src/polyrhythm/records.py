@@ -1,0 +1,69 @@
+"""A run's record: its directory (config.toml, summary.json, model.pt, logs/) and store rows."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from polyrhythm.metrics.store import RunStore
+from polyrhythm.summary import RunResult
+
+STORE_NAME = "polyrhythm.db"
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """Where one run is recorded. Any process can rebuild it from (out, run_id)."""
+
+    out: Path
+    run_id: str
+
+    @property
+    def dir(self) -> Path:
+        return self.out / self.run_id
+
+    @property
+    def store(self) -> RunStore:
+        return RunStore(self.out / STORE_NAME)
+
+    def log_path(self, rank: int) -> Path:
+        return self.dir / "logs" / f"rank{rank}.log"
+
+
+def start_run(config) -> RunRecord:
+    """Create the run's directory and its 'running' row, before any process starts."""
+    now = datetime.now(timezone.utc)
+    run_id = f"{now:%Y%m%d-%H%M%S}-{config.strategy}-{secrets.token_hex(3)}"
+    record = RunRecord(Path(config.out), run_id)
+    (record.dir / "logs").mkdir(parents=True)
+    toml = config.to_toml()
+    (record.dir / "config.toml").write_text(toml)
+    record.store.add_run(run_id, now.isoformat(timespec="seconds"), config, toml)
+    return record
+
+
+def complete_run(record: RunRecord, result: RunResult) -> dict:
+    """Write summary.json and model.pt, mark the run completed; return the full summary."""
+    summary = {"run_id": record.run_id, **result.summary, "run_dir": str(record.dir)}
+    torch.save(result.state_dict, record.dir / "model.pt")
+    summary["epoch_metrics"] = result.epochs
+    (record.dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    record.store.complete_run(record.run_id, summary, result.epochs)
+    return summary
+
+
+def fail_run(record: RunRecord, error: str) -> None:
+    """Mark the run failed with a one-line reason (the summary says so too)."""
+    record.store.fail_run(record.run_id, error)
+    summary = {"run_id": record.run_id, "status": "failed", "error": error,
+               "run_dir": str(record.dir)}
+    (record.dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+
+
+def read_summary(record: RunRecord) -> dict:
+    return json.loads((record.dir / "summary.json").read_text())

@@ -1,0 +1,28 @@
+"""Synchronous all-reduce SGD with an identical optimizer copy on every worker.
+
+003 Algorithm 1 (all-reduce SGD); the baseline every framework ships (PyTorch DDP, Horovod).
+The reduction is the engine's own collective (Gloo's all-reduce).
+"""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+
+from polyrhythm.optim import lr_at, make_sgd, set_lr
+from polyrhythm.strategies.base import Strategy, flat_grad_weighted
+
+
+class AllReduceWorker(Strategy):
+    """Sum the batch-weighted gradients of all workers, then step the local optimizer copy."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.optimizer = make_sgd(self.flat.params, self.ctx.config)
+
+    def step(self, epoch: int) -> None:
+        grad = flat_grad_weighted(self.flat, self.batch_weight)
+        with self.ctx.spans("allreduce"):
+            dist.all_reduce(grad)
+        self.flat.set_grad(grad)
+        set_lr(self.optimizer, lr_at(self.ctx.config, epoch))
+        self.optimizer.step()

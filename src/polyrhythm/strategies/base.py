@@ -1,0 +1,57 @@
+"""The worker-side Strategy seam and the registry of strategies by name."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from polyrhythm.context import RankContext
+from polyrhythm.flat import FlatParameters
+from polyrhythm.strategies.consistency import ConsistencyPolicy
+
+
+class Strategy(ABC):
+    """How a worker turns its local gradient into new parameters.
+
+    The worker loop calls `step` after every backward pass, with the gradients in the model;
+    when it returns, the model holds the parameters for the next step. `batch_weight` is the
+    worker's share of the global batch (b_i / B), so weighted gradients sum to the global mean.
+    """
+
+    uses_servers: ClassVar[bool] = False
+
+    def __init__(self, ctx: RankContext, flat: FlatParameters, batch_weight: float) -> None:
+        self.ctx = ctx
+        self.flat = flat
+        self.batch_weight = batch_weight
+
+    @abstractmethod
+    def step(self, epoch: int) -> None:
+        """Communicate this step's gradient and leave the next parameters in the model."""
+
+    def finish(self) -> None:
+        """Called once after the last step."""
+
+
+@dataclass(frozen=True)
+class StrategySpec:
+    """A registered strategy: its worker side and, for PS strategies, its server policy."""
+
+    name: str
+    summary: str
+    worker: type[Strategy]
+    policy: Callable[..., ConsistencyPolicy] | None = None
+    parameters: tuple[str, ...] = ()
+
+    @property
+    def uses_servers(self) -> bool:
+        return self.policy is not None
+
+
+def flat_grad_weighted(flat: FlatParameters, weight: float) -> torch.Tensor:
+    """This worker's gradient times its share of the global batch."""
+    return flat.grad().mul_(weight)

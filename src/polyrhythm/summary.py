@@ -1,0 +1,99 @@
+"""Turn the reports gathered from every rank into the run's result: summary, epochs, model."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+
+from polyrhythm.data.datasets import Dataset
+from polyrhythm.flat import FlatParameters
+from polyrhythm.metrics.recorder import StalenessLog
+from polyrhythm.models import build_model
+from polyrhythm.worker import evaluate
+
+SPAN_NAMES = ("compute", "push", "pull", "allreduce")
+
+
+@dataclass
+class RunResult:
+    """What rank 0 hands to the run record."""
+
+    summary: dict
+    epochs: list[dict]
+    state_dict: dict[str, torch.Tensor]
+
+
+def summarise(config, reports: list[dict], val: Dataset, wall_s: float) -> RunResult:
+    """Combine per-rank reports; evaluate the final model on the validation set."""
+    workers = sorted((r for r in reports if r["role"] == "worker"), key=lambda r: r["worker"])
+    servers = [r for r in reports if r["role"] == "server"]
+    model = _final_model(config, reports, val)
+    staleness = Counter()
+    for s in servers:
+        staleness.update(s["staleness_histogram"])
+    final = evaluate(model, val)
+    summary = {
+        "status": "completed",
+        "strategy": config.strategy,
+        "workers": config.workers,
+        "servers": config.servers,
+        "epochs": config.epochs,
+        "final_val_accuracy": final["val_accuracy"],
+        "final_val_loss": final["val_loss"],
+        "samples_per_s": sum(_samples(w) / _seconds(w) for w in workers),
+        "wall_s": wall_s,
+        "weight_updates": _weight_updates(servers, workers),
+        "weight_updates_per_server": [s["weight_updates"] for s in servers],
+        "update_s_per_server": [s["update_s"] for s in servers],
+        **StalenessLog.summarise(staleness),
+        "per_worker": [_worker_times(w) for w in workers],
+        "traffic_per_rank": [{"rank": r["rank"], **r["traffic"]} for r in reports],
+    }
+    return RunResult(summary, _epoch_rows(workers), model.state_dict())
+
+
+def _final_model(config, reports: list[dict], val: Dataset) -> torch.nn.Module:
+    model = build_model(config.model, val.shape, val.classes, config.seed)
+    flat = FlatParameters(model)
+    for start, stop, values in (r["shard"] for r in reports if "shard" in r):
+        flat.data[start:stop] = values
+    return model
+
+
+def _samples(worker: dict) -> int:
+    return sum(e["samples"] for e in worker["epochs"])
+
+
+def _seconds(worker: dict) -> float:
+    return sum(e["seconds"] for e in worker["epochs"])
+
+
+def _weight_updates(servers: list[dict], workers: list[dict]) -> int:
+    """Updates applied to the model: per shard on servers (all shards agree), else one a step."""
+    if servers:
+        return max(s["weight_updates"] for s in servers)
+    return workers[0]["steps"]
+
+
+def _worker_times(worker: dict) -> dict:
+    spans = worker["spans"]
+    return {"worker": worker["worker"], "steps": worker["steps"],
+            **{f"{name}_s": spans.get(name, 0.0) for name in SPAN_NAMES}}
+
+
+def _epoch_rows(workers: list[dict]) -> list[dict]:
+    """Per epoch: mean train loss over workers, first worker's validation, cluster samples/s."""
+    rows = []
+    for e, first in enumerate(workers[0]["epochs"]):
+        per_worker = [w["epochs"][e] for w in workers]
+        rows.append({
+            "epoch": e,
+            "train_loss": sum(p["train_loss"] for p in per_worker) / len(per_worker),
+            "val_loss": first["val_loss"],
+            "val_accuracy": first["val_accuracy"],
+            "samples_per_s": sum(p["samples"] / p["seconds"] for p in per_worker),
+            "wall_s": max(p["wall_s"] for p in per_worker),
+        })
+    return rows

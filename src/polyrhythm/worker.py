@@ -1,0 +1,108 @@
+"""The training loop every worker runs: batch -> forward/backward -> strategy.step."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from polyrhythm.context import RankContext
+from polyrhythm.data.datasets import Dataset
+from polyrhythm.data.sharding import (
+    batch_slice,
+    epoch_order,
+    random_shards,
+    steps_per_epoch,
+    worker_batch_sizes,
+)
+from polyrhythm.flat import FlatParameters
+from polyrhythm.models import build_model
+from polyrhythm.strategies import STRATEGIES
+
+PROGRESS_INTERVAL_S = 0.25
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, data: Dataset, batch: int = 1000) -> dict[str, float]:
+    """Mean cross-entropy and accuracy of `model` on `data`."""
+    loss, correct = 0.0, 0
+    for start in range(0, len(data), batch):
+        logits = model(data.x[start:start + batch])
+        target = data.y[start:start + batch]
+        loss += F.cross_entropy(logits, target, reduction="sum").item()
+        correct += (logits.argmax(1) == target).sum().item()
+    return {"val_loss": loss / len(data), "val_accuracy": correct / len(data)}
+
+
+def train_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    """Forward and backward on one batch; leaves the gradients in the model."""
+    model.zero_grad(set_to_none=True)
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    return loss.item()
+
+
+class Worker:
+    """One data-parallel worker: its shard, its batches, its model replica and its strategy."""
+
+    def __init__(self, ctx: RankContext, train: Dataset, val: Dataset) -> None:
+        c, i = ctx.config, ctx.worker_index
+        self.ctx, self.train, self.val = ctx, train, val
+        self.model = build_model(c.model, train.shape, train.classes, c.seed)
+        self.flat = FlatParameters(self.model)
+        self.batch = worker_batch_sizes(c.batch_size, c.workers)[i]
+        self.shard = random_shards(len(train), c.workers, c.seed)[i]
+        self.steps = steps_per_epoch(len(train), c.batch_size, c.steps_per_epoch)
+        self.delay = c.worker_delay_s[i] if i < len(c.worker_delay_s) else 0.0
+        self.strategy = STRATEGIES[c.strategy].worker(ctx, self.flat, self.batch / c.batch_size)
+        self._last_progress = 0.0
+
+    def run(self) -> dict:
+        """Train for the configured epochs; return this worker's report."""
+        started = time.perf_counter()
+        epochs = [self._epoch(e, started) for e in range(self.ctx.config.epochs)]
+        self.strategy.finish()
+        report = {
+            "role": "worker",
+            "rank": self.ctx.rank,
+            "worker": self.ctx.worker_index,
+            "epochs": epochs,
+            "steps": self.steps * len(epochs),
+            "spans": dict(self.ctx.spans.totals),
+            "traffic": vars(self.ctx.transport.counters),
+        }
+        if self.ctx.worker_index == 0 and not self.strategy.uses_servers:
+            report["shard"] = (0, len(self.flat), self.flat.data.clone())
+        return report
+
+    def _epoch(self, epoch: int, started: float) -> dict:
+        order = epoch_order(self.shard, epoch, self.ctx.config.seed, self.ctx.worker_index)
+        t0, loss_sum = time.perf_counter(), 0.0
+        for step in range(self.steps):
+            idx = torch.from_numpy(batch_slice(order, self.batch, step))
+            with self.ctx.spans("compute"):
+                loss = train_step(self.model, self.train.x[idx], self.train.y[idx])
+                if self.delay:
+                    time.sleep(self.delay)  # emulated slower compute
+            self.strategy.step(epoch)
+            loss_sum += loss
+            self._progress(epoch, step + 1, loss, (step + 1) * self.batch / (
+                time.perf_counter() - t0))
+        seconds = time.perf_counter() - t0
+        record = {"epoch": epoch, "train_loss": loss_sum / self.steps,
+                  "samples": self.steps * self.batch, "seconds": seconds,
+                  "wall_s": time.perf_counter() - started}
+        if self.ctx.worker_index == 0:  # the first worker validates the model it now holds
+            record.update(evaluate(self.model, self.val))
+        return record
+
+    def _progress(self, epoch: int, step: int, loss: float, samples_per_s: float) -> None:
+        now = time.perf_counter()
+        if step < self.steps and now - self._last_progress < PROGRESS_INTERVAL_S:
+            return
+        self._last_progress = now
+        self.ctx.progress({"rank": self.ctx.rank, "worker": self.ctx.worker_index,
+                           "epoch": epoch + 1, "epochs": self.ctx.config.epochs, "step": step,
+                           "steps": self.steps, "loss": loss, "samples_per_s": samples_per_s})
