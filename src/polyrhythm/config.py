@@ -21,7 +21,7 @@ def default_workers() -> int:
 class RunConfig(BaseModel):
     """Everything that defines a run. Unknown keys are errors; `servers` is resolved on creation."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     strategy: str = Field("bsp", description="consistency strategy (see `polyrhythm strategies`)")
     workers: int = Field(default_factory=default_workers, description="number of workers N")
@@ -53,13 +53,16 @@ class RunConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
-        from polyrhythm.data.datasets import DATASETS
+        from polyrhythm.data.datasets import DATASETS, PATH_DATASETS
         from polyrhythm.models import MODELS
         from polyrhythm.strategies import STRATEGIES
 
         _one_of("strategy", self.strategy, STRATEGIES)
         _one_of("model", self.model, MODELS)
         _one_of("dataset", self.dataset, DATASETS)
+        if self.data_path is not None and self.dataset not in PATH_DATASETS:
+            raise ValueError(f"dataset {self.dataset!r} takes no data path; "
+                             f"only {', '.join(sorted(PATH_DATASETS))} do")
         uses_servers = STRATEGIES[self.strategy].uses_servers
         if self.servers is None:
             object.__setattr__(self, "servers", 1 if uses_servers else 0)
@@ -132,9 +135,11 @@ def load_toml(path: str | os.PathLike) -> dict[str, Any]:
     """Read a TOML config file into a dict of RunConfig fields."""
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_bytes().decode("utf-8")  # TOML is UTF-8 whatever the locale says
     except OSError as exc:
         raise ConfigError(f"cannot read config file {str(p)!r}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {str(p)!r} is not UTF-8 text") from None
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -42,7 +42,7 @@ def summarise(config, reports: list[dict], val: Dataset, wall_s: float) -> RunRe
         "epochs": config.epochs,
         "final_val_accuracy": final["val_accuracy"],
         "final_val_loss": final["val_loss"],
-        "samples_per_s": sum(_samples(w) / _seconds(w) for w in workers),
+        "samples_per_s": sum(_samples(w) / _seconds(w) for w in workers),  # cluster total
         "wall_s": wall_s,
         "weight_updates": _weight_updates(servers, workers),
         "weight_updates_per_server": [s["weight_updates"] for s in servers],
@@ -79,7 +79,8 @@ def _weight_updates(servers: list[dict], workers: list[dict]) -> int:
 
 def _worker_times(worker: dict) -> dict:
     spans = worker["spans"]
-    return {"worker": worker["worker"], "steps": worker["steps"],
+    return {"worker": worker["worker"], "steps": worker["steps"], "train_s": _seconds(worker),
+            "samples_per_s": _samples(worker) / _seconds(worker),
             **{f"{name}_s": spans.get(name, 0.0) for name in SPAN_NAMES}}
 
 

@@ -103,8 +103,12 @@ def _read_pickles(path: Path, members: list[str]) -> list[dict]:
                 raise DataError(f"archive {str(path)!r} lacks {', '.join(missing)}")
             return [pickle.loads(tar.extractfile(by_name[m]).read(), encoding="bytes")
                     for m in members]
-    except (OSError, tarfile.TarError, pickle.UnpicklingError, EOFError) as exc:
-        raise DataError(f"cannot read data at {str(path)!r}: {exc}") from None
+    except tarfile.TarError:
+        raise DataError(f"data path {str(path)!r} is neither a directory nor a tar archive"
+                        ) from None
+    except (OSError, pickle.UnpicklingError, EOFError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise DataError(f"cannot read data at {str(path)!r}: {reason}") from None
 
 
 DATASETS: dict[str, Callable[..., Dataset]] = {
@@ -114,6 +118,9 @@ DATASETS: dict[str, Callable[..., Dataset]] = {
     "cifar10": _cifar([f"data_batch_{i}" for i in range(1, 6)], "test_batch", b"labels", 10),
     "cifar100": _cifar(["train"], "test", b"fine_labels", 100),
 }
+
+
+PATH_DATASETS = frozenset({"cifar10", "cifar100"})  # read from the user's --data-path
 
 
 def load_dataset(config) -> Dataset:

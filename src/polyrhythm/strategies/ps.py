@@ -11,7 +11,7 @@ import torch
 
 from polyrhythm.flat import shard_ranges
 from polyrhythm.comm.messages import DONE, PUSH, PUSH_HEADER, REPLY_HEADER
-from polyrhythm.strategies.base import Strategy, flat_grad_weighted
+from polyrhythm.strategies.base import Strategy
 
 
 class ParameterServerWorker(Strategy):
@@ -28,7 +28,7 @@ class ParameterServerWorker(Strategy):
         self.clock = 0
 
     def step(self, epoch: int) -> None:
-        grad = flat_grad_weighted(self.flat, self.batch_weight)
+        grad = self.flat.grad()  # the server weights it by batch_weight, sent in the header
         self.clock += 1
         for j, (a, b) in enumerate(self.ranges):
             self.outbox[j][:PUSH_HEADER] = torch.tensor(

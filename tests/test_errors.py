@@ -1,0 +1,214 @@
+"""Bad input: one line naming the problem on stderr, exit code 2, no traceback, no run left behind.
+
+Each case runs the real CLI in a subprocess. Its --out directory is seeded beforehand with a store
+holding one earlier (failed) run, so "no run left behind" is checked against a store that exists:
+after the bad command the store must hold exactly that earlier row and no new run directory.
+The subprocess runs in tmp_path, so a run written to a default location would show up there too.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import polyrhythm
+from polyrhythm.config import make_config
+from polyrhythm.metrics.store import RunStore
+from polyrhythm.records import STORE_NAME
+
+STRATEGY_NAMES = ["allreduce", "asp", "bsp", "ssp"]
+MODEL_NAMES = ["cnn", "mlp"]
+DATASET_NAMES = ["cifar10", "cifar100", "digits", "mnist5k", "synthetic"]
+EARLIER_RUN = "20200101-000000-bsp-earlier"
+
+
+@pytest.fixture
+def out(tmp_path: Path) -> Path:
+    """A runs directory whose store already holds one earlier, failed run."""
+    out = tmp_path / "store"
+    config = make_config({"out": str(out), "workers": 1, "dataset": "synthetic"})
+    store = RunStore(out / STORE_NAME)
+    store.add_run(EARLIER_RUN, "2020-01-01T00:00:00+00:00", config, config.to_toml())
+    store.fail_run(EARLIER_RUN, "an earlier failure")
+    return out
+
+
+def run_train(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`python -m polyrhythm.cli train --out OUT ARGS...`, run in OUT's parent directory."""
+    return subprocess.run(
+        [sys.executable, "-m", "polyrhythm.cli", "train", "--out", str(out), *args],
+        cwd=out.parent, capture_output=True, text=True, timeout=120,
+    )
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess[str], *needles: str) -> str:
+    """Exit code 2, stdout empty, stderr exactly one non-empty line containing every needle."""
+    output = proc.stdout + proc.stderr
+    assert "Traceback" not in output, output
+    assert proc.returncode == 2, output
+    assert proc.stdout == "", output
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, f"expected one line on stderr, got {len(lines)}:\n{proc.stderr}"
+    line = lines[0]
+    assert line.startswith("polyrhythm") and "error:" in line, line
+    for needle in needles:
+        assert needle in line, f"{needle!r} not in {line!r}"
+    return line
+
+
+def assert_no_run_left(out: Path) -> None:
+    """Only the seeded earlier run is stored; no run directory or stray `runs/` was created."""
+    rows = RunStore(out / STORE_NAME).runs()
+    assert [r["status"] for r in rows if r["status"] == "running"] == []
+    assert [(r["run_id"], r["status"]) for r in rows] == [(EARLIER_RUN, "failed")]
+    assert sorted(p.name for p in out.iterdir()) == [STORE_NAME]
+    assert not (out.parent / "runs").exists()
+
+
+def write(path: Path, data: str | bytes) -> Path:
+    if isinstance(data, bytes):
+        path.write_bytes(data)
+    else:
+        path.write_text(data)
+    return path
+
+
+# --- bad flags ---------------------------------------------------------------------------------
+
+FLAG_CASES = [
+    pytest.param(["--strategy", "gossip"], ["unknown strategy", "'gossip'", *STRATEGY_NAMES],
+                 id="unknown-strategy"),
+    pytest.param(["--model", "resnet999"], ["unknown model", "'resnet999'", *MODEL_NAMES],
+                 id="unknown-model"),
+    pytest.param(["--dataset", "imagenet"], ["unknown dataset", "'imagenet'", *DATASET_NAMES],
+                 id="unknown-dataset"),
+    pytest.param(["--workers", "0"], ["workers must be at least 1", "got 0"], id="workers-0"),
+    pytest.param(["--strategy", "bsp", "--servers", "0"],
+                 ["'bsp'", "at least 1 server", "got 0"], id="ps-strategy-0-servers"),
+    pytest.param(["--strategy", "ssp", "--staleness", "-1"],
+                 ["staleness must be at least 0", "got -1"], id="negative-staleness"),
+    pytest.param(["--workers", "4", "--batch-size", "3"],
+                 ["batch size 3", "smaller than the worker count 4"], id="batch-below-workers"),
+    pytest.param(["--workers", "two"], ["--workers", "invalid int value", "'two'"],
+                 id="workers-not-an-int"),
+    pytest.param(["--dataset", "cifar10"], ["'cifar10'", "needs --data-path"],
+                 id="cifar-without-data-path"),
+    pytest.param(["--data-path", "/tmp"], ["'mnist5k' takes no data path"],
+                 id="data-path-for-packaged-dataset"),
+    pytest.param(["--allreduce-servers", "1"], ["unrecognized arguments"], id="unknown-flag"),
+]
+
+
+@pytest.mark.parametrize(("args", "needles"), FLAG_CASES)
+def test_bad_flag(out: Path, args: list[str], needles: list[str]) -> None:
+    assert_one_line_error(run_train(out, *args), *needles)
+    assert_no_run_left(out)
+
+
+def test_unknown_strategy_lists_each_valid_name_once(out: Path) -> None:
+    line = assert_one_line_error(run_train(out, "--strategy", "gossip"))
+    listed = line.split("valid:", 1)[1]
+    assert sorted(name.strip() for name in listed.split(",")) == STRATEGY_NAMES
+
+
+def test_missing_data_path(out: Path) -> None:
+    missing = out.parent / "no-such-cifar"
+    proc = run_train(out, "--dataset", "cifar10", "--data-path", str(missing))
+    assert_one_line_error(proc, str(missing), "does not exist")
+    assert_no_run_left(out)
+
+
+def test_data_path_not_an_archive(out: Path) -> None:
+    junk = write(out.parent / "cifar.tar.gz", b"not a tar archive")
+    proc = run_train(out, "--dataset", "cifar10", "--data-path", str(junk))
+    assert_one_line_error(proc, str(junk))
+    assert_no_run_left(out)
+
+
+# --- bad config files --------------------------------------------------------------------------
+
+CONFIG_CASES = [
+    pytest.param("workers = 2\nepoch = 1\n", ["unknown config key 'epoch'"],
+                 id="unknown-key"),
+    pytest.param("workers = 2\nbatch_size = \n", ["invalid TOML", "bad.toml", "line 2"],
+                 id="invalid-toml"),
+    pytest.param('workers = "many"\n', ["workers", "valid integer"], id="wrong-value-type"),
+    pytest.param("[train]\nworkers = 2\n", ["unknown config key 'train'"], id="nested-table"),
+]
+
+
+@pytest.mark.parametrize(("text", "needles"), CONFIG_CASES)
+def test_bad_config_file(out: Path, text: str, needles: list[str]) -> None:
+    config = write(out.parent / "bad.toml", text)
+    assert_one_line_error(run_train(out, "--config", str(config)), *needles)
+    assert_no_run_left(out)
+
+
+def test_config_file_that_does_not_exist(out: Path) -> None:
+    missing = out.parent / "nowhere.toml"
+    proc = run_train(out, "--config", str(missing))
+    assert_one_line_error(proc, "cannot read config file", str(missing), "No such file")
+    assert_no_run_left(out)
+
+
+def test_config_path_is_a_directory(out: Path) -> None:
+    directory = out.parent / "conf.toml"
+    directory.mkdir()
+    proc = run_train(out, "--config", str(directory))
+    assert_one_line_error(proc, "cannot read config file", str(directory), "directory")
+    assert_no_run_left(out)
+
+
+def test_config_file_without_read_permission(out: Path) -> None:
+    config = write(out.parent / "secret.toml", "workers = 2\n")
+    config.chmod(0)
+    if os.access(config, os.R_OK):  # root reads anything; the directory case above still runs
+        pytest.skip("running with privileges that ignore file permissions (root)")
+    proc = run_train(out, "--config", str(config))
+    assert_one_line_error(proc, "cannot read config file", str(config), "Permission denied")
+    assert_no_run_left(out)
+
+
+def test_config_file_not_utf8(out: Path) -> None:
+    config = write(out.parent / "latin1.toml", 'model = "caf\xe9"\n'.encode("latin-1"))
+    proc = run_train(out, "--config", str(config))
+    assert_one_line_error(proc, str(config))
+    assert_no_run_left(out)
+
+
+def test_error_names_the_flag_value_that_overrides_the_config(out: Path) -> None:
+    """Flags win over the file: the problem reported is the flags' one, with their numbers."""
+    config = write(out.parent / "bad.toml", "workers = 0\nbatch_size = 64\n")
+    proc = run_train(out, "--config", str(config), "--workers", "4", "--batch-size", "3")
+    assert_one_line_error(proc, "batch size 3 is smaller than the worker count 4")
+    assert_no_run_left(out)
+
+
+# --- the Python API and the strategy list ------------------------------------------------------
+
+def test_api_raises_config_error_for_unknown_strategy(tmp_path: Path) -> None:
+    out = tmp_path / "runs"
+    with pytest.raises(polyrhythm.ConfigError) as info:
+        polyrhythm.train(strategy="gossip", out=str(out))
+    message = str(info.value)
+    assert "\n" not in message
+    assert "unknown strategy 'gossip'" in message
+    assert all(name in message for name in STRATEGY_NAMES), message
+    assert info.value.exit_code == 2
+    assert isinstance(info.value, polyrhythm.PolyrhythmError)
+    assert not out.exists()
+
+
+def test_strategies_command_lists_every_strategy() -> None:
+    proc = subprocess.run([sys.executable, "-m", "polyrhythm.cli", "strategies"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    names = [line.split()[0] for line in proc.stdout.splitlines() if line.strip()]
+    assert sorted(names) == STRATEGY_NAMES
+    ssp = next(line for line in proc.stdout.splitlines() if line.startswith("ssp"))
+    assert "--staleness" in ssp
