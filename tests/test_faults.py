@@ -1,0 +1,90 @@
+"""Seeded fault injection: a killed worker or an interrupted launcher ends the whole run."""
+
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from polyrhythm.metrics.store import RunStore
+
+LONG_RUN = ["--workers", "2", "--epochs", "50", "--dataset", "digits"]
+
+
+def start_cli(tmp_path, *args):
+    cmd = [sys.executable, "-m", "polyrhythm.cli", "train", "--out", str(tmp_path), *args]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def rank_processes(launcher: subprocess.Popen, count: int, timeout: float = 60) -> dict:
+    """Wait until the launcher has `count` ranks running; return {rank: psutil.Process}."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ranks = {int(p.name().removeprefix("polyrhythm-r")): p
+                 for p in psutil.Process(launcher.pid).children()
+                 if p.name().startswith("polyrhythm-r")}
+        if len(ranks) == count:
+            return ranks
+        time.sleep(0.1)
+    launcher.kill()
+    pytest.fail(f"launcher did not start {count} ranks in {timeout} s")
+
+
+def wait_for_training(tmp_path, timeout: float = 60) -> None:
+    """Wait until rank 0 is past set-up (the run directory exists and time has passed)."""
+    deadline = time.monotonic() + timeout
+    while not list(tmp_path.glob("*/config.toml")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(4)  # data loaded, process group up, steps under way
+
+
+def assert_all_gone(processes) -> None:
+    gone, alive = psutil.wait_procs(list(processes), timeout=5)
+    assert alive == [], f"processes outlived the run: {alive}"
+
+
+def only_run(tmp_path) -> dict:
+    (run,) = RunStore(tmp_path / "polyrhythm.db").runs()
+    return run
+
+
+def test_sigkill_of_a_worker_fails_the_run_naming_the_rank(tmp_path):
+    launcher = start_cli(tmp_path, *LONG_RUN)
+    ranks = rank_processes(launcher, 3)
+    wait_for_training(tmp_path)
+    assert launcher.poll() is None, "the run ended before the fault was injected"
+    killed_at = time.monotonic()
+    ranks[2].send_signal(signal.SIGKILL)
+    _, err = launcher.communicate(timeout=30)
+    assert time.monotonic() - killed_at < 30
+    assert launcher.returncode != 0
+    assert "rank 2 (worker 1) was killed by SIGKILL" in err
+    assert "Traceback" not in err
+    assert_all_gone(ranks.values())
+    run = only_run(tmp_path)
+    assert run["status"] == "failed"
+    assert "rank 2" in run["error"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupting_the_launcher_stops_every_process(tmp_path, sig):
+    launcher = start_cli(tmp_path, *LONG_RUN)
+    ranks = rank_processes(launcher, 3)
+    wait_for_training(tmp_path)
+    launcher.send_signal(sig)
+    _, err = launcher.communicate(timeout=30)
+    assert launcher.returncode != 0
+    assert "interrupted" in err
+    assert "Traceback" not in err
+    assert_all_gone(ranks.values())
+    assert only_run(tmp_path)["status"] == "failed"
+
+
+def test_ranks_die_with_a_sigkilled_launcher(tmp_path):
+    launcher = start_cli(tmp_path, *LONG_RUN)
+    ranks = rank_processes(launcher, 3)
+    launcher.kill()
+    launcher.wait(timeout=10)
+    assert_all_gone(ranks.values())

@@ -1,0 +1,39 @@
+"""The cluster path: torchrun starts the ranks, polyrhythm.node plays them."""
+
+import json
+import subprocess
+import sys
+
+import torch
+
+from polyrhythm.metrics.store import RunStore
+
+
+def test_torchrun_runs_a_bsp_job_and_stores_it(tmp_path):
+    config = tmp_path / "run.toml"
+    config.write_text(f'strategy = "bsp"\nworkers = 2\nservers = 1\nepochs = 2\n'
+                      f'steps_per_epoch = 15\nout = "{tmp_path / "runs"}"\n')
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+           "3", "-m", "polyrhythm.node", str(config)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["status"] == "completed"
+    assert (summary["workers"], summary["servers"]) == (2, 1)
+    assert summary["weight_updates"] == 30
+    (run,) = RunStore(tmp_path / "runs" / "polyrhythm.db").runs()
+    assert run["status"] == "completed" and run["run_id"] == summary["run_id"]
+    assert len(RunStore(tmp_path / "runs" / "polyrhythm.db").epochs(run["run_id"])) == 2
+    state = torch.load(tmp_path / "runs" / run["run_id"] / "model.pt", weights_only=True)
+    assert summary["final_val_accuracy"] > 0.5 and len(state) == 8
+
+
+def test_torchrun_with_the_wrong_process_count_is_one_clear_error(tmp_path):
+    config = tmp_path / "run.toml"
+    config.write_text(f'workers = 2\nservers = 1\nout = "{tmp_path / "runs"}"\n')
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+           "2", "-m", "polyrhythm.node", str(config)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "torchrun started 2 processes but the config needs 3" in done.stderr
+    assert not (tmp_path / "runs").exists()
