@@ -56,6 +56,7 @@ def run_node(config_path: str) -> dict | None:
             who = Topology(config.servers, config.workers).describe(rank)
             fail_run(record, f"rank {rank} ({who}): {type(exc).__name__}: {exc}")
         raise
+    dist.barrier()  # leave together: a rank tearing down Gloo early can abort its peers
     dist.destroy_process_group()
     return summary
 

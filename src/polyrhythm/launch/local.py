@@ -136,15 +136,26 @@ def _rank_main(config_values: dict, rank: int, port: int, record: RunRecord, eve
         result = run_rank(config, rank, progress=lambda e: _offer(events, e))
         if rank == 0:
             complete_run(record, result)
+        dist.barrier()  # leave together: a rank tearing down Gloo early can abort its peers
         dist.destroy_process_group()
+        code = 0
     except KeyboardInterrupt:
-        os._exit(130)
+        code = 130
     except BaseException as exc:  # report one line; the traceback goes to the rank's log
         record.log_path(rank).write_text(traceback.format_exc())
         _offer(events, {"rank": rank, "error": f"{type(exc).__name__}: {exc}".splitlines()[0]})
-        events.close()
-        events.join_thread()
-        sys.exit(1)
+        code = 1
+    _exit(events, code)
+
+
+def _exit(events, code: int) -> None:
+    """Flush the event queue, then exit without running C++ static destructors, which can
+    abort ("terminate called without an active exception") while Gloo threads wind down."""
+    events.close()
+    events.join_thread()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _offer(events, event: dict) -> None:

@@ -1,0 +1,75 @@
+"""What a run leaves behind: directory, store rows, CLI output, config precedence."""
+
+import json
+import subprocess
+import sys
+import tomllib
+
+import torch
+
+import polyrhythm
+from polyrhythm.metrics.store import RunStore
+from polyrhythm.models import build_model
+
+SUMMARY_KEYS = {"run_id", "status", "strategy", "workers", "servers", "epochs",
+                "final_val_accuracy", "final_val_loss", "samples_per_s", "wall_s",
+                "weight_updates", "staleness_mean", "staleness_max", "run_dir"}
+
+
+def cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "polyrhythm.cli", *args], capture_output=True,
+                          text=True, timeout=300, cwd=cwd)
+
+
+def test_train_json_flags_override_the_config_file_and_the_run_is_stored(tmp_path):
+    config = tmp_path / "job.toml"
+    config.write_text('strategy = "asp"\nworkers = 3\nepochs = 5\ndataset = "digits"\n'
+                      "steps_per_epoch = 8\n")
+    done = cli("train", "--config", str(config), "--epochs", "2", "--workers", "2",
+               "--out", str(tmp_path / "runs"), "--json")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert SUMMARY_KEYS <= summary.keys()
+    assert (summary["strategy"], summary["workers"], summary["epochs"]) == ("asp", 2, 2)
+    assert summary["weight_updates"] == 2 * 2 * 8
+    run_dir = tmp_path / "runs" / summary["run_id"]
+    resolved = tomllib.loads((run_dir / "config.toml").read_text())
+    assert resolved["servers"] == 1 and resolved["epochs"] == 2 and resolved["workers"] == 2
+    assert json.loads((run_dir / "summary.json").read_text())["run_id"] == summary["run_id"]
+
+    store = RunStore(tmp_path / "runs" / "polyrhythm.db")
+    (row,) = store.runs()
+    assert row["status"] == "completed"
+    assert abs(row["final_val_accuracy"] - summary["final_val_accuracy"]) < 1e-12
+    epochs = store.epochs(summary["run_id"])
+    assert [e["epoch"] for e in epochs] == [0, 1]
+    assert all(0 <= e["val_accuracy"] <= 1 and e["samples_per_s"] > 0 for e in epochs)
+
+    listing = cli("runs", "--out", str(tmp_path / "runs"))
+    assert summary["run_id"] in listing.stdout and "completed" in listing.stdout
+
+
+def test_model_pt_loads_with_weights_only_and_reproduces_final_accuracy(tmp_path):
+    summary = polyrhythm.train(dataset="digits", workers=2, epochs=2, out=str(tmp_path))
+    state = torch.load(f"{summary['run_dir']}/model.pt", weights_only=True)
+    model = build_model("cnn", (1, 8, 8), 10, seed=0)
+    model.load_state_dict(state)
+    from polyrhythm.job import prepare_data
+    from polyrhythm.worker import evaluate
+
+    _, val = prepare_data(polyrhythm.RunConfig(dataset="digits"))
+    assert abs(evaluate(model, val)["val_accuracy"] - summary["final_val_accuracy"]) < 1e-9
+
+
+def test_same_seed_same_result_different_seed_different_result(tmp_path):
+    runs = [polyrhythm.train(dataset="digits", strategy="allreduce", workers=2, epochs=1,
+                             steps_per_epoch=5, seed=s, out=str(tmp_path)) for s in (1, 1, 2)]
+    params = [torch.cat([t.reshape(-1) for t in torch.load(
+        f"{r['run_dir']}/model.pt", weights_only=True).values()]) for r in runs]
+    assert torch.equal(params[0], params[1])
+    assert not torch.allclose(params[0], params[2])
+
+
+def test_runs_on_an_empty_directory_says_so(tmp_path):
+    done = cli("runs", "--out", str(tmp_path))
+    assert done.returncode == 0 and "no runs stored" in done.stdout
