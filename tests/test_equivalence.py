@@ -1,9 +1,9 @@
 """Distributed strategies against single-process training and against each other."""
 
 import pytest
-from helpers import reference_parameters, small_config, stored_parameters
 
 import polyrhythm
+from helpers import reference_parameters, small_config, stored_parameters
 
 
 def max_diff(a, b) -> float:

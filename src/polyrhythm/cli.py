@@ -21,19 +21,27 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+_METAVARS = {"data_path": "PATH", "out": "DIR"}
+
+
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per RunConfig field (--batch-size for batch_size), typed from the model."""
     for name, field in RunConfig.model_fields.items():
-        flag = "--" + name.replace("_", "-")
         annotation = str(field.annotation)
-        kwargs: dict[str, Any] = {"dest": name, "default": None, "help": field.description}
+        kind = float if "float" in annotation else int if "int" in annotation else str
+        kwargs: dict[str, Any] = {"dest": name, "default": None, "type": kind,
+                                  "metavar": _METAVARS.get(name) or {int: "N", float: "X",
+                                                                     str: "NAME"}[kind],
+                                  "help": f"{field.description}{_default_text(field)}"}
         if annotation.startswith("list["):
-            kwargs.update(nargs="+", type=float if "float" in annotation else int)
-        elif "int" in annotation:
-            kwargs["type"] = int
-        elif "float" in annotation:
-            kwargs["type"] = float
-        parser.add_argument(flag, **kwargs)
+            kwargs["nargs"] = "+"
+        parser.add_argument("--" + name.replace("_", "-"), **kwargs)
+
+
+def _default_text(field) -> str:
+    if field.default_factory is not None or field.default in (None, []):
+        return ""
+    return f" (default: {field.default})"
 
 
 def build_parser() -> argparse.ArgumentParser:

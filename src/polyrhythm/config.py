@@ -34,7 +34,8 @@ class RunConfig(BaseModel):
     lr: float = Field(0.05, description="learning rate")
     momentum: float = Field(0.9, description="SGD momentum")
     weight_decay: float = Field(1e-4, description="L2 weight decay")
-    lr_decay_every: int = Field(0, description="multiply lr by lr_decay every this many epochs (0: never)")
+    lr_decay_every: int = Field(
+        0, description="multiply lr by lr_decay every this many epochs (0: never)")
     lr_decay: float = Field(0.1, description="step learning-rate decay factor")
     dataset: str = Field("mnist5k", description="data set (see README)")
     data_path: str | None = Field(None, description="file or directory for cifar10/cifar100")
@@ -89,7 +90,8 @@ def _check_ranges(c: RunConfig, uses_servers: bool) -> None:
         (c.servers >= 0, f"servers must be at least 0, got {c.servers}"),
         (not uses_servers or c.servers >= 1,
          f"strategy {c.strategy!r} needs at least 1 server, got {c.servers}"),
-        (uses_servers or c.servers == 0, f"strategy {c.strategy!r} uses no servers; drop --servers"),
+        (uses_servers or c.servers == 0,
+         f"strategy {c.strategy!r} uses no servers; drop --servers"),
         (c.staleness >= 0, f"staleness must be at least 0, got {c.staleness}"),
         (c.epochs >= 1, f"epochs must be at least 1, got {c.epochs}"),
         (c.batch_size >= c.workers,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import secrets
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
@@ -37,7 +37,7 @@ class RunRecord:
 
 def start_run(config) -> RunRecord:
     """Create the run's directory and its 'running' row, before any process starts."""
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     run_id = f"{now:%Y%m%d-%H%M%S}-{config.strategy}-{secrets.token_hex(3)}"
     record = RunRecord(Path(config.out), run_id)
     (record.dir / "logs").mkdir(parents=True)

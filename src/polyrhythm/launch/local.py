@@ -7,6 +7,7 @@ failing, Ctrl-C or SIGTERM ends every process; children also die with the launch
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import multiprocessing as mp
 import os
@@ -159,10 +160,8 @@ def _exit(events, code: int) -> None:
 
 
 def _offer(events, event: dict) -> None:
-    try:
+    with contextlib.suppress(queue.Full):  # progress is best-effort; never block training
         events.put_nowait(event)
-    except queue.Full:  # progress is best-effort; never block training on it
-        pass
 
 
 def _bind_to_parent(rank: int) -> None:

@@ -33,7 +33,7 @@ class Strategy(ABC):
     def step(self, epoch: int) -> None:
         """Communicate this step's gradient and leave the next parameters in the model."""
 
-    def finish(self) -> None:
+    def finish(self) -> None:  # noqa: B027 - optional hook, most strategies need nothing
         """Called once after the last step."""
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from polyrhythm.flat import shard_ranges
 from polyrhythm.comm.messages import DONE, PUSH, PUSH_HEADER, REPLY_HEADER
+from polyrhythm.flat import shard_ranges
 from polyrhythm.strategies.base import Strategy
 
 
@@ -42,8 +42,8 @@ class ParameterServerWorker(Strategy):
     def _exchange(self) -> None:
         transport, servers = self.ctx.transport, self.ctx.topology.server_ranks
         with self.ctx.spans("push"):
-            receives = [transport.irecv(box, s) for box, s in zip(self.inbox, servers)]
-            for work in [transport.isend(box, s) for box, s in zip(self.outbox, servers)]:
+            receives = [transport.irecv(box, s) for box, s in zip(self.inbox, servers, strict=False)]
+            for work in [transport.isend(box, s) for box, s in zip(self.outbox, servers, strict=False)]:
                 work.wait()
         with self.ctx.spans("pull"):
             for work in receives:
