@@ -43,7 +43,7 @@ def reference_parameters(config) -> torch.Tensor:
         for step in range(steps_per_epoch(len(train), config.batch_size,
                                           config.steps_per_epoch)):
             idx = torch.cat([torch.from_numpy(batch_slice(o, b, step))
-                             for o, b in zip(orders, sizes, strict=False)])
+                             for o, b in zip(orders, sizes, strict=True)])
             optimizer.zero_grad()
             F.cross_entropy(model(train.x[idx]), train.y[idx]).backward()
             optimizer.step()

@@ -27,8 +27,8 @@ def test_random_shards_partition_the_data_in_balanced_pieces(n, workers):
 
 def test_seed_fixes_sharding_and_order_and_changes_with_it():
     a, b, c = (random_shards(100, 2, s) for s in (1, 1, 2))
-    assert all((x == y).all() for x, y in zip(a, b, strict=False))
-    assert not all((x == y).all() for x, y in zip(a, c, strict=False))
+    assert all((x == y).all() for x, y in zip(a, b, strict=True))
+    assert not all((x == y).all() for x, y in zip(a, c, strict=True))
     assert (epoch_order(a[0], 0, 1, 0) == epoch_order(b[0], 0, 1, 0)).all()
     assert not (epoch_order(a[0], 0, 1, 0) == epoch_order(a[0], 1, 1, 0)).all()
 

@@ -42,8 +42,11 @@ class ParameterServerWorker(Strategy):
     def _exchange(self) -> None:
         transport, servers = self.ctx.transport, self.ctx.topology.server_ranks
         with self.ctx.spans("push"):
-            receives = [transport.irecv(box, s) for box, s in zip(self.inbox, servers, strict=False)]
-            for work in [transport.isend(box, s) for box, s in zip(self.outbox, servers, strict=False)]:
+            # Post every receive first, so no server's reply waits on our other sends.
+            receives = [transport.irecv(box, s)
+                        for box, s in zip(self.inbox, servers, strict=True)]
+            sends = [transport.isend(box, s) for box, s in zip(self.outbox, servers, strict=True)]
+            for work in sends:
                 work.wait()
         with self.ctx.spans("pull"):
             for work in receives:
