@@ -14,12 +14,13 @@ global batch, optimizer and torch thread count (cores // workers, as a polyrhyth
 and read their batches in the same order (polyrhythm's own sharding functions). Throughput is
 measured as polyrhythm measures it: samples over the seconds of each epoch's training loop, which
 excludes process start-up, data loading, rendezvous and validation, summed over workers. Each
-epoch gives one cluster rate; the first `--warmup` epochs are dropped on both sides, and the rest
-are combined as samples / seconds (the harmonic mean of the epoch rates).
+epoch gives one cluster rate (polyrhythm's `epoch_metrics`); the first `--warmup` epochs are
+dropped on both sides, and a run's throughput is the median rate of the remaining epochs.
 
 Every run, baseline or polyrhythm, happens in freshly spawned processes. Runs are interleaved
 and the order within each pair alternates between repeats, so drift in machine load hits both
-sides alike; the reported ratio is the median over repeats of the paired ratios.
+sides alike; the reported ratio is the median over repeats of the paired ratios. Medians at both
+levels keep a burst of unrelated load on a small shared machine from deciding the result.
 
     python benchmarks/overhead.py            # about 1-3 minutes on 2 cores
     python benchmarks/overhead.py --quick    # smoke run for CI, well under 30 seconds
@@ -31,6 +32,7 @@ import argparse
 import multiprocessing as mp
 import os
 import queue
+import resource
 import socket
 import statistics
 import sys
@@ -62,6 +64,7 @@ from polyrhythm.models import build_model
 HOST = "127.0.0.1"
 RESULT_TIMEOUT_S = 600.0
 QUICK_STEPS = 8  # steps per epoch in --quick mode
+OTHER_LOAD_WARNING = 0.2  # cores busy outside this script that make a result suspect
 
 # One epoch of one worker: (samples, seconds of its training loop).
 EpochTiming = tuple[int, float]
@@ -110,7 +113,7 @@ def train_epochs(model: torch.nn.Module, optimizer: torch.optim.Optimizer, train
             loss = F.cross_entropy(model(train.x[idx]), train.y[idx])
             loss.backward()
             optimizer.step()
-            loss_sum += loss.item()
+            loss_sum += loss.item()  # read every step, as a polyrhythm worker does
         timings.append((steps * batch, time.perf_counter() - start))
     return timings
 
@@ -206,10 +209,42 @@ def run_polyrhythm(values: dict, out: str) -> list[float]:
     return [epoch["samples_per_s"] for epoch in summary["epoch_metrics"]]
 
 
+class OtherLoad:
+    """Cores kept busy by processes outside this script while a run goes on (Linux only).
+
+    Machine-wide busy time from /proc/stat (steal included: a shared VM's host counts too) minus
+    the CPU time of this process and its children. Anything well above zero means the run
+    shared the machine and its samples/s says more about the neighbours than about the code.
+    """
+
+    def __enter__(self) -> OtherLoad:
+        self.cores: float | None = None
+        self._start = self._sample()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        end = self._sample()
+        if self._start and end:
+            (wall0, busy0, own0), (wall1, busy1, own1) = self._start, end
+            self.cores = max(0.0, ((busy1 - busy0) - (own1 - own0)) / (wall1 - wall0))
+
+    @staticmethod
+    def _sample() -> tuple[float, float, float] | None:
+        try:
+            with open("/proc/stat") as f:
+                fields = [int(v) for v in f.readline().split()[1:9]]
+        except (OSError, ValueError):
+            return None
+        user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+        busy = (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+        own = sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
+                                                     resource.getrusage(resource.RUSAGE_CHILDREN)))
+        return time.monotonic(), busy, own
+
+
 def steady_rate(rates: list[float], warmup: int) -> float:
-    """Samples/s over the epochs after warm-up (equal epochs: the harmonic mean of their rates)."""
-    kept = rates[warmup:]
-    return len(kept) / sum(1.0 / r for r in kept)
+    """A run's samples/s: the median epoch rate after warm-up (robust to bursts of other load)."""
+    return statistics.median(rates[warmup:])
 
 
 @dataclass
@@ -223,13 +258,18 @@ class Comparison:
     target: float
     baseline_rates: list[float] = field(default_factory=list)
     polyrhythm_rates: list[float] = field(default_factory=list)
+    other_load: list[float] = field(default_factory=list)  # cores, one entry per run
 
     def measure(self, repeat: int, out: str, warmup: int) -> None:
         """One paired measurement; the side that goes first alternates between repeats."""
         sides = [(lambda: self.baseline(self.values), self.baseline_rates),
                  (lambda: run_polyrhythm(self.values, out), self.polyrhythm_rates)]
         for run, rates in sides if repeat % 2 == 0 else reversed(sides):
-            rates.append(steady_rate(run(), warmup))
+            with OtherLoad() as load:
+                epochs = run()
+            rates.append(steady_rate(epochs, warmup))
+            if load.cores is not None:
+                self.other_load.append(load.cores)
 
     @property
     def ratios(self) -> list[float]:
@@ -305,13 +345,23 @@ def main(argv: list[str] | None = None) -> int:
         for repeat in range(args.repeats):
             for c in comps:
                 c.measure(repeat, out, args.warmup)
+                load = ", ".join(f"{x:.2f}" for x in c.other_load[-2:]) or "?"
                 print(f"  repeat {repeat + 1}/{args.repeats}  {c.name:<26} "
                       f"baseline {c.baseline_rates[-1]:7.0f}/s  "
                       f"polyrhythm {c.polyrhythm_rates[-1]:7.0f}/s  "
-                      f"ratio {c.ratios[-1]:.3f}", flush=True)
+                      f"ratio {c.ratios[-1]:.3f}  other load {load} cores", flush=True)
     print(f"\nmeasured in {time.perf_counter() - started:.0f} s\n")
     print_table(comps)
+    warn_if_shared(comps)
     return 0
+
+
+def warn_if_shared(comps: list[Comparison]) -> None:
+    loads = [x for c in comps for x in c.other_load]
+    if loads and max(loads) > OTHER_LOAD_WARNING:
+        print(f"warning: other processes kept up to {max(loads):.2f} of {os.cpu_count()} cores "
+              f"busy during the runs (median {statistics.median(loads):.2f}); the ratios are "
+              "only as good as the machine was quiet")
 
 
 if __name__ == "__main__":

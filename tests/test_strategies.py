@@ -1,10 +1,12 @@
 """Parameter-server strategies trained for real on mnist5k, in separate processes."""
 
+import pytest
+
 import polyrhythm
 
 
 def test_asp_makes_n_times_the_updates_of_bsp_and_still_learns(tmp_path):
-    common = {"workers": 4, "epochs": 2, "out": str(tmp_path)}
+    common = {"workers": 4, "epochs": 3, "out": str(tmp_path)}
     bsp = polyrhythm.train(strategy="bsp", **common)
     asp = polyrhythm.train(strategy="asp", **common)
     assert asp["weight_updates"] == 4 * bsp["weight_updates"]
@@ -12,6 +14,8 @@ def test_asp_makes_n_times_the_updates_of_bsp_and_still_learns(tmp_path):
     assert asp["staleness_max"] > 0 and asp["staleness_mean"] > 0
     assert asp["final_val_accuracy"] >= 0.85
     assert bsp["final_val_accuracy"] >= 0.85
+    assert asp["server_momentum"] == pytest.approx(0.9 - 0.75)  # asynchrony's momentum removed
+    assert bsp["server_momentum"] == 0.9
 
 
 def test_ssp_holds_fast_workers_back_behind_a_slow_one(tmp_path):

@@ -28,6 +28,12 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per RunConfig field (--batch-size for batch_size), typed from the model."""
     for name, field in RunConfig.model_fields.items():
         annotation = str(field.annotation)
+        flag = "--" + name.replace("_", "-")
+        if field.annotation is bool:
+            parser.add_argument(flag, dest=name, default=None,
+                                action=argparse.BooleanOptionalAction,
+                                help=f"{field.description}{_default_text(field)}")
+            continue
         kind = float if "float" in annotation else int if "int" in annotation else str
         kwargs: dict[str, Any] = {"dest": name, "default": None, "type": kind,
                                   "metavar": _METAVARS.get(name) or {int: "N", float: "X",
@@ -35,7 +41,7 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
                                   "help": f"{field.description}{_default_text(field)}"}
         if annotation.startswith("list["):
             kwargs["nargs"] = "+"
-        parser.add_argument("--" + name.replace("_", "-"), **kwargs)
+        parser.add_argument(flag, **kwargs)
 
 
 def _default_text(field) -> str:

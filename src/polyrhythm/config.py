@@ -33,6 +33,8 @@ class RunConfig(BaseModel):
     batch_size: int = Field(64, description="global batch B; each worker takes B/N")
     lr: float = Field(0.05, description="learning rate")
     momentum: float = Field(0.9, description="SGD momentum")
+    async_momentum_correction: bool = Field(
+        True, description="asynchronous servers subtract the momentum asynchrony implies")
     weight_decay: float = Field(1e-4, description="L2 weight decay")
     lr_decay_every: int = Field(
         0, description="multiply lr by lr_decay every this many epochs (0: never)")

@@ -26,7 +26,7 @@ class ParameterServerShard:
         self.ctx = ctx
         self.start, self.stop = start, stop
         self.weights = torch.nn.Parameter(initial[start:stop].clone())
-        self.optimizer = make_sgd([self.weights], ctx.config)
+        self.optimizer = make_sgd([self.weights], ctx.config, policy.asynchronous)
         self.pending = torch.zeros_like(self.weights)
         self.pending_weight = 0.0
         self.policy = policy
@@ -89,6 +89,7 @@ class ParameterServerShard:
             "rank": self.ctx.rank,
             "shard": (self.start, self.stop, self.weights.detach().clone()),
             "weight_updates": self.version,
+            "momentum": self.optimizer.param_groups[0]["momentum"],
             "update_s": self.ctx.spans.totals["update"],
             "staleness_histogram": dict(self.staleness.histogram),
             "traffic": vars(self.ctx.transport.counters),

@@ -47,6 +47,7 @@ def summarise(config, reports: list[dict], val: Dataset, wall_s: float) -> RunRe
         "weight_updates": _weight_updates(servers, workers),
         "weight_updates_per_server": [s["weight_updates"] for s in servers],
         "update_s_per_server": [s["update_s"] for s in servers],
+        "server_momentum": servers[0]["momentum"] if servers else config.momentum,
         **StalenessLog.summarise(staleness),
         "per_worker": [_worker_times(w) for w in workers],
         "traffic_per_rank": [{"rank": r["rank"], **r["traffic"]} for r in reports],

@@ -24,6 +24,8 @@ class Decision:
 class ConsistencyPolicy(ABC):
     """Decides when pushes become weight updates and when blocked workers may go on."""
 
+    asynchronous = False  # applies gradients computed on parameters that others changed since
+
     def __init__(self, workers: int) -> None:
         self.workers = workers
         self.active = set(range(workers))
@@ -79,6 +81,8 @@ class AsynchronousPolicy(ConsistencyPolicy):
     per round, gradients computed on parameters other workers have since changed (staleness).
     """
 
+    asynchronous = True
+
     def _decide(self, worker: int) -> Decision:
         return Decision(update=True, release=(worker,))
 
@@ -94,6 +98,8 @@ class StaleSynchronousPolicy(ConsistencyPolicy):
     `staleness` clocks ahead of the slowest active worker. staleness = 0 releases exactly as
     BSP does; a very large staleness never blocks, as ASP.
     """
+
+    asynchronous = True
 
     def __init__(self, workers: int, staleness: int) -> None:
         super().__init__(workers)
