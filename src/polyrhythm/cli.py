@@ -81,8 +81,9 @@ def _train(args: argparse.Namespace) -> int:
 
 def format_summary(s: dict) -> str:
     """A few human lines about a finished run."""
-    lines = [f"run {s['run_id']}: {s['status']}  ({s['strategy']}, {s['workers']} workers, "
-             f"{s['servers']} servers, {s['epochs']} epochs)"]
+    lines = [f"run {s['run_id']}: {s['status']}  ({s['strategy']}, "
+             f"{_count(s['workers'], 'worker')}, {_count(s['servers'], 'server')}, "
+             f"{_count(s['epochs'], 'epoch')})"]
     for e in s.get("epoch_metrics", []):
         lines.append(f"  epoch {e['epoch'] + 1}: train loss {e['train_loss']:.4f}  "
                      f"val loss {e['val_loss']:.4f}  val acc {e['val_accuracy']:.4f}  "
@@ -94,6 +95,10 @@ def format_summary(s: dict) -> str:
                  f"{s['staleness_mean']:.2f}, max {s['staleness_max']}")
     lines.append(f"  stored in {s['run_dir']}")
     return "\n".join(lines)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _runs(args: argparse.Namespace) -> int:
