@@ -10,12 +10,13 @@ Two comparisons, each measured side by side in one run of this script:
    against DDP's bucketed one (target >= 0.95).
 
 Both sides of a comparison train the same model (same seed) on the same data with the same
-global batch, optimizer and torch thread count (cores // workers, as a polyrhythm worker gets),
-and read their batches in the same order (polyrhythm's own sharding functions). Throughput is
-measured as polyrhythm measures it: samples over the seconds of each epoch's training loop, which
-excludes process start-up, data loading, rendezvous and validation, summed over workers. Each
-epoch gives one cluster rate (polyrhythm's `epoch_metrics`); the first `--warmup` epochs are
-dropped on both sides, and a run's throughput is the median rate of the remaining epochs.
+global batch and optimizer, give each worker process the torch thread count a polyrhythm worker
+gets (polyrhythm's own `set_threads`: cores // workers), and read their batches in the same order
+(polyrhythm's own sharding functions). Throughput is measured as polyrhythm measures it:
+samples over the seconds of each epoch's training loop, which excludes process start-up, data
+loading, rendezvous and validation, summed over workers. Each epoch gives one cluster rate
+(polyrhythm's `epoch_metrics`); the first `--warmup` epochs are dropped on both sides, and a
+run's throughput is the median rate of the remaining epochs.
 
 Every run, baseline or polyrhythm, happens in freshly spawned processes. Runs are interleaved
 and the order within each pair alternates between repeats, so drift in machine load hits both
@@ -58,7 +59,7 @@ from polyrhythm.data.sharding import (
     steps_per_epoch,
     worker_batch_sizes,
 )
-from polyrhythm.job import prepare_data
+from polyrhythm.job import prepare_data, set_threads
 from polyrhythm.models import build_model
 
 HOST = "127.0.0.1"
@@ -70,9 +71,12 @@ OTHER_LOAD_WARNING = 0.2  # cores busy outside this script that make a result su
 EpochTiming = tuple[int, float]
 
 
-def worker_threads(workers: int) -> int:
-    """The torch threads a polyrhythm worker gets by default: the cores shared by the workers."""
-    return max(1, (os.cpu_count() or 1) // workers)
+@dataclass
+class WorkerResult:
+    """What one baseline process reports: its torch thread count and its epoch timings."""
+
+    threads: int
+    epochs: list[EpochTiming]
 
 
 def job_values(strategy: str, workers: int, args: argparse.Namespace) -> dict:
@@ -89,7 +93,6 @@ def job_values(strategy: str, workers: int, args: argparse.Namespace) -> dict:
         "epochs": args.epochs,
         "steps_per_epoch": args.steps_per_epoch,
         "seed": args.seed,
-        "threads": worker_threads(workers),
     }
 
 
@@ -126,7 +129,7 @@ def make_optimizer(model: torch.nn.Module, config) -> torch.optim.SGD:
 def setup(values: dict) -> tuple[RunConfig, Dataset, torch.nn.Module]:
     """Config, threads, training set and the model polyrhythm starts from (same seeded init)."""
     config = make_config(values)
-    torch.set_num_threads(config.threads)
+    set_threads(config, "worker", config.workers)  # exactly what a polyrhythm worker gets
     train, _ = prepare_data(config)
     return config, train, build_model(config.model, train.shape, train.classes, config.seed)
 
@@ -135,7 +138,8 @@ def plain_main(values: dict, results: Queue) -> None:
     """Baseline 1: one process, no communication at all."""
     config, train, model = setup(values)
     optimizer = make_optimizer(model, config)
-    results.put((0, train_epochs(model, optimizer, train, config, worker=0)))
+    epochs = train_epochs(model, optimizer, train, config, worker=0)
+    results.put((0, WorkerResult(torch.get_num_threads(), epochs)))
 
 
 def ddp_main(rank: int, values: dict, port: int, results: Queue) -> None:
@@ -147,7 +151,8 @@ def ddp_main(rank: int, values: dict, port: int, results: Queue) -> None:
         model = DistributedDataParallel(model)
         optimizer = make_optimizer(model, config)
         dist.barrier()  # start together, as polyrhythm's ranks do
-        results.put((rank, train_epochs(model, optimizer, train, config, worker=rank)))
+        epochs = train_epochs(model, optimizer, train, config, worker=rank)
+        results.put((rank, WorkerResult(torch.get_num_threads(), epochs)))
     finally:
         dist.destroy_process_group()
 
@@ -158,20 +163,20 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def run_spawned(target: Callable, arg_lists: list[tuple]) -> list[list[EpochTiming]]:
-    """Run one spawned process per argument tuple; return each one's timings, by rank."""
+def run_spawned(target: Callable, arg_lists: list[tuple]) -> list[WorkerResult]:
+    """Run one spawned process per argument tuple; return what each reported, by rank."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     procs = [ctx.Process(target=target, args=(*args, results)) for args in arg_lists]
     for p in procs:
         p.start()
-    timings: dict[int, list[EpochTiming]] = {}
+    reports: dict[int, WorkerResult] = {}
     deadline = time.monotonic() + RESULT_TIMEOUT_S
     try:
-        while len(timings) < len(procs):
+        while len(reports) < len(procs):
             try:
-                rank, epochs = results.get(timeout=1.0)
-                timings[rank] = epochs
+                rank, report = results.get(timeout=1.0)
+                reports[rank] = report
             except queue.Empty:
                 failed = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
                 if failed or time.monotonic() > deadline:
@@ -183,25 +188,25 @@ def run_spawned(target: Callable, arg_lists: list[tuple]) -> list[list[EpochTimi
             if p.is_alive():
                 p.kill()
                 p.join()
-    return [timings[r] for r in range(len(procs))]
+    return [reports[r] for r in range(len(procs))]
 
 
-def epoch_rates(per_worker: list[list[EpochTiming]]) -> list[float]:
+def epoch_rates(workers: list[WorkerResult]) -> list[float]:
     """Cluster samples/s of each epoch: the sum over workers, as polyrhythm's epoch_metrics."""
-    epochs = zip(*per_worker, strict=True)
+    epochs = zip(*(w.epochs for w in workers), strict=True)
     return [sum(samples / seconds for samples, seconds in epoch) for epoch in epochs]
 
 
 # --- the two sides of each comparison ------------------------------------------------------------
 
 
-def run_plain(values: dict) -> list[float]:
-    return epoch_rates(run_spawned(plain_main, [(values,)]))
+def run_plain(values: dict) -> list[WorkerResult]:
+    return run_spawned(plain_main, [(values,)])
 
 
-def run_ddp(values: dict) -> list[float]:
+def run_ddp(values: dict) -> list[WorkerResult]:
     port = free_port()
-    return epoch_rates(run_spawned(ddp_main, [(r, values, port) for r in range(values["workers"])]))
+    return run_spawned(ddp_main, [(r, values, port) for r in range(values["workers"])])
 
 
 def run_polyrhythm(values: dict, out: str) -> list[float]:
@@ -254,15 +259,16 @@ class Comparison:
     name: str
     baseline_name: str
     values: dict
-    baseline: Callable[[dict], list[float]]
+    baseline: Callable[[dict], list[WorkerResult]]
     target: float
+    threads: int = 0  # torch threads per worker, as the baseline processes report them
     baseline_rates: list[float] = field(default_factory=list)
     polyrhythm_rates: list[float] = field(default_factory=list)
     other_load: list[float] = field(default_factory=list)  # cores, one entry per run
 
     def measure(self, repeat: int, out: str, warmup: int) -> None:
         """One paired measurement; the side that goes first alternates between repeats."""
-        sides = [(lambda: self.baseline(self.values), self.baseline_rates),
+        sides = [(self._run_baseline, self.baseline_rates),
                  (lambda: run_polyrhythm(self.values, out), self.polyrhythm_rates)]
         for run, rates in sides if repeat % 2 == 0 else reversed(sides):
             with OtherLoad() as load:
@@ -270,6 +276,11 @@ class Comparison:
             rates.append(steady_rate(epochs, warmup))
             if load.cores is not None:
                 self.other_load.append(load.cores)
+
+    def _run_baseline(self) -> list[float]:
+        workers = self.baseline(self.values)
+        self.threads = workers[0].threads
+        return epoch_rates(workers)
 
     @property
     def ratios(self) -> list[float]:
@@ -326,7 +337,7 @@ def print_table(comps: list[Comparison]) -> None:
     print("-" * len(header))
     for c in comps:
         verdict = "PASS" if c.ratio >= c.target else "BELOW"
-        print(f"{c.name:<26} {c.baseline_name:<24} {c.values['threads']:>7} "
+        print(f"{c.name:<26} {c.baseline_name:<24} {c.threads:>7} "
               f"{statistics.median(c.baseline_rates):>11.0f} "
               f"{statistics.median(c.polyrhythm_rates):>12.0f} "
               f"{c.ratio:>6.3f} {c.target:>6.2f}  {verdict}")
@@ -352,6 +363,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"ratio {c.ratios[-1]:.3f}  other load {load} cores", flush=True)
     print(f"\nmeasured in {time.perf_counter() - started:.0f} s\n")
     print_table(comps)
+    if args.quick:
+        print("--quick is a smoke run: its epochs are too short for the ratios to mean much")
     warn_if_shared(comps)
     return 0
 
