@@ -44,9 +44,10 @@ def run_rank(config, rank: int, progress: ProgressSink = no_progress,
     ctx = RankContext(config, rank, topology, progress=progress)
     set_threads(config, topology.role(rank), local_workers or config.workers)
     train, val = prepare_data(config)
+    role = _build_role(ctx, train, val)  # before the clock starts: building is set-up
     dist.barrier()  # start the clock when every process is ready
     started = time.perf_counter()
-    report = _play_role(ctx, train, val)
+    report = role.run()
     reports = [None] * topology.world_size if rank == 0 else None
     dist.gather_object(report, reports, dst=0)
     if rank != 0:
@@ -54,12 +55,12 @@ def run_rank(config, rank: int, progress: ProgressSink = no_progress,
     return summarise(config, reports, val, time.perf_counter() - started)
 
 
-def _play_role(ctx: RankContext, train: Dataset, val: Dataset) -> dict:
+def _build_role(ctx: RankContext, train: Dataset, val: Dataset) -> Worker | ParameterServerShard:
     if ctx.topology.role(ctx.rank) == "worker":
-        return Worker(ctx, train, val).run()
+        return Worker(ctx, train, val)
     config = ctx.config
     initial = FlatParameters(build_model(config.model, train.shape, train.classes, config.seed))
     start, stop = shard_ranges(len(initial), config.servers)[ctx.rank]
     policy = STRATEGIES[config.strategy].policy(config)
     steps = steps_per_epoch(len(train), config.batch_size, config.steps_per_epoch)
-    return ParameterServerShard(ctx, initial.data, start, stop, policy, steps).serve()
+    return ParameterServerShard(ctx, initial.data, start, stop, policy, steps)

@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from polyrhythm.comm.messages import DONE, PUSH_HEADER
+from polyrhythm.comm.messages import DONE, PUSH_HEADER, REPLY_HEADER
 from polyrhythm.context import RankContext
 from polyrhythm.metrics.recorder import StalenessLog
 from polyrhythm.optim import lr_at, make_sgd, set_lr
@@ -25,7 +25,10 @@ class ParameterServerShard:
                  policy: ConsistencyPolicy, steps_per_epoch: int) -> None:
         self.ctx = ctx
         self.start, self.stop = start, stop
-        self.weights = torch.nn.Parameter(initial[start:stop].clone())
+        # The reply message is [version, weights...]: the weights live inside it, so answering
+        # a worker sends this buffer as it is, with no copy.
+        self.outbox = torch.cat([torch.zeros(REPLY_HEADER), initial[start:stop]])
+        self.weights = torch.nn.Parameter(self.outbox[REPLY_HEADER:])
         self.optimizer = make_sgd([self.weights], ctx.config, policy.asynchronous)
         self.pending = torch.zeros_like(self.weights)
         self.pending_weight = 0.0
@@ -35,7 +38,7 @@ class ParameterServerShard:
         self.progress = 0.0  # global steps' worth of gradient applied (drives lr decay)
         self.staleness = StalenessLog()
 
-    def serve(self) -> dict:
+    def run(self) -> dict:
         """Serve until every worker has said it is done; return this shard's report."""
         inbox = torch.empty(PUSH_HEADER + self.stop - self.start)
         remaining = self.ctx.topology.workers
@@ -72,15 +75,15 @@ class ParameterServerShard:
         set_lr(self.optimizer, lr_at(self.ctx.config, epoch))
         self.weights.grad = self.pending
         self.optimizer.step()
-        self.pending = torch.zeros_like(self.weights)
+        self.pending.zero_()
         self.progress += self.pending_weight
         self.pending_weight = 0.0
         self.version += 1
+        self.outbox[0] = self.version
 
     def _reply(self, workers: tuple[int, ...]) -> None:
-        message = torch.cat([torch.tensor([float(self.version)]), self.weights.detach()])
         ranks = [self.ctx.topology.worker_ranks[w] for w in workers]
-        for work in [self.ctx.transport.isend(message, r) for r in ranks]:
+        for work in [self.ctx.transport.isend(self.outbox, r) for r in ranks]:
             work.wait()
 
     def _report(self) -> dict:

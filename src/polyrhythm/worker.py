@@ -58,12 +58,16 @@ class Worker:
         self.delay = c.worker_delay_s[i] if i < len(c.worker_delay_s) else 0.0
         self.strategy = STRATEGIES[c.strategy].worker(ctx, self.flat, self.batch / c.batch_size)
         self._last_progress = 0.0
+        self.snapshots: list[torch.Tensor] = []  # the first worker's model at each epoch end
 
     def run(self) -> dict:
         """Train for the configured epochs; return this worker's report."""
         started = time.perf_counter()
         epochs = [self._epoch(e, started) for e in range(self.ctx.config.epochs)]
         self.strategy.finish()
+        for record, snapshot in zip(epochs, self.snapshots, strict=False):
+            self.flat.data.copy_(snapshot)
+            record.update(evaluate(self.model, self.val))
         report = {
             "role": "worker",
             "rank": self.ctx.rank,
@@ -74,7 +78,7 @@ class Worker:
             "traffic": vars(self.ctx.transport.counters),
         }
         if self.ctx.worker_index == 0 and not self.strategy.uses_servers:
-            report["shard"] = (0, len(self.flat), self.flat.data.clone())
+            report["shard"] = (0, len(self.flat), self.snapshots[-1])
         return report
 
     def _epoch(self, epoch: int, started: float) -> dict:
@@ -94,8 +98,10 @@ class Worker:
         record = {"epoch": epoch, "train_loss": loss_sum / self.steps,
                   "samples": self.steps * self.batch, "seconds": seconds,
                   "wall_s": time.perf_counter() - started}
-        if self.ctx.worker_index == 0:  # the first worker validates the model it now holds
-            record.update(evaluate(self.model, self.val))
+        if self.ctx.worker_index == 0:
+            # Validated after training: evaluating now would stall the other workers and
+            # count as their communication time.
+            self.snapshots.append(self.flat.data.clone())
         return record
 
     def _progress(self, epoch: int, step: int, loss: float, samples_per_s: float) -> None:

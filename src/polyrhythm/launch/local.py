@@ -15,6 +15,7 @@ import queue
 import signal
 import sys
 import traceback
+from collections.abc import Iterator
 from datetime import timedelta
 from multiprocessing.connection import wait
 
@@ -28,6 +29,7 @@ from polyrhythm.records import RunRecord, complete_run, fail_run, read_summary
 HOST = "127.0.0.1"
 RENDEZVOUS_TIMEOUT = timedelta(seconds=120)
 GRACE_S = 3.0
+CHILD_ENVIRONMENT = {"OMP_WAIT_POLICY": "PASSIVE"}
 _PR_SET_NAME, _PR_SET_PDEATHSIG = 15, 1
 
 
@@ -49,8 +51,9 @@ def launch_local(config, record: RunRecord, progress: ProgressBoard | None = Non
     board = progress or ProgressBoard(config.workers, enabled=False)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
-        for p in procs:
-            p.start()
+        with _child_environment():
+            for p in procs:
+                p.start()
         _supervise(procs, events, board, topology)
     except KeyboardInterrupt:
         _teardown(procs)
@@ -64,6 +67,24 @@ def launch_local(config, record: RunRecord, progress: ProgressBoard | None = Non
         signal.signal(signal.SIGTERM, previous)
         _teardown(procs)
     return read_summary(record)
+
+
+@contextlib.contextmanager
+def _child_environment() -> Iterator[None]:
+    """Environment the ranks start with (read by OpenMP when a rank imports torch).
+
+    OpenMP's idle threads spin by default; on a machine shared by several ranks, a worker's
+    spinning thread steals the core its server and Gloo's I/O threads need during push/pull
+    (measured on 2 cores: push 1.9 ms -> 0.17 ms per step with passive waiting). A value the
+    user set is kept.
+    """
+    added = {k: v for k, v in CHILD_ENVIRONMENT.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for key in added:
+            del os.environ[key]
 
 
 def _raise_interrupt(signum, frame) -> None:
