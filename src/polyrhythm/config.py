@@ -29,6 +29,8 @@ class RunConfig(BaseModel):
         None, description="parameter-server shards (default 1 for PS strategies, 0 otherwise)"
     )
     staleness: int = Field(3, description="ssp: how many clocks a worker may run ahead")
+    bucket_kb: int = Field(
+        25600, description="PS: gradients travel in buckets of about this many KiB")
     epochs: int = Field(3, description="passes over the training set")
     batch_size: int = Field(64, description="global batch B; each worker takes B/N")
     lr: float = Field(0.05, description="learning rate")
@@ -95,6 +97,7 @@ def _check_ranges(c: RunConfig, uses_servers: bool) -> None:
         (uses_servers or c.servers == 0,
          f"strategy {c.strategy!r} uses no servers; drop --servers"),
         (c.staleness >= 0, f"staleness must be at least 0, got {c.staleness}"),
+        (c.bucket_kb >= 1, f"bucket_kb must be at least 1, got {c.bucket_kb}"),
         (c.epochs >= 1, f"epochs must be at least 1, got {c.epochs}"),
         (c.batch_size >= c.workers,
          f"batch size {c.batch_size} is smaller than the worker count {c.workers}"),

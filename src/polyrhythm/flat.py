@@ -15,10 +15,12 @@ class FlatParameters:
     def __init__(self, model: nn.Module) -> None:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.data = torch.cat([p.detach().reshape(-1) for p in self.params])
+        self.ranges: list[tuple[int, int]] = []  # each parameter's [start, stop) in `data`
         offset = 0
         for p in self.params:
             n = p.numel()
             p.data = self.data[offset:offset + n].view_as(p)
+            self.ranges.append((offset, offset + n))
             offset += n
 
     def grad(self) -> torch.Tensor:
@@ -47,3 +49,21 @@ def shard_ranges(numel: int, shards: int) -> list[tuple[int, int]]:
         ranges.append((start, stop))
         start = stop
     return ranges
+
+
+def bucket_ranges(start: int, stop: int, bucket_elements: int) -> list[tuple[int, int]]:
+    """Split one shard [start, stop) into near-equal buckets of at most ~bucket_elements.
+
+    Buckets are the unit of communication: a bucket's gradient is pushed as soon as backward
+    has produced it, so most of the traffic overlaps the rest of backward.
+    """
+    count = max(1, -(-(stop - start) // max(1, bucket_elements)))
+    return [(start + a, start + b) for a, b in shard_ranges(stop - start, count)]
+
+
+def model_buckets(numel: int, servers: int, bucket_kb: int) -> list[tuple[int, int, int]]:
+    """Every bucket of the model as (server, start, stop); the list index is the bucket id."""
+    bucket_elements = bucket_kb * 1024 // 4  # float32
+    return [(server, a, b)
+            for server, (start, stop) in enumerate(shard_ranges(numel, servers))
+            for a, b in bucket_ranges(start, stop, bucket_elements)]

@@ -35,6 +35,25 @@ def lr_at(config, epoch: int) -> float:
     return config.lr * config.lr_decay ** (epoch // config.lr_decay_every)
 
 
+class FlatSGD:
+    """torch.optim.SGD's update (momentum, weight decay, no dampening or Nesterov) on one flat
+    tensor, without the per-call overhead of an Optimizer: servers step many small buckets."""
+
+    def __init__(self, weights: torch.Tensor, config, asynchronous: bool = False) -> None:
+        self.weights = weights
+        self.momentum = effective_momentum(config, asynchronous)
+        self.weight_decay = config.weight_decay
+        self.buffer = torch.zeros_like(weights) if self.momentum else None
+
+    @torch.no_grad()
+    def step(self, grad: torch.Tensor, lr: float) -> None:
+        d = grad.add(self.weights, alpha=self.weight_decay) if self.weight_decay else grad
+        if self.buffer is not None:
+            # torch starts the buffer as a copy of d; 0 * momentum + d is exactly that.
+            d = self.buffer.mul_(self.momentum).add_(d)
+        self.weights.add_(d, alpha=-lr)
+
+
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] = lr

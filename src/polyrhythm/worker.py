@@ -86,10 +86,11 @@ class Worker:
         t0, loss_sum = time.perf_counter(), 0.0
         for step in range(self.steps):
             idx = torch.from_numpy(batch_slice(order, self.batch, step))
+            self.strategy.begin_step(epoch)
             with self.ctx.spans("compute"):
-                loss = train_step(self.model, self.train.x[idx], self.train.y[idx])
                 if self.delay:
                     time.sleep(self.delay)  # emulated slower compute
+                loss = train_step(self.model, self.train.x[idx], self.train.y[idx])
             self.strategy.step(epoch)
             loss_sum += loss
             self._progress(epoch, step + 1, loss, (step + 1) * self.batch / (

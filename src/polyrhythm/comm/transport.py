@@ -24,18 +24,18 @@ class Transport:
     def __init__(self) -> None:
         self.counters = TrafficCounters()
 
-    def isend(self, tensor: torch.Tensor, dst: int) -> dist.Work:
+    def isend(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> dist.Work:
         self.counters.bytes_sent += tensor.numel() * tensor.element_size()
         self.counters.messages_sent += 1
-        return dist.isend(tensor, dst)
+        return dist.isend(tensor, dst, tag=tag)
 
-    def irecv(self, tensor: torch.Tensor, src: int) -> dist.Work:
+    def irecv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> dist.Work:
         self._count_received(tensor)
-        return dist.irecv(tensor, src)
+        return dist.irecv(tensor, src, tag=tag)
 
-    def recv_any(self, tensor: torch.Tensor) -> int:
+    def recv_any(self, tensor: torch.Tensor, tag: int = 0) -> int:
         """Block until a message from any rank fills `tensor`; return the sender's rank."""
-        src = dist.recv(tensor)
+        src = dist.recv(tensor, tag=tag)
         self._count_received(tensor)
         return src
 

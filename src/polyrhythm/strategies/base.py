@@ -29,6 +29,9 @@ class Strategy(ABC):
         self.flat = flat
         self.batch_weight = batch_weight
 
+    def begin_step(self, epoch: int) -> None:  # noqa: B027 - optional hook
+        """Called before each forward pass (set-up for communication during backward)."""
+
     @abstractmethod
     def step(self, epoch: int) -> None:
         """Communicate this step's gradient and leave the next parameters in the model."""

@@ -1,58 +1,96 @@
 """Worker side of the parameter-server family (BSP, ASP, SSP, ...): push, then pull.
 
-The consistency model lives entirely on the servers (strategies/consistency.py); a worker
-pushes its weighted gradient slice to each server and blocks until each answers with its new
-slice. How long it blocks is the policy's decision.
+The consistency model lives entirely on the servers (strategies/consistency.py). The model is
+split into buckets, each owned by one server. During backward, a hook pushes each bucket's
+gradient the moment every parameter in it has one (the last layers first), so pushes, server
+updates and replies overlap the rest of backward, as in DDP's bucketing or BytePS. After
+backward the worker pushes whatever is left and waits for every bucket's reply: how long it
+waits is the policy's decision.
 """
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
 from polyrhythm.comm.messages import DONE, PUSH, PUSH_HEADER, REPLY_HEADER
-from polyrhythm.flat import shard_ranges
+from polyrhythm.flat import model_buckets
 from polyrhythm.strategies.base import Strategy
 
 
 class ParameterServerWorker(Strategy):
-    """Push the gradient slice j to server j, then pull parameter slice j from it."""
+    """Push gradient buckets to their servers as backward produces them; pull them back."""
 
     uses_servers = True
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.ranges = shard_ranges(len(self.flat), self.ctx.topology.servers)
-        self.outbox = [torch.empty(PUSH_HEADER + b - a) for a, b in self.ranges]
-        self.inbox = [torch.empty(REPLY_HEADER + b - a) for a, b in self.ranges]
-        self.pulled = [0] * len(self.ranges)  # server version each slice was pulled at
+        topology, flat = self.ctx.topology, self.flat
+        self.buckets = model_buckets(len(flat), topology.servers, self.ctx.config.bucket_kb)
+        capacity = [0] * topology.servers
+        for server, a, b in self.buckets:
+            capacity[server] = max(capacity[server], b - a)
+        self.outbox = [torch.zeros(PUSH_HEADER + capacity[s]) for s, _, _ in self.buckets]
+        self.inbox = [torch.empty(REPLY_HEADER + b - a) for _, a, b in self.buckets]
+        self.pulled = [0] * len(self.buckets)  # server version each bucket was pulled at
         self.clock = 0
+        self.grad = torch.zeros(len(flat))
+        # Which buckets each parameter feeds, and how many parameters each bucket waits for.
+        self.feeds = [[k for k, (_, a, b) in enumerate(self.buckets) if a < stop and start < b]
+                      for start, stop in flat.ranges]
+        self.needs = [sum(k in f for f in self.feeds) for k in range(len(self.buckets))]
+        self.missing: list[int] = []
+        self.sends: list = []
+        self.receives: list = []
+        for i, p in enumerate(flat.params):
+            p.register_post_accumulate_grad_hook(partial(self._on_grad, i))
+
+    def begin_step(self, epoch: int) -> None:
+        self.clock += 1
+        self.grad.zero_()  # a parameter without a gradient this step pushes zeros
+        self.missing = list(self.needs)
+        self.sends = [None] * len(self.buckets)
+        # Post every receive first, so a reply never waits for a matching receive.
+        server_ranks = self.ctx.topology.server_ranks
+        self.receives = [self.ctx.transport.irecv(box, server_ranks[s], tag=k)
+                         for k, (box, (s, _, _)) in enumerate(
+                             zip(self.inbox, self.buckets, strict=True))]
+
+    def _on_grad(self, index: int, param: torch.Tensor) -> None:
+        if not self.missing:
+            return  # a backward outside a training step (not ours to push)
+        start, stop = self.flat.ranges[index]
+        self.grad[start:stop] = param.grad.reshape(-1)
+        for k in self.feeds[index]:
+            self.missing[k] -= 1
+            if self.missing[k] == 0:
+                self._push(k, PUSH)
+
+    def _push(self, k: int, kind: float) -> None:
+        server, a, b = self.buckets[k]
+        box = self.outbox[k]
+        box[:PUSH_HEADER] = torch.tensor([kind, self.clock, self.pulled[k], self.batch_weight, k])
+        box[PUSH_HEADER:PUSH_HEADER + b - a] = self.grad[a:b]
+        self.sends[k] = self.ctx.transport.isend(box, self.ctx.topology.server_ranks[server])
 
     def step(self, epoch: int) -> None:
-        grad = self.flat.grad()  # the server weights it by batch_weight, sent in the header
-        self.clock += 1
-        for j, (a, b) in enumerate(self.ranges):
-            self.outbox[j][:PUSH_HEADER] = torch.tensor(
-                [PUSH, self.clock, self.pulled[j], self.batch_weight])
-            self.outbox[j][PUSH_HEADER:] = grad[a:b]
-        self._exchange()
-        for j, (a, b) in enumerate(self.ranges):
-            self.pulled[j] = int(self.inbox[j][0])
-            self.flat.data[a:b] = self.inbox[j][REPLY_HEADER:]
-
-    def _exchange(self) -> None:
-        transport, servers = self.ctx.transport, self.ctx.topology.server_ranks
         with self.ctx.spans("push"):
-            # Post every receive first, so no server's reply waits on our other sends.
-            receives = [transport.irecv(box, s)
-                        for box, s in zip(self.inbox, servers, strict=True)]
-            sends = [transport.isend(box, s) for box, s in zip(self.outbox, servers, strict=True)]
-            for work in sends:
+            for k, work in enumerate(self.sends):
+                if work is None:  # parameters that got no gradient
+                    self._push(k, PUSH)
+            for work in self.sends:
                 work.wait()
         with self.ctx.spans("pull"):
-            for work in receives:
+            for work in self.receives:
                 work.wait()
+        self.missing = []
+        for k, (_, a, b) in enumerate(self.buckets):
+            self.pulled[k] = int(self.inbox[k][0])
+            self.flat.data[a:b] = self.inbox[k][REPLY_HEADER:]
 
     def finish(self) -> None:
-        for j, server in enumerate(self.ctx.topology.server_ranks):
-            self.outbox[j][0] = DONE
-            self.ctx.transport.isend(self.outbox[j], server).wait()
+        for k in range(len(self.buckets)):
+            self._push(k, DONE)
+        for work in self.sends:
+            work.wait()
