@@ -37,3 +37,12 @@ def test_uneven_batch_split_still_equals_global_batch(tmp_path):
     config = small_config(tmp_path, strategy="allreduce", workers=3, batch_size=64)
     summary = polyrhythm.train(config)
     assert max_diff(stored_parameters(summary), reference_parameters(config)) <= 1e-5
+
+
+def test_bsp_with_many_buckets_equals_single_process(tmp_path):
+    # 8 KiB buckets: the model travels as dozens of buckets over 2 servers, pushed from
+    # gradient hooks while backward still runs, each updated on its own.
+    config = small_config(tmp_path, strategy="bsp", workers=2, servers=2, bucket_kb=8)
+    summary = polyrhythm.train(config)
+    assert summary["weight_updates"] == 20
+    assert max_diff(stored_parameters(summary), reference_parameters(config)) <= 1e-5

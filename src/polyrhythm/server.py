@@ -15,6 +15,7 @@ import time
 import torch
 
 from polyrhythm.comm.messages import DONE, PUSH_HEADER, REPLY_HEADER
+from polyrhythm.comm.transport import PushReceiver
 from polyrhythm.context import RankContext
 from polyrhythm.metrics.recorder import StalenessLog
 from polyrhythm.optim import FlatSGD, lr_at
@@ -67,21 +68,27 @@ class ParameterServerShard:
 
     def run(self) -> dict:
         """Serve until every worker has said it is done for every bucket; return a report."""
-        inbox = torch.empty(PUSH_HEADER + self.capacity)
-        remaining = self.ctx.topology.workers * len(self.buckets)
-        while remaining:
-            src = self.ctx.transport.recv_any(inbox)
-            worker = self.ctx.topology.worker_index(src)
+        topology = self.ctx.topology
+        pushes = PushReceiver(self.ctx.transport, topology.worker_ranks,
+                              PUSH_HEADER + self.capacity)
+        unfinished = dict.fromkeys(topology.worker_ranks, len(self.buckets))
+        while unfinished:
+            src, inbox = pushes.next()
+            worker = topology.worker_index(src)
             kind, clock, pulled, weight, key = inbox[:PUSH_HEADER].tolist()
             bucket = self.buckets[int(key)]
             if kind == DONE:
-                remaining -= 1
+                unfinished[src] -= 1
                 decision = bucket.policy.on_done(worker)
             else:
                 decision = bucket.policy.on_push(worker, int(clock))
                 if decision.accumulate:
                     bucket.accumulate(inbox[PUSH_HEADER:], weight)
                     self.staleness.record(bucket.version - int(pulled))
+            more = unfinished[src] > 0
+            if not more:
+                del unfinished[src]
+            pushes.release(src, more)
             self._act(int(key), bucket, decision)
         return self._report()
 

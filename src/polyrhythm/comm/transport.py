@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import queue
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -42,3 +44,41 @@ class Transport:
     def _count_received(self, tensor: torch.Tensor) -> None:
         self.counters.bytes_received += tensor.numel() * tensor.element_size()
         self.counters.messages_received += 1
+
+
+class PushReceiver:
+    """Receives fixed-size messages from known ranks in arrival order, like a receive from any
+    rank, but with each rank's receive posted ahead of time.
+
+    Gloo's receive-from-any costs an extra round trip per message (the receiver must first
+    ask the sender); a receive posted for a known rank lets the data flow at once. One thread
+    per rank waits on its posted receive (the wait releases the GIL) and queues its rank when
+    the message is in; the rank's next receive is posted only once the caller has used the
+    buffer (`release`).
+    """
+
+    def __init__(self, transport: Transport, sources: list[int], numel: int) -> None:
+        self.transport = transport
+        self.buffers = {s: torch.empty(numel) for s in sources}
+        self._arrived: queue.SimpleQueue[int] = queue.SimpleQueue()
+        self._go_on = {s: queue.SimpleQueue() for s in sources}
+        self._threads = [threading.Thread(target=self._receive, args=(s,), daemon=True,
+                                          name=f"recv-from-{s}") for s in sources]
+        for t in self._threads:
+            t.start()
+
+    def _receive(self, src: int) -> None:
+        while True:
+            self.transport.irecv(self.buffers[src], src).wait()
+            self._arrived.put(src)
+            if not self._go_on[src].get():
+                return
+
+    def next(self) -> tuple[int, torch.Tensor]:
+        """Block until some rank's message is in; return the rank and its buffer."""
+        src = self._arrived.get()
+        return src, self.buffers[src]
+
+    def release(self, src: int, more: bool = True) -> None:
+        """The buffer of `src` is free again; post its next receive unless it sends no more."""
+        self._go_on[src].put(more)
