@@ -60,7 +60,7 @@ class PushReceiver:
     def __init__(self, transport: Transport, sources: list[int], numel: int) -> None:
         self.transport = transport
         self.buffers = {s: torch.empty(numel) for s in sources}
-        self._arrived: queue.SimpleQueue[int] = queue.SimpleQueue()
+        self._arrived: queue.SimpleQueue[int | Exception] = queue.SimpleQueue()
         self._go_on = {s: queue.SimpleQueue() for s in sources}
         self._threads = [threading.Thread(target=self._receive, args=(s,), daemon=True,
                                           name=f"recv-from-{s}") for s in sources]
@@ -68,15 +68,20 @@ class PushReceiver:
             t.start()
 
     def _receive(self, src: int) -> None:
-        while True:
-            self.transport.irecv(self.buffers[src], src).wait()
-            self._arrived.put(src)
-            if not self._go_on[src].get():
-                return
+        try:
+            while True:
+                self.transport.irecv(self.buffers[src], src).wait()
+                self._arrived.put(src)
+                if not self._go_on[src].get():
+                    return
+        except Exception as exc:  # e.g. the peer died: the caller's next() raises it
+            self._arrived.put(exc)
 
     def next(self) -> tuple[int, torch.Tensor]:
         """Block until some rank's message is in; return the rank and its buffer."""
         src = self._arrived.get()
+        if isinstance(src, Exception):
+            raise src
         return src, self.buffers[src]
 
     def release(self, src: int, more: bool = True) -> None:

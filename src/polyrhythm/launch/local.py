@@ -149,6 +149,7 @@ def _teardown(procs: list) -> None:
 def _rank_main(config_values: dict, rank: int, port: int, record: RunRecord, events) -> None:
     """Entry point of one spawned rank."""
     _bind_to_parent(rank)
+    _redirect_output(record.log_path(rank))
     from polyrhythm.config import RunConfig
     from polyrhythm.job import run_rank
 
@@ -166,7 +167,7 @@ def _rank_main(config_values: dict, rank: int, port: int, record: RunRecord, eve
     except KeyboardInterrupt:
         code = 130
     except BaseException as exc:  # report one line; the traceback goes to the rank's log
-        record.log_path(rank).write_text(traceback.format_exc())
+        traceback.print_exc()
         _offer(events, {"rank": rank, "error": f"{type(exc).__name__}: {exc}".splitlines()[0]})
         code = 1
     _exit(events, code)
@@ -185,6 +186,15 @@ def _exit(events, code: int) -> None:
 def _offer(events, event: dict) -> None:
     with contextlib.suppress(queue.Full):  # progress is best-effort; never block training
         events.put_nowait(event)
+
+
+def _redirect_output(path) -> None:
+    """Send everything the rank prints, Python or C++ (Gloo), to its log file: the terminal
+    belongs to the launcher, which reports one line per failure."""
+    log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    for fd in (1, 2):
+        os.dup2(log, fd)
+    os.close(log)
 
 
 def _bind_to_parent(rank: int) -> None:
