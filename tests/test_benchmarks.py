@@ -1,0 +1,19 @@
+"""Benchmarks are not timed tests: CI only checks that they run and report their ratios."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+BENCHMARKS = Path(__file__).parent.parent / "benchmarks"
+
+
+def test_overhead_benchmark_smoke_prints_both_ratios():
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "overhead.py"), "--quick"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    for label in ("bsp, 1 worker + 1 server", "allreduce, 2 workers"):
+        row = re.search(rf"^{re.escape(label)} .* (\d+\.\d+)\s+0\.9\d\s+(PASS|BELOW)$",
+                        done.stdout, re.MULTILINE)
+        assert row, f"no result row for {label}:\n{done.stdout}"
+        assert float(row.group(1)) > 0
