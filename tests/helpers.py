@@ -15,7 +15,7 @@ from polyrhythm.data.sharding import (
 )
 from polyrhythm.job import prepare_data
 from polyrhythm.models import build_model
-from polyrhythm.optim import lr_at, make_sgd, set_lr
+from polyrhythm.optim import lr_at
 
 
 def small_config(tmp_path, **fields):
@@ -34,11 +34,13 @@ def reference_parameters(config) -> torch.Tensor:
     torch.set_num_threads(2)
     train, _ = prepare_data(config)
     model = build_model(config.model, train.shape, train.classes, config.seed)
-    optimizer = make_sgd(model.parameters(), config)
+    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum,
+                                weight_decay=config.weight_decay)
     shards = random_shards(len(train), config.workers, config.seed)
     sizes = worker_batch_sizes(config.batch_size, config.workers)
     for epoch in range(config.epochs):
-        set_lr(optimizer, lr_at(config, epoch))
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(config, epoch)
         orders = [epoch_order(s, epoch, config.seed, i) for i, s in enumerate(shards)]
         for step in range(steps_per_epoch(len(train), config.batch_size,
                                           config.steps_per_epoch)):

@@ -28,14 +28,6 @@ class FlatParameters:
         return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
                           for p in self.params])
 
-    def set_grad(self, flat: torch.Tensor) -> None:
-        """Give every parameter its slice of a flat gradient (views, no copy)."""
-        offset = 0
-        for p in self.params:
-            n = p.numel()
-            p.grad = flat[offset:offset + n].view_as(p)
-            offset += n
-
     def __len__(self) -> int:
         return self.data.numel()
 

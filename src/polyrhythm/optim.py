@@ -2,16 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import torch
-
-
-def make_sgd(params: Iterable[torch.Tensor], config, asynchronous: bool = False
-             ) -> torch.optim.SGD:
-    """SGD as the config describes it; servers and all-reduce workers build the same one."""
-    return torch.optim.SGD(params, lr=config.lr, momentum=effective_momentum(config, asynchronous),
-                           weight_decay=config.weight_decay)
 
 
 def effective_momentum(config, asynchronous: bool) -> float:
@@ -52,8 +43,3 @@ class FlatSGD:
             # torch starts the buffer as a copy of d; 0 * momentum + d is exactly that.
             d = self.buffer.mul_(self.momentum).add_(d)
         self.weights.add_(d, alpha=-lr)
-
-
-def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
-    for group in optimizer.param_groups:
-        group["lr"] = lr

@@ -1,14 +1,14 @@
 """Synchronous all-reduce SGD with an identical optimizer copy on every worker.
 
 003 Algorithm 1 (all-reduce SGD); the baseline every framework ships (PyTorch DDP, Horovod).
-The reduction is the engine's own collective (Gloo's all-reduce).
+The reduction is the engine's own collective (Gloo's all-reduce) on one flat gradient.
 """
 
 from __future__ import annotations
 
 import torch.distributed as dist
 
-from polyrhythm.optim import lr_at, make_sgd, set_lr
+from polyrhythm.optim import FlatSGD, lr_at
 from polyrhythm.strategies.base import Strategy, flat_grad_weighted
 
 
@@ -17,12 +17,10 @@ class AllReduceWorker(Strategy):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.optimizer = make_sgd(self.flat.params, self.ctx.config)
+        self.optimizer = FlatSGD(self.flat.data, self.ctx.config)
 
     def step(self, epoch: int) -> None:
         grad = flat_grad_weighted(self.flat, self.batch_weight)
         with self.ctx.spans("allreduce"):
             dist.all_reduce(grad)
-        self.flat.set_grad(grad)
-        set_lr(self.optimizer, lr_at(self.ctx.config, epoch))
-        self.optimizer.step()
+        self.optimizer.step(grad, lr_at(self.ctx.config, epoch))
