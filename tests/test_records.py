@@ -73,3 +73,38 @@ def test_same_seed_same_result_different_seed_different_result(tmp_path):
 def test_runs_on_an_empty_directory_says_so(tmp_path):
     done = cli("runs", "--out", str(tmp_path))
     assert done.returncode == 0 and "no runs stored" in done.stdout
+
+
+def test_a_resolved_config_can_switch_between_ps_and_allreduce():
+    from polyrhythm.api import resolve_config
+
+    bsp = resolve_config({"strategy": "bsp"})
+    assert bsp.servers == 1
+    assert resolve_config(bsp, strategy="allreduce").servers == 0
+    assert resolve_config(resolve_config({"servers": 2}), strategy="asp").servers == 2
+
+
+def test_a_completed_run_is_never_marked_failed_afterwards(tmp_path):
+    from polyrhythm.records import RunRecord, fail_run
+
+    summary = polyrhythm.train(dataset="digits", workers=1, epochs=1, steps_per_epoch=3,
+                               out=str(tmp_path))
+    fail_run(RunRecord(tmp_path, summary["run_id"]), "late teardown problem")
+    (row,) = RunStore(tmp_path / "polyrhythm.db").runs()
+    assert row["status"] == "completed" and row["error"] is None
+    assert json.loads((tmp_path / summary["run_id"] / "summary.json").read_text())[
+        "status"] == "completed"
+
+
+def test_unusable_runs_directory_and_corrupt_store_are_one_line_errors(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    done = cli("train", "--out", str(blocker), "--dataset", "digits")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.count("\n") == 1 and "cannot" in done.stderr
+
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "polyrhythm.db").write_text("this is not sqlite")
+    done = cli("runs", "--out", str(tmp_path / "bad"))
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.startswith("polyrhythm: error: run store")

@@ -16,7 +16,8 @@ def resolve_config(config: RunConfig | dict | str | Path | None = None,
                    **overrides: Any) -> RunConfig:
     """A RunConfig from a RunConfig, a dict of fields or a TOML path, plus overrides."""
     if isinstance(config, RunConfig):
-        return make_config({**config.model_dump(), **overrides})
+        # Only the fields the caller set: resolved defaults (servers) follow the new strategy.
+        return make_config({**config.model_dump(include=config.model_fields_set), **overrides})
     if isinstance(config, dict):
         return make_config({**config, **overrides})
     return load_config(config, **overrides)

@@ -1,4 +1,4 @@
-"""The `polyrhythm` command: train | runs."""
+"""The `polyrhythm` command: train | runs | strategies."""
 
 from __future__ import annotations
 

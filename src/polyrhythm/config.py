@@ -109,6 +109,8 @@ def _check_ranges(c: RunConfig, uses_servers: bool) -> None:
         (c.steps_per_epoch is None or c.steps_per_epoch >= 1,
          f"steps_per_epoch must be at least 1, got {c.steps_per_epoch}"),
         (all(d >= 0 for d in c.worker_delay_s), "worker_delay_s entries must be at least 0"),
+        (len(c.worker_delay_s) <= c.workers,
+         f"worker_delay_s has {len(c.worker_delay_s)} entries for {c.workers} workers"),
         (c.threads is None or c.threads >= 1, f"threads must be at least 1, got {c.threads}"),
         (c.synthetic_classes >= 2, "synthetic_classes must be at least 2"),
         (c.synthetic_size >= 2 * c.synthetic_classes,

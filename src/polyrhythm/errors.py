@@ -15,6 +15,10 @@ class DataError(PolyrhythmError):
     """A data set that cannot be found or read."""
 
 
+class StoreError(PolyrhythmError):
+    """A runs directory or run store that cannot be written or read."""
+
+
 class RunFailed(PolyrhythmError):
     """A distributed run ended because one of its processes failed."""
 

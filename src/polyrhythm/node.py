@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from datetime import timedelta
 
@@ -37,6 +38,17 @@ def _log_progress(event: dict) -> None:
               file=sys.stderr, flush=True)
 
 
+def _raise_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def _local_workers(rank: int, servers: int) -> int:
+    """Workers on this host: the ranks torchrun started here, less the servers among them."""
+    local_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    first = rank - int(os.environ.get("LOCAL_RANK", 0))
+    return sum(r >= servers for r in range(first, first + local_size))
+
+
 def run_node(config_path: str) -> dict | None:
     """Run this rank of a torchrun job; rank 0 returns the completed summary."""
     config = load_config(config_path)
@@ -45,16 +57,20 @@ def run_node(config_path: str) -> dict | None:
         raise ConfigError(f"torchrun started {world} processes but the config needs "
                           f"{config.world_size} ({config.servers} servers + {config.workers} "
                           "workers)")
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     dist.init_process_group("gloo", timeout=timedelta(seconds=600))
     record = start_run(config) if rank == 0 else None
+    # torchrun stops the surviving ranks with SIGTERM when one fails: let rank 0 record it.
+    signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
-        result = run_rank(config, rank, progress=_log_progress, local_workers=local)
+        result = run_rank(config, rank, progress=_log_progress,
+                          local_workers=_local_workers(rank, config.servers))
         summary = complete_run(record, result) if record else None
     except BaseException as exc:
         if record:
             who = Topology(config.servers, config.workers).describe(rank)
-            fail_run(record, f"rank {rank} ({who}): {type(exc).__name__}: {exc}")
+            reason = "stopped by torchrun" if isinstance(exc, KeyboardInterrupt) else (
+                f"{type(exc).__name__}: {exc}".splitlines()[0])
+            fail_run(record, f"rank {rank} ({who}): {reason}")
         raise
     dist.barrier()  # leave together: a rank tearing down Gloo early can abort its peers
     dist.destroy_process_group()
@@ -70,6 +86,13 @@ def main(argv: list[str] | None = None) -> int:
     except PolyrhythmError as exc:
         print(f"polyrhythm: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except KeyboardInterrupt:
+        print("polyrhythm: stopped", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a peer failed, the network broke: one line, torchrun reports
+        print(f"polyrhythm: error: {type(exc).__name__}: {exc}".splitlines()[0],
+              file=sys.stderr)
+        return 1
     if summary:
         print(json.dumps({k: v for k, v in summary.items() if k != "epoch_metrics"}))
     return 0

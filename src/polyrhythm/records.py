@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from polyrhythm.errors import StoreError
 from polyrhythm.metrics.store import RunStore
 from polyrhythm.summary import RunResult
 
@@ -40,9 +41,13 @@ def start_run(config) -> RunRecord:
     now = datetime.now(UTC)
     run_id = f"{now:%Y%m%d-%H%M%S}-{config.strategy}-{secrets.token_hex(3)}"
     record = RunRecord(Path(config.out), run_id)
-    (record.dir / "logs").mkdir(parents=True)
     toml = config.to_toml()
-    (record.dir / "config.toml").write_text(toml)
+    try:
+        (record.dir / "logs").mkdir(parents=True)
+        (record.dir / "config.toml").write_text(toml)
+    except OSError as exc:
+        raise StoreError(f"cannot write run directory {str(record.dir)!r}: "
+                         f"{exc.strerror}") from None
     record.store.add_run(run_id, now.isoformat(timespec="seconds"), config, toml)
     return record
 
@@ -58,8 +63,10 @@ def complete_run(record: RunRecord, result: RunResult) -> dict:
 
 
 def fail_run(record: RunRecord, error: str) -> None:
-    """Mark the run failed with a one-line reason (the summary says so too)."""
-    record.store.fail_run(record.run_id, error)
+    """Mark the run failed with a one-line reason (the summary says so too). A run whose
+    results are already recorded stays completed."""
+    if not record.store.fail_run(record.run_id, error):
+        return
     summary = {"run_id": record.run_id, "status": "failed", "error": error,
                "run_dir": str(record.dir)}
     (record.dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -2,7 +2,7 @@
 
   push  = [kind, clock, pulled version, weight, bucket, gradient slice ..., padding]
           worker -> server, tag 0; padded to the server's largest bucket, so one receive
-          buffer fits every push and the server can receive from any worker
+          buffer per worker fits every push of that worker
   reply = [version, parameter slice ...]
           server -> worker, tag = bucket id, so replies may arrive in any order
 

@@ -32,16 +32,10 @@ class Transport:
         return dist.isend(tensor, dst, tag=tag)
 
     def irecv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> dist.Work:
-        self._count_received(tensor)
+        self.count_received(tensor)
         return dist.irecv(tensor, src, tag=tag)
 
-    def recv_any(self, tensor: torch.Tensor, tag: int = 0) -> int:
-        """Block until a message from any rank fills `tensor`; return the sender's rank."""
-        src = dist.recv(tensor, tag=tag)
-        self._count_received(tensor)
-        return src
-
-    def _count_received(self, tensor: torch.Tensor) -> None:
+    def count_received(self, tensor: torch.Tensor) -> None:
         self.counters.bytes_received += tensor.numel() * tensor.element_size()
         self.counters.messages_received += 1
 
@@ -70,7 +64,7 @@ class PushReceiver:
     def _receive(self, src: int) -> None:
         try:
             while True:
-                self.transport.irecv(self.buffers[src], src).wait()
+                dist.irecv(self.buffers[src], src).wait()  # counted in next(), one thread
                 self._arrived.put(src)
                 if not self._go_on[src].get():
                     return
@@ -82,6 +76,7 @@ class PushReceiver:
         src = self._arrived.get()
         if isinstance(src, Exception):
             raise src
+        self.transport.count_received(self.buffers[src])
         return src, self.buffers[src]
 
     def release(self, src: int, more: bool = True) -> None:

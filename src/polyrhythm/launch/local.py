@@ -14,6 +14,7 @@ import os
 import queue
 import signal
 import sys
+import threading
 import traceback
 from collections.abc import Iterator
 from datetime import timedelta
@@ -39,34 +40,59 @@ def process_name(rank: int) -> str:
 
 
 def launch_local(config, record: RunRecord, progress: ProgressBoard | None = None) -> dict:
-    """Run the job in local processes; return the summary or raise RunFailed."""
+    """Run the job in local processes; return the summary or raise RunFailed.
+
+    Whatever ends the run early (a rank failing, Ctrl-C, SIGTERM, an error here) stops every
+    process and stores the run as failed with a one-line reason.
+    """
     topology = Topology(config.servers, config.workers)
-    store = dist.TCPStore(HOST, 0, None, True, timeout=RENDEZVOUS_TIMEOUT,
-                          wait_for_workers=False)
-    ctx = mp.get_context("spawn")
-    events = ctx.Queue()
-    procs = [ctx.Process(target=_rank_main, name=process_name(rank),
-                         args=(config.model_dump(), rank, store.port, record, events))
-             for rank in range(topology.world_size)]
     board = progress or ProgressBoard(config.workers, enabled=False)
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    procs: list = []
     try:
-        with _child_environment():
-            for p in procs:
-                p.start()
-        _supervise(procs, events, board, topology)
-    except KeyboardInterrupt:
-        _teardown(procs)
-        fail_run(record, "interrupted")
-        raise RunFailed(f"run {record.run_id} interrupted; all processes stopped") from None
-    except RunFailed as exc:
-        _teardown(procs)
-        fail_run(record, str(exc))
-        raise
+        with _signals(sigterm=_raise_interrupt):
+            store = dist.TCPStore(HOST, 0, None, True, timeout=RENDEZVOUS_TIMEOUT,
+                                  wait_for_workers=False)
+            ctx = mp.get_context("spawn")
+            events = ctx.Queue()
+            procs = [ctx.Process(target=_rank_main, name=process_name(rank),
+                                 args=(config.model_dump(), rank, store.port, record, events))
+                     for rank in range(topology.world_size)]
+            with _child_environment():
+                for p in procs:
+                    p.start()
+            _supervise(procs, events, board, topology)
+        return read_summary(record)
+    except BaseException as exc:
+        reason = _reason(exc)
+        fail_run(record, reason)
+        raise RunFailed(f"run {record.run_id} {reason}") from None
     finally:
-        signal.signal(signal.SIGTERM, previous)
-        _teardown(procs)
-    return read_summary(record)
+        with _signals(sigterm=signal.SIG_IGN, sigint=signal.SIG_IGN):  # teardown must finish
+            _teardown(procs)
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted; all processes stopped"
+    if isinstance(exc, RunFailed):
+        return f"failed: {exc}"
+    return f"failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+
+@contextlib.contextmanager
+def _signals(**handlers) -> Iterator[None]:
+    """Install signal handlers (by lower-case name) for a block, where Python allows it (the
+    main thread); restore the previous ones after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    numbers = {getattr(signal, name.upper()): h for name, h in handlers.items()}
+    previous = {n: signal.signal(n, h) for n, h in numbers.items()}
+    try:
+        yield
+    finally:
+        for n, h in previous.items():
+            signal.signal(n, h)
 
 
 @contextlib.contextmanager
@@ -129,7 +155,10 @@ def _failure_message(failed: list[int], procs: list, errors: dict[int, str],
     first = min(failed, key=lambda r: (procs[r].exitcode >= 0, r))
     code = procs[first].exitcode
     if code < 0:
-        how = f"was killed by {signal.Signals(-code).name}"
+        try:
+            how = f"was killed by {signal.Signals(-code).name}"
+        except ValueError:  # real-time signals have no name
+            how = f"was killed by signal {-code}"
     else:
         how = f"failed: {errors.get(first, f'exit code {code}')}"
     return f"rank {first} ({topology.describe(first)}) {how}"

@@ -8,6 +8,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from polyrhythm.errors import StoreError
+
 SCHEMA_VERSION = 1
 
 _SCHEMA = """
@@ -51,13 +53,18 @@ class RunStore:
 
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(self.path, timeout=30)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(self.path, timeout=30)
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreError(f"cannot open run store {str(self.path)!r}: {exc}") from None
         conn.row_factory = sqlite3.Row
         try:
             with conn:
                 self._migrate(conn)
                 yield conn
+        except sqlite3.Error as exc:
+            raise StoreError(f"run store {str(self.path)!r}: {exc}") from None
         finally:
             conn.close()
 
@@ -65,7 +72,8 @@ class RunStore:
     def _migrate(conn: sqlite3.Connection) -> None:
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
-            raise RuntimeError(f"run store schema {version} is newer than this polyrhythm's")
+            raise StoreError(f"run store schema {version} is newer than this polyrhythm's "
+                             f"({SCHEMA_VERSION}); upgrade polyrhythm")
         if version < 1:
             conn.executescript(_SCHEMA)
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
@@ -90,10 +98,12 @@ class RunStore:
                 f" VALUES (?{', ?' * len(EPOCH_COLUMNS)})",
                 [(run_id, *(row[c] for c in EPOCH_COLUMNS)) for row in epochs])
 
-    def fail_run(self, run_id: str, error: str) -> None:
+    def fail_run(self, run_id: str, error: str) -> bool:
+        """Mark a running run failed; a run already completed stays so. True if marked."""
         with self._connect() as conn:
-            conn.execute("UPDATE runs SET status = 'failed', error = ? WHERE run_id = ?",
-                         (error, run_id))
+            cursor = conn.execute("UPDATE runs SET status = 'failed', error = ?"
+                                  " WHERE run_id = ? AND status = 'running'", (error, run_id))
+            return cursor.rowcount == 1
 
     def runs(self) -> list[dict]:
         """Every stored run, oldest first."""
