@@ -11,7 +11,7 @@ from typing import Any
 from polyrhythm.config import RunConfig
 from polyrhythm.errors import PolyrhythmError
 from polyrhythm.metrics.store import RunStore
-from polyrhythm.records import STORE_NAME
+from polyrhythm.records import STORE_NAME, summary_json_line
 
 
 class _Parser(argparse.ArgumentParser):
@@ -73,7 +73,7 @@ def _train(args: argparse.Namespace) -> int:
                  if getattr(args, name) is not None}
     summary = train(args.config, show_progress=sys.stderr.isatty(), **overrides)
     if args.json:
-        print(json.dumps({k: v for k, v in summary.items() if k != "epoch_metrics"}))
+        print(summary_json_line(summary))
     else:
         print(format_summary(summary))
     return 0

@@ -53,9 +53,22 @@ def bucket_ranges(start: int, stop: int, bucket_elements: int) -> list[tuple[int
     return [(start + a, start + b) for a, b in shard_ranges(stop - start, count)]
 
 
-def model_buckets(numel: int, servers: int, bucket_kb: int) -> list[tuple[int, int, int]]:
-    """Every bucket of the model as (server, start, stop); the list index is the bucket id."""
-    bucket_elements = bucket_kb * 1024 // 4  # float32
-    return [(server, a, b)
-            for server, (start, stop) in enumerate(shard_ranges(numel, servers))
-            for a, b in bucket_ranges(start, stop, bucket_elements)]
+class BucketLayout:
+    """Every bucket of the model, shared by workers and servers so both agree on message sizes.
+
+    `buckets[k] = (server, start, stop)`: bucket k is parameters [start, stop) on that server.
+    """
+
+    def __init__(self, numel: int, servers: int, bucket_kb: int) -> None:
+        bucket_elements = bucket_kb * 1024 // 4  # float32
+        self.buckets = [(server, a, b)
+                        for server, (start, stop) in enumerate(shard_ranges(numel, servers))
+                        for a, b in bucket_ranges(start, stop, bucket_elements)]
+
+    def of_server(self, server: int) -> dict[int, tuple[int, int]]:
+        """The buckets one server owns, by bucket id."""
+        return {k: (a, b) for k, (s, a, b) in enumerate(self.buckets) if s == server}
+
+    def capacity(self, server: int) -> int:
+        """Elements in the server's largest bucket: every push to it is padded to this."""
+        return max(b - a for a, b in self.of_server(server).values())

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from polyrhythm.context import ProgressSink, RankContext, Topology, no_progress
 from polyrhythm.data.datasets import Dataset, load_dataset, train_val_split
 from polyrhythm.data.sharding import steps_per_epoch
-from polyrhythm.flat import FlatParameters, model_buckets
+from polyrhythm.flat import BucketLayout, FlatParameters
 from polyrhythm.models import build_model
 from polyrhythm.server import ParameterServerShard
 from polyrhythm.strategies import STRATEGIES
@@ -60,8 +60,8 @@ def _build_role(ctx: RankContext, train: Dataset, val: Dataset) -> Worker | Para
         return Worker(ctx, train, val)
     config = ctx.config
     initial = FlatParameters(build_model(config.model, train.shape, train.classes, config.seed))
-    mine = {k: (a, b) for k, (server, a, b) in enumerate(
-        model_buckets(len(initial), config.servers, config.bucket_kb)) if server == ctx.rank}
+    layout = BucketLayout(len(initial), config.servers, config.bucket_kb)
     spec = STRATEGIES[config.strategy]
     steps = steps_per_epoch(len(train), config.batch_size, config.steps_per_epoch)
-    return ParameterServerShard(ctx, initial.data, mine, lambda: spec.policy(config), steps)
+    return ParameterServerShard(ctx, initial.data, layout.of_server(ctx.rank),
+                                layout.capacity(ctx.rank), lambda: spec.policy(config), steps)

@@ -9,7 +9,6 @@ workers). Rank 0 writes the run record under the config's `out` directory on its
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import sys
@@ -21,7 +20,7 @@ from polyrhythm.config import load_config
 from polyrhythm.context import Topology
 from polyrhythm.errors import ConfigError, PolyrhythmError
 from polyrhythm.job import run_rank
-from polyrhythm.records import complete_run, fail_run, start_run
+from polyrhythm.records import complete_run, fail_run, start_run, summary_json_line
 
 
 def _env_int(name: str) -> int:
@@ -94,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 1
     if summary:
-        print(json.dumps({k: v for k, v in summary.items() if k != "epoch_metrics"}))
+        print(summary_json_line(summary))
     return 0
 
 

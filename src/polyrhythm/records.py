@@ -72,5 +72,10 @@ def fail_run(record: RunRecord, error: str) -> None:
     (record.dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 
 
+def summary_json_line(summary: dict) -> str:
+    """The summary as one JSON line (per-epoch metrics left out: they are in summary.json)."""
+    return json.dumps({k: v for k, v in summary.items() if k != "epoch_metrics"})
+
+
 def read_summary(record: RunRecord) -> dict:
     return json.loads((record.dir / "summary.json").read_text())

@@ -58,11 +58,12 @@ class ParameterServerShard:
     """Owns the buckets of one server and applies workers' gradients to them."""
 
     def __init__(self, ctx: RankContext, initial: torch.Tensor,
-                 buckets: dict[int, tuple[int, int]], make_policy, steps_per_epoch: int) -> None:
+                 buckets: dict[int, tuple[int, int]], capacity: int, make_policy,
+                 steps_per_epoch: int) -> None:
         self.ctx = ctx
         self.buckets = {k: Bucket(initial, a, b, make_policy(), ctx.config)
                         for k, (a, b) in buckets.items()}
-        self.capacity = max(b - a for a, b in buckets.values())
+        self.capacity = capacity  # elements in the largest bucket: pushes are padded to it
         self.steps_per_epoch = steps_per_epoch
         self.staleness = StalenessLog()
 

@@ -27,7 +27,6 @@ class ConsistencyPolicy(ABC):
     asynchronous = False  # applies gradients computed on parameters that others changed since
 
     def __init__(self, workers: int) -> None:
-        self.workers = workers
         self.active = set(range(workers))
         self.clocks = dict.fromkeys(range(workers), 0)
 

@@ -15,7 +15,7 @@ from functools import partial
 import torch
 
 from polyrhythm.comm.messages import DONE, PUSH, PUSH_HEADER, REPLY_HEADER
-from polyrhythm.flat import model_buckets
+from polyrhythm.flat import BucketLayout
 from polyrhythm.strategies.base import Strategy
 
 
@@ -27,10 +27,9 @@ class ParameterServerWorker(Strategy):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         topology, flat = self.ctx.topology, self.flat
-        self.buckets = model_buckets(len(flat), topology.servers, self.ctx.config.bucket_kb)
-        capacity = [0] * topology.servers
-        for server, a, b in self.buckets:
-            capacity[server] = max(capacity[server], b - a)
+        layout = BucketLayout(len(flat), topology.servers, self.ctx.config.bucket_kb)
+        self.buckets = layout.buckets  # (server, start, stop) by bucket id
+        capacity = [layout.capacity(s) for s in range(topology.servers)]
         self.outbox = [torch.zeros(PUSH_HEADER + capacity[s]) for s, _, _ in self.buckets]
         self.inbox = [torch.empty(REPLY_HEADER + b - a) for _, a, b in self.buckets]
         self.pulled = [0] * len(self.buckets)  # server version each bucket was pulled at
