@@ -10,7 +10,7 @@ import pytest
 
 from polyrhythm.metrics.store import RunStore
 
-LONG_RUN = ["--workers", "2", "--epochs", "50", "--dataset", "digits"]
+LONG_RUN = ["--workers", "2", "--epochs", "1000", "--dataset", "digits"]  # killed long before
 
 
 def start_cli(tmp_path, *args):
