@@ -56,7 +56,8 @@ class Worker:
         self.shard = random_shards(len(train), c.workers, c.seed)[i]
         self.steps = steps_per_epoch(len(train), c.batch_size, c.steps_per_epoch)
         self.delay = c.worker_delay_s[i] if i < len(c.worker_delay_s) else 0.0
-        self.strategy = STRATEGIES[c.strategy].worker(ctx, self.flat, self.batch / c.batch_size)
+        self.spec = STRATEGIES[c.strategy]
+        self.strategy = self.spec.worker(ctx, self.flat, self.batch / c.batch_size)
         self._last_progress = 0.0
         self.snapshots: list[torch.Tensor] = []  # the first worker's model at each epoch end
 
@@ -77,7 +78,7 @@ class Worker:
             "spans": dict(self.ctx.spans.totals),
             "traffic": vars(self.ctx.transport.counters),
         }
-        if self.ctx.worker_index == 0 and not self.strategy.uses_servers:
+        if self.ctx.worker_index == 0 and not self.spec.uses_servers:  # no server holds it
             report["shard"] = (0, len(self.flat), self.snapshots[-1])
         return report
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from polyrhythm.optim import FlatSGD, lr_at
-from polyrhythm.strategies.base import Strategy, flat_grad_weighted
+from polyrhythm.strategies.base import Strategy
 
 
 class AllReduceWorker(Strategy):
@@ -20,7 +20,7 @@ class AllReduceWorker(Strategy):
         self.optimizer = FlatSGD(self.flat.data, self.ctx.config)
 
     def step(self, epoch: int) -> None:
-        grad = flat_grad_weighted(self.flat, self.batch_weight)
+        grad = self.flat.grad().mul_(self.batch_weight)  # weighted: the sum is the global mean
         with self.ctx.spans("allreduce"):
             dist.all_reduce(grad)
         self.optimizer.step(grad, lr_at(self.ctx.config, epoch))

@@ -5,9 +5,6 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
-
-import torch
 
 from polyrhythm.context import RankContext
 from polyrhythm.flat import FlatParameters
@@ -21,8 +18,6 @@ class Strategy(ABC):
     when it returns, the model holds the parameters for the next step. `batch_weight` is the
     worker's share of the global batch (b_i / B), so weighted gradients sum to the global mean.
     """
-
-    uses_servers: ClassVar[bool] = False
 
     def __init__(self, ctx: RankContext, flat: FlatParameters, batch_weight: float) -> None:
         self.ctx = ctx
@@ -53,8 +48,3 @@ class StrategySpec:
     @property
     def uses_servers(self) -> bool:
         return self.policy is not None
-
-
-def flat_grad_weighted(flat: FlatParameters, weight: float) -> torch.Tensor:
-    """This worker's gradient times its share of the global batch."""
-    return flat.grad().mul_(weight)

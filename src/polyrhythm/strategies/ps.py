@@ -22,8 +22,6 @@ from polyrhythm.strategies.base import Strategy
 class ParameterServerWorker(Strategy):
     """Push gradient buckets to their servers as backward produces them; pull them back."""
 
-    uses_servers = True
-
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         topology, flat = self.ctx.topology, self.flat
