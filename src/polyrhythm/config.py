@@ -29,6 +29,22 @@ class RunConfig(BaseModel):
         None, description="parameter-server shards (default 1 for PS strategies, 0 otherwise)"
     )
     staleness: int = Field(3, description="ssp: how many clocks a worker may run ahead")
+    value_bound: float | None = Field(
+        None, description="ssp: hold updates while the change the slowest worker has not seen "
+        "exceeds this in max-norm (default: no value bound)")
+    quorum: int | None = Field(
+        None, description="kbsp, kasp, softsync: gradients per update (default: N-1 for kbsp, "
+        "N/2 for kasp, 1 for softsync)")
+    backup: int = Field(1, description="backup: workers beyond the N-b whose gradients count")
+    lr_floor: float = Field(
+        0.1, description="softsync: smallest share of lr a stale gradient keeps")
+    push_every: int = Field(1, description="downpour: push accumulated gradients every n steps")
+    fetch_every: int = Field(1, description="downpour: fetch parameters every n steps")
+    tau: int = Field(4, description="localsgd, easgd: local steps between synchronisations")
+    alpha: float | None = Field(
+        None, description="easgd: elastic moving rate (default: 0.9/N)")
+    gossip_p: float = Field(
+        0.2, description="gossip: probability of sending the model to a random peer per step")
     bucket_kb: int = Field(
         25600, description="PS: gradients travel in buckets of about this many KiB")
     epochs: int = Field(3, description="passes over the training set")
@@ -68,10 +84,17 @@ class RunConfig(BaseModel):
         if self.data_path is not None and self.dataset not in PATH_DATASETS:
             raise ValueError(f"dataset {self.dataset!r} takes no data path; "
                              f"only {', '.join(sorted(PATH_DATASETS))} do")
-        uses_servers = STRATEGIES[self.strategy].uses_servers
+        spec = STRATEGIES[self.strategy]
+        for field in sorted(self.model_fields_set & (STRATEGY_PARAMETERS - set(spec.parameters))):
+            takes = ", ".join("--" + p.replace("_", "-") for p in spec.parameters) or "none"
+            raise ValueError(f"strategy {self.strategy!r} takes no --{field.replace('_', '-')}"
+                             f" (its parameters: {takes})")
         if self.servers is None:
-            object.__setattr__(self, "servers", 1 if uses_servers else 0)
-        _check_ranges(self, uses_servers)
+            object.__setattr__(self, "servers", 1 if spec.uses_servers else 0)
+        for field, default in spec.defaults(self).items():
+            if getattr(self, field) is None:
+                object.__setattr__(self, field, default)
+        _check_ranges(self, spec.uses_servers)
         return self
 
     @property
@@ -79,8 +102,20 @@ class RunConfig(BaseModel):
         """Processes in the job: servers first, then workers."""
         return self.servers + self.workers
 
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved fields, without other strategies' parameters: loads back as is."""
+        from polyrhythm.strategies import STRATEGIES
+
+        foreign = STRATEGY_PARAMETERS - set(STRATEGIES[self.strategy].parameters)
+        return self.model_dump(exclude_none=True, exclude=foreign)
+
     def to_toml(self) -> str:
-        return tomli_w.dumps(self.model_dump(exclude_none=True))
+        return tomli_w.dumps(self.to_dict())
+
+
+# Fields that only some strategies read: setting one for another strategy is an error.
+STRATEGY_PARAMETERS = {"staleness", "value_bound", "quorum", "backup", "lr_floor",
+                       "push_every", "fetch_every", "tau", "alpha", "gossip_p"}
 
 
 def _one_of(field: str, value: str, valid: dict) -> None:
@@ -97,6 +132,18 @@ def _check_ranges(c: RunConfig, uses_servers: bool) -> None:
         (uses_servers or c.servers == 0,
          f"strategy {c.strategy!r} uses no servers; drop --servers"),
         (c.staleness >= 0, f"staleness must be at least 0, got {c.staleness}"),
+        (c.value_bound is None or c.value_bound > 0,
+         f"value_bound must be positive, got {c.value_bound}"),
+        (c.quorum is None or 1 <= c.quorum <= c.workers,
+         f"quorum must be between 1 and the worker count {c.workers}, got {c.quorum}"),
+        (1 <= c.backup < c.workers or c.strategy != "backup",
+         f"backup must be at least 1 and below the worker count {c.workers}, got {c.backup}"),
+        (0 < c.lr_floor <= 1, f"lr_floor must be in (0, 1], got {c.lr_floor}"),
+        (c.push_every >= 1, f"push_every must be at least 1, got {c.push_every}"),
+        (c.fetch_every >= 1, f"fetch_every must be at least 1, got {c.fetch_every}"),
+        (c.tau >= 1, f"tau must be at least 1, got {c.tau}"),
+        (c.alpha is None or 0 < c.alpha <= 1, f"alpha must be in (0, 1], got {c.alpha}"),
+        (0 < c.gossip_p <= 1, f"gossip_p must be in (0, 1], got {c.gossip_p}"),
         (c.bucket_kb >= 1, f"bucket_kb must be at least 1, got {c.bucket_kb}"),
         (c.epochs >= 1, f"epochs must be at least 1, got {c.epochs}"),
         (c.batch_size >= c.workers,

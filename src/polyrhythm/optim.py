@@ -5,18 +5,19 @@ from __future__ import annotations
 import torch
 
 
-def effective_momentum(config, asynchronous: bool) -> float:
+def effective_momentum(config, concurrency: float = 1.0) -> float:
     """The explicit momentum an optimizer should use.
 
-    Asynchrony itself acts as momentum of about 1 - 1/N with N workers (Mitliagkas et al.,
+    Asynchrony itself acts as momentum of about 1 - 1/C with C updates in flight (C = N
+    workers for asynchronous servers; Mitliagkas et al.,
     "Asynchrony begets momentum, with an application to deep learning", 2016), so stacking the
     full explicit momentum on top makes asynchronous SGD unstable (mnist5k, 4 ASP workers,
     momentum 0.9: diverged in some runs). With `async_momentum_correction`, asynchronous
     servers subtract the implicit part.
     """
-    if not asynchronous or not config.async_momentum_correction:
+    if not config.async_momentum_correction:
         return config.momentum
-    return max(0.0, config.momentum - (1.0 - 1.0 / config.workers))
+    return max(0.0, config.momentum - (1.0 - 1.0 / concurrency))
 
 
 def lr_at(config, epoch: int) -> float:
@@ -30,9 +31,9 @@ class FlatSGD:
     """torch.optim.SGD's update (momentum, weight decay, no dampening or Nesterov) on one flat
     tensor, without the per-call overhead of an Optimizer: servers step many small buckets."""
 
-    def __init__(self, weights: torch.Tensor, config, asynchronous: bool = False) -> None:
+    def __init__(self, weights: torch.Tensor, config, concurrency: float = 1.0) -> None:
         self.weights = weights
-        self.momentum = effective_momentum(config, asynchronous)
+        self.momentum = effective_momentum(config, concurrency)
         self.weight_decay = config.weight_decay
         self.buffer = torch.zeros_like(weights) if self.momentum else None
 

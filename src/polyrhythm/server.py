@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 
 import torch
 
-from polyrhythm.comm.messages import DONE, PUSH_HEADER, REPLY_HEADER
+from polyrhythm.comm.messages import DONE, GRADIENT, PUSH_HEADER, REPLY, REPLY_HEADER
 from polyrhythm.comm.transport import PushReceiver
 from polyrhythm.context import RankContext
 from polyrhythm.metrics.recorder import StalenessLog
@@ -32,7 +33,7 @@ class Bucket:
         # worker sends this buffer as it is, with no copy.
         self.outbox = torch.cat([torch.zeros(REPLY_HEADER), initial[start:stop]])
         self.weights = self.outbox[REPLY_HEADER:]
-        self.optimizer = FlatSGD(self.weights, config, policy.asynchronous)
+        self.optimizer = FlatSGD(self.weights, config, policy.concurrency)
         self.policy = policy
         self.pending = torch.zeros_like(self.weights)
         self.pending_weight = 0.0
@@ -44,9 +45,19 @@ class Bucket:
         self.pending_weight += weight
 
     def apply(self, config, steps_per_epoch: int) -> None:
-        # Small tolerance: weights like 1/3 do not sum to exact integers in floating point.
-        epoch = math.floor(self.progress / steps_per_epoch + 1e-6)
-        self.optimizer.step(self.pending, lr_at(config, epoch))
+        policy = self.policy
+        before = self.weights.clone() if policy.tracks_change else None
+        if policy.elastic:
+            self.weights.add_(self.pending)
+        else:
+            if policy.averages:  # the mean of the gradients received counts as one step
+                self.pending.div_(self.pending_weight)
+                self.pending_weight = 1.0
+            # Small tolerance: weights like 1/3 do not sum to exact integers in floating point.
+            epoch = math.floor(self.progress / steps_per_epoch + 1e-6)
+            self.optimizer.step(self.pending, lr_at(config, epoch))
+        if before is not None:
+            policy.on_update(float((self.weights - before).abs().max()))
         self.pending.zero_()
         self.progress += self.pending_weight
         self.pending_weight = 0.0
@@ -77,15 +88,21 @@ class ParameterServerShard:
             src, inbox = pushes.next()
             worker = topology.worker_index(src)
             kind, clock, pulled, weight, key = inbox[:PUSH_HEADER].tolist()
-            bucket = self.buckets[int(key)]
-            if kind == DONE:
+            kind, bucket = int(kind), self.buckets[int(key)]
+            if kind & DONE:
                 unfinished[src] -= 1
                 decision = bucket.policy.on_done(worker)
-            else:
-                decision = bucket.policy.on_push(worker, int(clock))
+            elif kind & GRADIENT:
+                staleness = bucket.version - int(pulled)
+                decision = bucket.policy.on_push(worker, int(clock), staleness)
                 if decision.accumulate:
-                    bucket.accumulate(inbox[PUSH_HEADER:], weight)
-                    self.staleness.record(bucket.version - int(pulled))
+                    bucket.accumulate(inbox[PUSH_HEADER:], weight * decision.scale)
+                    self.staleness.record(staleness)
+                if not kind & REPLY:  # pushed without waiting: nobody to answer
+                    decision = replace(decision, release=tuple(
+                        w for w in decision.release if w != worker))
+            else:  # a fetch: the current parameters, whatever the policy
+                decision = Decision(accumulate=False, release=(worker,))
             more = unfinished[src] > 0
             if not more:
                 del unfinished[src]

@@ -18,6 +18,9 @@ class TrafficCounters:
     bytes_received: int = 0
     messages_sent: int = 0
     messages_received: int = 0
+    # Payload handed to the engine's own collectives (Gloo): what goes over the wire then
+    # depends on Gloo's algorithm, so it is reported apart from the bytes counted above.
+    native_collective_bytes: int = 0
 
 
 class Transport:
@@ -34,6 +37,9 @@ class Transport:
     def irecv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> dist.Work:
         self.count_received(tensor)
         return dist.irecv(tensor, src, tag=tag)
+
+    def count_collective(self, tensor: torch.Tensor) -> None:
+        self.counters.native_collective_bytes += tensor.numel() * tensor.element_size()
 
     def count_received(self, tensor: torch.Tensor) -> None:
         self.counters.bytes_received += tensor.numel() * tensor.element_size()

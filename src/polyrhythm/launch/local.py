@@ -55,7 +55,7 @@ def launch_local(config, record: RunRecord, progress: ProgressBoard | None = Non
             ctx = mp.get_context("spawn")
             events = ctx.Queue()
             procs = [ctx.Process(target=_rank_main, name=process_name(rank),
-                                 args=(config.model_dump(), rank, store.port, record, events))
+                                 args=(config.to_dict(), rank, store.port, record, events))
                      for rank in range(topology.world_size)]
             with _child_environment():
                 for p in procs:

@@ -1,26 +1,61 @@
-"""Every training strategy, by name. A new algorithm is one class and one line here."""
+"""Every training strategy, by name. A new algorithm is one class and one entry here."""
 
 from polyrhythm.strategies.allreduce import AllReduceWorker
 from polyrhythm.strategies.base import Strategy, StrategySpec
 from polyrhythm.strategies.consistency import (
     AsynchronousPolicy,
     BulkSynchronousPolicy,
+    ElasticAveragingPolicy,
+    QuorumAsynchronousPolicy,
+    QuorumSynchronousPolicy,
+    SoftSynchronousPolicy,
     StaleSynchronousPolicy,
 )
+from polyrhythm.strategies.easgd import ElasticAveragingWorker
 from polyrhythm.strategies.ps import ParameterServerWorker
 
-_SPECS = [
+PS = ParameterServerWorker
+
+_PARAMETER_SERVER = [
     StrategySpec("bsp", "synchronous parameter server: one update per round of N pushes",
-                 ParameterServerWorker, lambda c: BulkSynchronousPolicy(c.workers)),
+                 PS, lambda c: BulkSynchronousPolicy(c.workers)),
     StrategySpec("asp", "asynchronous parameter server: every push is applied at once",
-                 ParameterServerWorker, lambda c: AsynchronousPolicy(c.workers)),
-    StrategySpec("ssp", "stale-synchronous parameter server: at most s clocks ahead",
-                 ParameterServerWorker,
-                 lambda c: StaleSynchronousPolicy(c.workers, c.staleness), ("staleness",)),
+                 PS, lambda c: AsynchronousPolicy(c.workers)),
+    StrategySpec("ssp", "stale-synchronous parameter server: at most s clocks ahead, "
+                 "optionally a value bound", PS,
+                 lambda c: StaleSynchronousPolicy(c.workers, c.staleness, c.value_bound),
+                 ("staleness", "value_bound")),
+    StrategySpec("kbsp", "k-BSP: one update from the first k workers of a round, the late "
+                 "gradients dropped", PS,
+                 lambda c: QuorumSynchronousPolicy(c.workers, c.quorum), ("quorum",),
+                 lambda c: {"quorum": max(1, c.workers - 1)}),
+    StrategySpec("kasp", "k-ASP: one update per k gradients, late ones count toward the next",
+                 PS, lambda c: QuorumAsynchronousPolicy(c.workers, c.quorum), ("quorum",),
+                 lambda c: {"quorum": max(1, c.workers // 2)}),
+    StrategySpec("backup", "backup workers: N+b run, the first N gradients of a round count",
+                 PS, lambda c: QuorumSynchronousPolicy(c.workers, c.workers - c.backup),
+                 ("backup",)),
+    StrategySpec("softsync", "staleness-aware async: each gradient's lr divided by its "
+                 "staleness, with a floor", PS,
+                 lambda c: SoftSynchronousPolicy(c.workers, c.quorum, c.lr_floor),
+                 ("quorum", "lr_floor"), lambda c: {"quorum": 1}),
+    StrategySpec("downpour", "Downpour SGD: async PS, push every n_push and fetch every "
+                 "n_fetch steps", PS, lambda c: AsynchronousPolicy(c.workers),
+                 ("push_every", "fetch_every")),
+    StrategySpec("easgd", "elastic averaging: workers pulled toward a centre on the servers "
+                 "every tau steps", ElasticAveragingWorker,
+                 lambda c: ElasticAveragingPolicy(c.workers), ("tau", "alpha"),
+                 lambda c: {"alpha": 0.9 / c.workers}),
+]
+
+_COLLECTIVE = [
     StrategySpec("allreduce", "synchronous all-reduce (Gloo) with an optimizer copy per worker",
                  AllReduceWorker),
 ]
 
-STRATEGIES: dict[str, StrategySpec] = {s.name: s for s in _SPECS}
+_DECENTRALISED: list[StrategySpec] = []
+
+STRATEGIES: dict[str, StrategySpec] = {
+    s.name: s for s in _PARAMETER_SERVER + _COLLECTIVE + _DECENTRALISED}
 
 __all__ = ["STRATEGIES", "Strategy", "StrategySpec"]

@@ -1,26 +1,36 @@
 """Synchronous all-reduce SGD with an identical optimizer copy on every worker.
 
 003 Algorithm 1 (all-reduce SGD); the baseline every framework ships (PyTorch DDP, Horovod).
-The reduction is the engine's own collective (Gloo's all-reduce) on one flat gradient.
+The reduction is the engine's own collective (Gloo's all-reduce) or one of polyrhythm's
+schedules over point-to-point messages (comm/collectives.py): ring, tree, reduce-broadcast.
 """
 
 from __future__ import annotations
 
 import torch.distributed as dist
 
+from polyrhythm.comm.collectives import all_reduce
 from polyrhythm.optim import FlatSGD, lr_at
 from polyrhythm.strategies.base import Strategy
+
+NATIVE = "native"
 
 
 class AllReduceWorker(Strategy):
     """Sum the batch-weighted gradients of all workers, then step the local optimizer copy."""
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args, algorithm: str = NATIVE, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.optimizer = FlatSGD(self.flat.data, self.ctx.config)
+        self.algorithm = algorithm
 
     def step(self, epoch: int) -> None:
         grad = self.flat.grad().mul_(self.batch_weight)  # weighted: the sum is the global mean
         with self.ctx.spans("allreduce"):
-            dist.all_reduce(grad)
+            if self.algorithm == NATIVE:
+                self.ctx.transport.count_collective(grad)
+                dist.all_reduce(grad)
+            else:
+                all_reduce(self.ctx.transport, grad, self.ctx.topology.worker_ranks,
+                           self.ctx.rank, self.algorithm)
         self.optimizer.step(grad, lr_at(self.ctx.config, epoch))

@@ -35,15 +35,24 @@ class Strategy(ABC):
         """Called once after the last step."""
 
 
+def no_defaults(config) -> dict:
+    return {}
+
+
 @dataclass(frozen=True)
 class StrategySpec:
-    """A registered strategy: its worker side and, for PS strategies, its server policy."""
+    """A registered strategy: its worker side and, for PS strategies, its server policy.
+
+    `parameters` are the RunConfig fields it reads (others' parameters are errors for it);
+    `defaults(config)` resolves those left unset whose default depends on the run (e.g. N).
+    """
 
     name: str
     summary: str
-    worker: type[Strategy]
+    worker: Callable[..., Strategy]
     policy: Callable[..., ConsistencyPolicy] | None = None
     parameters: tuple[str, ...] = ()
+    defaults: Callable[..., dict] = no_defaults
 
     @property
     def uses_servers(self) -> bool:

@@ -1,9 +1,11 @@
 """Server-side consistency policies: pure logic, no I/O, tested without processes.
 
 The server loop (server.py) is written once. For every push it asks its policy a `Decision`:
-whether to add the gradient to the pending update, whether to apply the pending update now,
-and which waiting workers to answer with the current parameters. Workers are numbered 0..N-1;
-a worker's clock is the number of pushes it has made.
+whether to add the gradient to the pending update (and with what scale), whether to apply the
+pending update now, and which waiting workers to answer with the current parameters. Workers
+are numbered 0..N-1; a worker's clock is the number of pushes it has made; a push's staleness
+is the number of updates applied to the bucket since the worker pulled the parameters its
+gradient was computed on.
 """
 
 from __future__ import annotations
@@ -19,29 +21,46 @@ class Decision:
     accumulate: bool = True  # add this push's weighted gradient to the pending update
     update: bool = False  # apply the pending update as one optimizer step
     release: tuple[int, ...] = ()  # workers to answer now with the current parameters
+    scale: float = 1.0  # multiplies this push's weight (staleness-aware learning rates)
 
 
 class ConsistencyPolicy(ABC):
-    """Decides when pushes become weight updates and when blocked workers may go on."""
+    """Decides when pushes become weight updates and when blocked workers may go on.
 
-    asynchronous = False  # applies gradients computed on parameters that others changed since
+    Class attributes tell the server how to apply an update:
+    - `averages`: divide the pending sum by its total weight (the mean of the gradients
+      received, for policies that drop some), else apply the batch-weighted sum as it is;
+    - `elastic`: add the pending values to the weights (EASGD's centre variable) instead of
+      taking an optimizer step;
+    - `tracks_change`: call `on_update` with the max-norm of every applied change.
+    `concurrency` is how many updates are in flight per round of N pushes: 1 when rounds are
+    synchronous, N for fully asynchronous servers; asynchrony acts as implicit momentum.
+    """
+
+    averages = False
+    elastic = False
+    tracks_change = False
 
     def __init__(self, workers: int) -> None:
         self.active = set(range(workers))
         self.clocks = dict.fromkeys(range(workers), 0)
+        self.concurrency = 1.0
 
-    def on_push(self, worker: int, clock: int) -> Decision:
+    def on_push(self, worker: int, clock: int, staleness: int = 0) -> Decision:
         """Worker `worker` pushed its gradient number `clock` (1-based) and now waits."""
         self.clocks[worker] = clock
-        return self._decide(worker)
+        return self._decide(worker, staleness)
 
     def on_done(self, worker: int) -> Decision:
         """Worker `worker` finished training; it waits for nothing and holds nobody back."""
         self.active.discard(worker)
         return self._decide_after_leave()
 
+    def on_update(self, change: float) -> None:  # noqa: B027 - only value bounds need it
+        """The last decided update changed the weights by `change` in max-norm."""
+
     @abstractmethod
-    def _decide(self, worker: int) -> Decision: ...
+    def _decide(self, worker: int, staleness: int) -> Decision: ...
 
     @abstractmethod
     def _decide_after_leave(self) -> Decision: ...
@@ -58,19 +77,48 @@ class BulkSynchronousPolicy(ConsistencyPolicy):
         super().__init__(workers)
         self.arrived: set[int] = set()
 
-    def _decide(self, worker: int) -> Decision:
+    def _decide(self, worker: int, staleness: int) -> Decision:
         self.arrived.add(worker)
         return self._close_round_if_complete(accumulate=True)
 
     def _decide_after_leave(self) -> Decision:
         return self._close_round_if_complete(accumulate=False)
 
+    def _quorum(self) -> int:
+        return len(self.active)
+
     def _close_round_if_complete(self, accumulate: bool) -> Decision:
-        if not self.arrived or not self.active <= self.arrived:
+        if not self.arrived or len(self.arrived) < min(self._quorum(), len(self.active)):
             return Decision(accumulate=accumulate)
         released = tuple(sorted(self.arrived))
         self.arrived.clear()
         return Decision(accumulate=accumulate, update=True, release=released)
+
+
+class QuorumSynchronousPolicy(BulkSynchronousPolicy):
+    """k-BSP (Dutta et al., "Slow and Stale Gradients Can Win the Race", AISTATS 2018; 004
+    §3.2.2), and backup workers (Chen et al., "Revisiting Distributed Synchronous SGD", 2016:
+    N + b workers, the first N gradients count).
+
+    A round closes once `quorum` distinct workers have pushed gradients computed on the current
+    parameters; their mean is one update. A straggler's gradient arrives computed on a closed
+    round's parameters (staleness > 0): it is dropped (the cancelled work of the paper) and the
+    straggler gets the new parameters at once.
+    """
+
+    averages = True
+
+    def __init__(self, workers: int, quorum: int) -> None:
+        super().__init__(workers)
+        self.quorum = quorum
+
+    def _quorum(self) -> int:
+        return self.quorum
+
+    def _decide(self, worker: int, staleness: int) -> Decision:
+        if staleness > 0:
+            return Decision(accumulate=False, release=(worker,))
+        return super()._decide(worker, staleness)
 
 
 class AsynchronousPolicy(ConsistencyPolicy):
@@ -80,44 +128,129 @@ class AsynchronousPolicy(ConsistencyPolicy):
     per round, gradients computed on parameters other workers have since changed (staleness).
     """
 
-    asynchronous = True
+    def __init__(self, workers: int) -> None:
+        super().__init__(workers)
+        self.concurrency = float(workers)
 
-    def _decide(self, worker: int) -> Decision:
+    def _decide(self, worker: int, staleness: int) -> Decision:
         return Decision(update=True, release=(worker,))
 
     def _decide_after_leave(self) -> Decision:
         return Decision(accumulate=False)
 
 
+class ElasticAveragingPolicy(AsynchronousPolicy):
+    """The centre variable of asynchronous EASGD (Zhang, Choromanska and LeCun, "Deep learning
+    with Elastic Averaging SGD", NIPS 2015): every push is a worker's elastic difference
+    alpha (x_i - x~), added to the centre at once (x~ <- x~ + alpha (x_i - x~))."""
+
+    elastic = True
+
+
+class QuorumAsynchronousPolicy(ConsistencyPolicy):
+    """k-ASP (Dutta et al., AISTATS 2018; 004 §3.2.2): one update once k gradients are in,
+    whatever parameters they were computed on. Nobody is cancelled: a straggler's gradient
+    counts toward a later update. k = 1 is ASP; k = N releases like BSP.
+    """
+
+    def __init__(self, workers: int, quorum: int) -> None:
+        super().__init__(workers)
+        self.quorum = quorum
+        self.concurrency = workers / quorum
+        self.waiting: set[int] = set()
+
+    def _decide(self, worker: int, staleness: int) -> Decision:
+        self.waiting.add(worker)
+        return self._apply_if_quorum(accumulate=True, scale=self._scale(staleness))
+
+    def _decide_after_leave(self) -> Decision:
+        return self._apply_if_quorum(accumulate=False)
+
+    def _scale(self, staleness: int) -> float:
+        return 1.0
+
+    def _apply_if_quorum(self, accumulate: bool, scale: float = 1.0) -> Decision:
+        if not self.waiting or len(self.waiting) < min(self.quorum, len(self.active)):
+            return Decision(accumulate=accumulate, scale=scale)
+        released = tuple(sorted(self.waiting))
+        self.waiting.clear()
+        return Decision(accumulate=accumulate, update=True, release=released, scale=scale)
+
+
+class SoftSynchronousPolicy(QuorumAsynchronousPolicy):
+    """n-softsync with a staleness-aware learning rate (Zhang, Gupta, Lian and Liu,
+    "Staleness-aware Async-SGD for Distributed Deep Learning", IJCAI 2016), with the floor of
+    DynSGD-style rules: each gradient's learning rate is divided by its staleness, never below
+    `lr_floor` of the base rate; one update per `quorum` gradients (N/n in the paper).
+    """
+
+    def __init__(self, workers: int, quorum: int, lr_floor: float) -> None:
+        super().__init__(workers, quorum)
+        self.lr_floor = lr_floor
+
+    def _scale(self, staleness: int) -> float:
+        return max(self.lr_floor, 1.0 / max(1, staleness))
+
+
 class StaleSynchronousPolicy(ConsistencyPolicy):
     """SSP (Ho et al., "More Effective Distributed ML via a Stale Synchronous Parallel
-    Parameter Server", NIPS 2013).
+    Parameter Server", NIPS 2013), optionally value-bounded (the VAP model of Bösen: Wei et
+    al., "Managed Communication and Consistency for Fast Data-Parallel Iterative Analytics",
+    SoCC 2015).
 
     Applies every push at once, like ASP, but holds a worker back while it is more than
     `staleness` clocks ahead of the slowest active worker. staleness = 0 releases exactly as
     BSP does; a very large staleness never blocks, as ASP.
+
+    With a `value_bound`, pushes are also held (accumulated, not applied, their workers kept
+    waiting) while the change some active worker has not yet seen exceeds the bound in
+    max-norm (a triangle-inequality bound: the sum of the changes since its last pull). The
+    held pushes are applied together once the unseen change is back under the bound, or when
+    every active worker is waiting, since no one could then lower it (no deadlock).
     """
 
-    asynchronous = True
-
-    def __init__(self, workers: int, staleness: int) -> None:
+    def __init__(self, workers: int, staleness: int, value_bound: float | None = None) -> None:
         super().__init__(workers)
+        self.concurrency = float(workers)
         self.staleness = staleness
+        self.value_bound = value_bound
+        self.tracks_change = value_bound is not None
         self.waiting: set[int] = set()
+        self.held: set[int] = set()  # waiting workers whose gradient is not applied yet
+        self.unseen = dict.fromkeys(range(workers), 0.0)  # change since each worker's pull
+        self._released: tuple[int, ...] = ()
 
-    def _decide(self, worker: int) -> Decision:
+    def _decide(self, worker: int, staleness: int) -> Decision:
         self.waiting.add(worker)
-        return Decision(update=True, release=self._releasable())
+        self.held.add(worker)
+        return self._apply_and_release(accumulate=True)
 
     def _decide_after_leave(self) -> Decision:
-        return Decision(accumulate=False, release=self._releasable())
+        return self._apply_and_release(accumulate=False)
+
+    def on_update(self, change: float) -> None:
+        for w in self.active.difference(self._released):
+            self.unseen[w] += change
+
+    def _apply_and_release(self, accumulate: bool) -> Decision:
+        update = bool(self.held) and not self._must_hold()
+        if update:
+            self.held.clear()
+        released = self._releasable()
+        for w in released:
+            self.unseen[w] = 0.0
+        self._released = released
+        return Decision(accumulate=accumulate, update=update, release=released)
+
+    def _must_hold(self) -> bool:
+        if self.value_bound is None or not self.active or self.active <= self.waiting:
+            return False
+        return max(self.unseen[w] for w in self.active) > self.value_bound
 
     def _releasable(self) -> tuple[int, ...]:
-        if not self.active:
-            released = tuple(sorted(self.waiting))
-        else:
+        ready = self.waiting - self.held
+        if self.active:
             slowest = min(self.clocks[w] for w in self.active)
-            released = tuple(sorted(w for w in self.waiting
-                                    if self.clocks[w] - slowest <= self.staleness))
-        self.waiting.difference_update(released)
-        return released
+            ready = {w for w in ready if self.clocks[w] - slowest <= self.staleness}
+        self.waiting.difference_update(ready)
+        return tuple(sorted(ready))

@@ -1,4 +1,4 @@
-"""Worker side of the parameter-server family (BSP, ASP, SSP, ...): push, then pull.
+"""Worker side of the parameter-server family (BSP, ASP, SSP, k-BSP, ..., Downpour): push, pull.
 
 The consistency model lives entirely on the servers (strategies/consistency.py). The model is
 split into buckets, each owned by one server. During backward, a hook pushes each bucket's
@@ -14,80 +14,138 @@ from functools import partial
 
 import torch
 
-from polyrhythm.comm.messages import DONE, PUSH, PUSH_HEADER, REPLY_HEADER
+from polyrhythm.comm.messages import DONE, FETCH, GRADIENT, PUSH, PUSH_HEADER, REPLY_HEADER
+from polyrhythm.context import RankContext
 from polyrhythm.flat import BucketLayout
+from polyrhythm.optim import lr_at
 from polyrhythm.strategies.base import Strategy
 
 
+class ServerLink:
+    """A worker's side of the PS protocol (comm/messages.py): one outbox and one inbox per
+    bucket, and the server version each bucket was last pulled at."""
+
+    def __init__(self, ctx: RankContext, numel: int, weight: float) -> None:
+        self.ctx, self.weight = ctx, weight
+        layout = BucketLayout(numel, ctx.topology.servers, ctx.config.bucket_kb)
+        self.buckets = layout.buckets  # (server, start, stop) by bucket id
+        capacity = [layout.capacity(s) for s in range(ctx.topology.servers)]
+        self.outbox = [torch.zeros(PUSH_HEADER + capacity[s]) for s, _, _ in self.buckets]
+        self.inbox = [torch.empty(REPLY_HEADER + b - a) for _, a, b in self.buckets]
+        self.pulled = [0] * len(self.buckets)
+        self.sends: list = [None] * len(self.buckets)
+        self.receives: list = []
+
+    def expect_replies(self) -> None:
+        """Post every bucket's receive before sending, so a reply never waits for it."""
+        ranks = self.ctx.topology.server_ranks
+        self.receives = [self.ctx.transport.irecv(box, ranks[s], tag=k)
+                         for k, (box, (s, _, _)) in enumerate(
+                             zip(self.inbox, self.buckets, strict=True))]
+
+    def send(self, k: int, kind: int, clock: int, values: torch.Tensor | None = None) -> None:
+        """Send bucket k's message; `values` is the whole flat vector the slice is cut from."""
+        server, a, b = self.buckets[k]
+        box = self.outbox[k]
+        box[:PUSH_HEADER] = torch.tensor([kind, clock, self.pulled[k], self.weight, k])
+        if kind & GRADIENT:
+            box[PUSH_HEADER:PUSH_HEADER + b - a] = values[a:b]
+        self.sends[k] = self.ctx.transport.isend(box, self.ctx.topology.server_ranks[server])
+
+    def send_all(self, kind: int, clock: int, values: torch.Tensor | None = None) -> None:
+        for k in range(len(self.buckets)):
+            self.send(k, kind, clock, values)
+
+    def wait_sends(self) -> None:
+        for work in self.sends:
+            work.wait()
+        self.sends = [None] * len(self.buckets)
+
+    def wait_replies(self, into: torch.Tensor) -> None:
+        """Wait for every bucket's reply and write its parameters into `into`."""
+        for work in self.receives:
+            work.wait()
+        for k, (_, a, b) in enumerate(self.buckets):
+            self.pulled[k] = int(self.inbox[k][0])
+            into[a:b] = self.inbox[k][REPLY_HEADER:]
+
+    def leave(self) -> None:
+        """Tell every server this worker is done."""
+        self.send_all(DONE, clock=0)
+        self.wait_sends()
+
+
 class ParameterServerWorker(Strategy):
-    """Push gradient buckets to their servers as backward produces them; pull them back."""
+    """Push gradient buckets to their servers as backward produces them; pull them back.
+
+    With Downpour's `push_every` / `fetch_every` (Dean et al., "Large Scale Distributed Deep
+    Networks", NIPS 2012), gradients accumulate locally for `push_every` steps and parameters
+    are fetched every `fetch_every` steps; between fetches the worker steps its own replica
+    with plain SGD on its own gradient, so the steps in between are not computed on the same
+    parameters again. Both 1 (the default) is the usual push-and-pull of every step.
+    """
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        topology, flat = self.ctx.topology, self.flat
-        layout = BucketLayout(len(flat), topology.servers, self.ctx.config.bucket_kb)
-        self.buckets = layout.buckets  # (server, start, stop) by bucket id
-        capacity = [layout.capacity(s) for s in range(topology.servers)]
-        self.outbox = [torch.zeros(PUSH_HEADER + capacity[s]) for s, _, _ in self.buckets]
-        self.inbox = [torch.empty(REPLY_HEADER + b - a) for _, a, b in self.buckets]
-        self.pulled = [0] * len(self.buckets)  # server version each bucket was pulled at
-        self.clock = 0
-        self.grad = torch.zeros(len(flat))
+        config, flat = self.ctx.config, self.flat
+        self.link = ServerLink(self.ctx, len(flat), self.batch_weight)
+        self.push_every, self.fetch_every = config.push_every, config.fetch_every
+        self.steps = self.clock = 0  # steps taken, pushes made
+        self.grad = torch.zeros(len(flat))  # gradients since the last push
         # Which buckets each parameter feeds, and how many parameters each bucket waits for.
-        self.feeds = [[k for k, (_, a, b) in enumerate(self.buckets) if a < stop and start < b]
+        buckets = self.link.buckets
+        self.feeds = [[k for k, (_, a, b) in enumerate(buckets) if a < stop and start < b]
                       for start, stop in flat.ranges]
-        self.needs = [sum(k in f for f in self.feeds) for k in range(len(self.buckets))]
+        self.needs = [sum(k in f for f in self.feeds) for k in range(len(buckets))]
         self.missing: list[int] = []
-        self.sends: list = []
-        self.receives: list = []
+        self.collecting = self.pushing = self.fetching = False
         for i, p in enumerate(flat.params):
             p.register_post_accumulate_grad_hook(partial(self._on_grad, i))
 
     def begin_step(self, epoch: int) -> None:
-        self.clock += 1
-        self.grad.zero_()  # a parameter without a gradient this step pushes zeros
-        self.missing = list(self.needs)
-        self.sends = [None] * len(self.buckets)
-        # Post every receive first, so a reply never waits for a matching receive.
-        server_ranks = self.ctx.topology.server_ranks
-        self.receives = [self.ctx.transport.irecv(box, server_ranks[s], tag=k)
-                         for k, (box, (s, _, _)) in enumerate(
-                             zip(self.inbox, self.buckets, strict=True))]
+        self.steps += 1
+        self.pushing = self.steps % self.push_every == 0
+        self.fetching = self.steps % self.fetch_every == 0
+        self.clock += self.pushing
+        self.missing = list(self.needs) if self.pushing else []
+        if self.fetching:
+            self.link.expect_replies()
+        self.collecting = True
 
     def _on_grad(self, index: int, param: torch.Tensor) -> None:
-        if not self.missing:
+        if not self.collecting:
             return  # a backward outside a training step (not ours to push)
         start, stop = self.flat.ranges[index]
-        self.grad[start:stop] = param.grad.reshape(-1)
+        self.grad[start:stop] += param.grad.reshape(-1)
+        if not self.pushing:
+            return
         for k in self.feeds[index]:
             self.missing[k] -= 1
             if self.missing[k] == 0:
-                self._push(k, PUSH)
+                self._push(k)
 
-    def _push(self, k: int, kind: float) -> None:
-        server, a, b = self.buckets[k]
-        box = self.outbox[k]
-        box[:PUSH_HEADER] = torch.tensor([kind, self.clock, self.pulled[k], self.batch_weight, k])
-        box[PUSH_HEADER:PUSH_HEADER + b - a] = self.grad[a:b]
-        self.sends[k] = self.ctx.transport.isend(box, self.ctx.topology.server_ranks[server])
+    def _push(self, k: int) -> None:
+        self.link.send(k, PUSH if self.fetching else GRADIENT, self.clock, self.grad)
 
     def step(self, epoch: int) -> None:
+        self.collecting = False
+        link = self.link
         with self.ctx.spans("push"):
-            for k, work in enumerate(self.sends):
-                if work is None:  # parameters that got no gradient
-                    self._push(k, PUSH)
-            for work in self.sends:
-                work.wait()
-        with self.ctx.spans("pull"):
-            for work in self.receives:
-                work.wait()
-        self.missing = []
-        for k, (_, a, b) in enumerate(self.buckets):
-            self.pulled[k] = int(self.inbox[k][0])
-            self.flat.data[a:b] = self.inbox[k][REPLY_HEADER:]
+            if self.pushing:
+                for k, work in enumerate(link.sends):
+                    if work is None:  # parameters that got no gradient
+                        self._push(k)
+            elif self.fetching:
+                link.send_all(FETCH, self.clock)
+            if self.pushing or self.fetching:
+                link.wait_sends()
+        if self.pushing:
+            self.grad.zero_()
+        if self.fetching:
+            with self.ctx.spans("pull"):
+                link.wait_replies(self.flat.data)
+        else:  # Downpour between fetches: step the local replica
+            self.flat.data.add_(self.flat.grad(), alpha=-lr_at(self.ctx.config, epoch))
 
     def finish(self) -> None:
-        for k in range(len(self.buckets)):
-            self._push(k, DONE)
-        for work in self.sends:
-            work.wait()
+        self.link.leave()
