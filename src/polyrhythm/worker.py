@@ -65,7 +65,8 @@ class Worker:
         """Train for the configured epochs; return this worker's report."""
         started = time.perf_counter()
         epochs = [self._epoch(e, started) for e in range(self.ctx.config.epochs)]
-        self.strategy.finish()
+        self.strategy.finish()  # decentralised strategies may agree on a final model here
+        final = self.flat.data.clone()
         for record, snapshot in zip(epochs, self.snapshots, strict=False):
             self.flat.data.copy_(snapshot)
             record.update(evaluate(self.model, self.val))
@@ -79,7 +80,7 @@ class Worker:
             "traffic": vars(self.ctx.transport.counters),
         }
         if self.ctx.worker_index == 0 and not self.spec.uses_servers:  # no server holds it
-            report["shard"] = (0, len(self.flat), self.snapshots[-1])
+            report["shard"] = (0, len(self.flat), final)
         return report
 
     def _epoch(self, epoch: int, started: float) -> dict:
