@@ -20,7 +20,9 @@ from polyrhythm.config import make_config
 from polyrhythm.metrics.store import RunStore
 from polyrhythm.records import STORE_NAME
 
-STRATEGY_NAMES = ["allreduce", "asp", "bsp", "ssp"]
+STRATEGY_NAMES = ["allreduce", "asp", "backup", "bsp", "downpour", "dpsgd", "easgd", "gossip",
+                  "kasp", "kbsp", "localsgd", "reduce-broadcast", "ring", "softsync", "ssp",
+                  "tree"]
 MODEL_NAMES = ["cnn", "mlp"]
 DATASET_NAMES = ["cifar10", "cifar100", "digits", "mnist5k", "synthetic"]
 EARLIER_RUN = "20200101-000000-bsp-earlier"
@@ -80,7 +82,8 @@ def write(path: Path, data: str | bytes) -> Path:
 # --- bad flags ---------------------------------------------------------------------------------
 
 FLAG_CASES = [
-    pytest.param(["--strategy", "gossip"], ["unknown strategy", "'gossip'", *STRATEGY_NAMES],
+    pytest.param(["--strategy", "telepathy"],
+                 ["unknown strategy", "'telepathy'", *STRATEGY_NAMES],
                  id="unknown-strategy"),
     pytest.param(["--model", "resnet999"], ["unknown model", "'resnet999'", *MODEL_NAMES],
                  id="unknown-model"),
@@ -100,6 +103,32 @@ FLAG_CASES = [
     pytest.param(["--data-path", "/tmp"], ["'mnist5k' takes no data path"],
                  id="data-path-for-packaged-dataset"),
     pytest.param(["--allreduce-servers", "1"], ["unrecognized arguments"], id="unknown-flag"),
+    pytest.param(["--strategy", "kbsp", "--workers", "4", "--quorum", "5"],
+                 ["quorum must be between 1 and the worker count 4", "got 5"],
+                 id="quorum-above-workers"),
+    pytest.param(["--strategy", "kasp", "--quorum", "0"], ["quorum must be between 1"],
+                 id="quorum-0"),
+    pytest.param(["--strategy", "localsgd", "--tau", "0"], ["tau must be at least 1", "got 0"],
+                 id="tau-0"),
+    pytest.param(["--strategy", "easgd", "--alpha", "1.5"], ["alpha must be in (0, 1]"],
+                 id="alpha-above-1"),
+    pytest.param(["--strategy", "backup", "--workers", "2", "--backup", "2"],
+                 ["backup must be at least 1 and below the worker count 2", "got 2"],
+                 id="backup-as-many-as-workers"),
+    pytest.param(["--strategy", "gossip", "--gossip-p", "0"], ["gossip_p must be in (0, 1]"],
+                 id="gossip-p-0"),
+    pytest.param(["--strategy", "ssp", "--value-bound", "-1"], ["value_bound must be positive"],
+                 id="negative-value-bound"),
+    pytest.param(["--strategy", "downpour", "--push-every", "0"],
+                 ["push_every must be at least 1"], id="push-every-0"),
+    pytest.param(["--strategy", "softsync", "--lr-floor", "2"], ["lr_floor must be in (0, 1]"],
+                 id="lr-floor-above-1"),
+    pytest.param(["--strategy", "bsp", "--tau", "4"],
+                 ["strategy 'bsp' takes no --tau", "its parameters: none"],
+                 id="parameter-of-another-strategy"),
+    pytest.param(["--strategy", "kbsp", "--staleness", "2"],
+                 ["strategy 'kbsp' takes no --staleness", "--quorum"],
+                 id="staleness-for-kbsp"),
 ]
 
 
@@ -110,7 +139,7 @@ def test_bad_flag(out: Path, args: list[str], needles: list[str]) -> None:
 
 
 def test_unknown_strategy_lists_each_valid_name_once(out: Path) -> None:
-    line = assert_one_line_error(run_train(out, "--strategy", "gossip"))
+    line = assert_one_line_error(run_train(out, "--strategy", "telepathy"))
     listed = line.split("valid:", 1)[1]
     assert sorted(name.strip() for name in listed.split(",")) == STRATEGY_NAMES
 
@@ -193,10 +222,10 @@ def test_error_names_the_flag_value_that_overrides_the_config(out: Path) -> None
 def test_api_raises_config_error_for_unknown_strategy(tmp_path: Path) -> None:
     out = tmp_path / "runs"
     with pytest.raises(polyrhythm.ConfigError) as info:
-        polyrhythm.train(strategy="gossip", out=str(out))
+        polyrhythm.train(strategy="telepathy", out=str(out))
     message = str(info.value)
     assert "\n" not in message
-    assert "unknown strategy 'gossip'" in message
+    assert "unknown strategy 'telepathy'" in message
     assert all(name in message for name in STRATEGY_NAMES), message
     assert info.value.exit_code == 2
     assert isinstance(info.value, polyrhythm.PolyrhythmError)
@@ -208,7 +237,19 @@ def test_strategies_command_lists_every_strategy() -> None:
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""
-    names = [line.split()[0] for line in proc.stdout.splitlines() if line.strip()]
+    lines = proc.stdout.splitlines()
+    names = [line.split()[0] for line in lines if line and not line.startswith(" ")]
     assert sorted(names) == STRATEGY_NAMES
-    ssp = next(line for line in proc.stdout.splitlines() if line.startswith("ssp"))
-    assert "--staleness" in ssp
+    # Each strategy's parameters follow it, indented, with their defaults.
+    parameters: dict[str, list[str]] = {}
+    for line in lines:
+        if line.startswith(" "):
+            parameters[current].append(line.split()[0])
+        else:
+            current = line.split()[0]
+            parameters[current] = []
+    assert parameters["ssp"] == ["--staleness", "--value-bound"]
+    assert parameters["kbsp"] == ["--quorum"]
+    assert parameters["easgd"] == ["--tau", "--alpha"]
+    assert parameters["bsp"] == parameters["allreduce"] == []
+    assert "(default: 3)" in next(line for line in lines if "--staleness" in line)

@@ -38,3 +38,45 @@ def test_ssp_holds_fast_workers_back_behind_a_slow_one(tmp_path):
     # the slow worker's gradients are at most about 2 * 2 updates stale.
     assert ssp["staleness_max"] <= 2 * (1 + 1) + 1
     assert asp["staleness_max"] > ssp["staleness_max"]
+
+
+STEPS = 70  # mnist5k: 4,500 training samples in global batches of 64
+
+# Every strategy trains the default cnn on mnist5k with 4 workers to >= 0.85 within 5 epochs.
+# (strategy, extra config, epochs): the fewest epochs that reach it with a margin here.
+TRAINED = [
+    ("ssp", {"value_bound": 0.05}, 2),
+    ("kbsp", {}, 3),
+    ("kasp", {}, 2),
+    ("backup", {}, 3),
+    ("softsync", {}, 2),
+    ("downpour", {"push_every": 2, "fetch_every": 2}, 2),
+    ("easgd", {}, 2),
+    ("allreduce", {}, 2),
+    ("ring", {}, 2),
+    ("tree", {}, 2),
+    ("reduce-broadcast", {}, 2),
+]
+
+
+@pytest.mark.parametrize(("strategy", "extra", "epochs"), TRAINED,
+                         ids=[name for name, _, _ in TRAINED])
+def test_strategy_trains_mnist5k_with_4_workers(tmp_path, strategy, extra, epochs):
+    summary = polyrhythm.train(strategy=strategy, workers=4, epochs=epochs, out=str(tmp_path),
+                               **extra)
+    assert summary["final_val_accuracy"] >= 0.85, summary["final_val_accuracy"]
+    pushes = 4 * STEPS * epochs
+    updates = summary["weight_updates"]
+    if strategy in ("kbsp", "backup"):  # every applied gradient fresh; late ones dropped
+        assert summary["staleness_max"] == 0
+        assert STEPS * epochs <= updates <= pushes // 3
+    elif strategy == "kasp":  # N/k updates per round, all gradients used (k = N/2 = 2)
+        assert pushes // 2 <= updates <= pushes // 2 + STEPS * epochs
+        assert summary["staleness_max"] > 0
+    elif strategy == "downpour":  # one push per 2 steps, each its own update
+        assert updates == pushes // 2
+    elif strategy == "easgd":  # one elastic exchange per tau = 4 steps
+        assert updates == pushes // 4
+    elif strategy == "softsync":  # asynchronous, momentum corrected as for ASP
+        assert updates == pushes
+        assert summary["server_momentum"] == pytest.approx(0.15)

@@ -34,14 +34,21 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
                                 action=argparse.BooleanOptionalAction,
                                 help=f"{field.description}{_default_text(field)}")
             continue
-        kind = float if "float" in annotation else int if "int" in annotation else str
-        kwargs: dict[str, Any] = {"dest": name, "default": None, "type": kind,
-                                  "metavar": _METAVARS.get(name) or {int: "N", float: "X",
-                                                                     str: "NAME"}[kind],
+        kwargs: dict[str, Any] = {"dest": name, "default": None, "type": _kind(field),
+                                  "metavar": _metavar(name, field),
                                   "help": f"{field.description}{_default_text(field)}"}
         if annotation.startswith("list["):
             kwargs["nargs"] = "+"
         parser.add_argument(flag, **kwargs)
+
+
+def _kind(field) -> type:
+    annotation = str(field.annotation)
+    return float if "float" in annotation else int if "int" in annotation else str
+
+
+def _metavar(name: str, field) -> str:
+    return _METAVARS.get(name) or {int: "N", float: "X", str: "NAME"}[_kind(field)]
 
 
 def _default_text(field) -> str:
@@ -126,9 +133,14 @@ def _runs(args: argparse.Namespace) -> int:
 def _strategies(args: argparse.Namespace) -> int:
     from polyrhythm.strategies import STRATEGIES
 
+    fields = RunConfig.model_fields
     for spec in STRATEGIES.values():
-        params = f"  [{', '.join('--' + p for p in spec.parameters)}]" if spec.parameters else ""
-        print(f"{spec.name:<12} {spec.summary}{params}")
+        print(f"{spec.name:<17} {spec.summary}")
+        for name in spec.parameters:
+            flag = f"--{name.replace('_', '-')} {_metavar(name, fields[name])}"
+            # Descriptions start with the strategies they concern ("ssp: ..."): known here.
+            about = fields[name].description.split(": ", 1)[-1]
+            print(f"    {flag:<20} {about}{_default_text(fields[name])}")
     return 0
 
 

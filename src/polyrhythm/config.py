@@ -35,7 +35,8 @@ class RunConfig(BaseModel):
     quorum: int | None = Field(
         None, description="kbsp, kasp, softsync: gradients per update (default: N-1 for kbsp, "
         "N/2 for kasp, 1 for softsync)")
-    backup: int = Field(1, description="backup: workers beyond the N-b whose gradients count")
+    backup: int = Field(
+        1, description="backup: spare workers b; the first N-b gradients of a round count")
     lr_floor: float = Field(
         0.1, description="softsync: smallest share of lr a stale gradient keeps")
     push_every: int = Field(1, description="downpour: push accumulated gradients every n steps")

@@ -38,10 +38,11 @@ class Bucket:
         self.pending = torch.zeros_like(self.weights)
         self.pending_weight = 0.0
         self.version = 0  # weight updates applied so far
-        self.progress = 0.0  # global steps' worth of gradient applied (drives lr decay)
+        self.progress = 0.0  # global batches' worth of gradient applied (drives lr decay)
 
-    def accumulate(self, grad: torch.Tensor, weight: float) -> None:
-        self.pending.add_(grad[:self.stop - self.start], alpha=weight)
+    def accumulate(self, grad: torch.Tensor, weight: float, scale: float = 1.0) -> None:
+        """Add a gradient with its batch weight; `scale` shrinks its step, not its weight."""
+        self.pending.add_(grad[:self.stop - self.start], alpha=weight * scale)
         self.pending_weight += weight
 
     def apply(self, config, steps_per_epoch: int) -> None:
@@ -50,9 +51,8 @@ class Bucket:
         if policy.elastic:
             self.weights.add_(self.pending)
         else:
-            if policy.averages:  # the mean of the gradients received counts as one step
+            if policy.averages:  # the (batch-weighted) mean of the gradients received
                 self.pending.div_(self.pending_weight)
-                self.pending_weight = 1.0
             # Small tolerance: weights like 1/3 do not sum to exact integers in floating point.
             epoch = math.floor(self.progress / steps_per_epoch + 1e-6)
             self.optimizer.step(self.pending, lr_at(config, epoch))
@@ -96,7 +96,7 @@ class ParameterServerShard:
                 staleness = bucket.version - int(pulled)
                 decision = bucket.policy.on_push(worker, int(clock), staleness)
                 if decision.accumulate:
-                    bucket.accumulate(inbox[PUSH_HEADER:], weight * decision.scale)
+                    bucket.accumulate(inbox[PUSH_HEADER:], weight, decision.scale)
                     self.staleness.record(staleness)
                 if not kind & REPLY:  # pushed without waiting: nobody to answer
                     decision = replace(decision, release=tuple(

@@ -28,8 +28,9 @@ class ConsistencyPolicy(ABC):
     """Decides when pushes become weight updates and when blocked workers may go on.
 
     Class attributes tell the server how to apply an update:
-    - `averages`: divide the pending sum by its total weight (the mean of the gradients
-      received, for policies that drop some), else apply the batch-weighted sum as it is;
+    - `averages`: divide the pending sum by its total batch weight (the mean of the gradients
+      received, at the full learning rate), else apply the batch-weighted sum as it is (each
+      of N asynchronous pushes then moves the weights by lr/N);
     - `elastic`: add the pending values to the weights (EASGD's centre variable) instead of
       taking an optimizer step;
     - `tracks_change`: call `on_update` with the max-norm of every applied change.
@@ -183,6 +184,8 @@ class SoftSynchronousPolicy(QuorumAsynchronousPolicy):
     DynSGD-style rules: each gradient's learning rate is divided by its staleness, never below
     `lr_floor` of the base rate; one update per `quorum` gradients (N/n in the paper).
     """
+
+    averages = True  # the paper's update: the mean of the c scaled gradients, at full lr
 
     def __init__(self, workers: int, quorum: int, lr_floor: float) -> None:
         super().__init__(workers, quorum)
