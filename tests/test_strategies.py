@@ -1,8 +1,10 @@
 """Parameter-server strategies trained for real on mnist5k, in separate processes."""
 
 import pytest
+from helpers import small_config
 
 import polyrhythm
+from polyrhythm.comm.messages import PUSH_HEADER
 
 
 def test_asp_makes_n_times_the_updates_of_bsp_and_still_learns(tmp_path):
@@ -80,3 +82,19 @@ def test_strategy_trains_mnist5k_with_4_workers(tmp_path, strategy, extra, epoch
     elif strategy == "softsync":  # asynchronous, momentum corrected as for ASP
         assert updates == pushes
         assert summary["server_momentum"] == pytest.approx(0.15)
+
+
+def test_downpour_pushes_and_fetches_on_their_own_schedules(tmp_path):
+    # 2 workers x 18 steps, push every 2 (9 pushes each), fetch every 3 (6 fetches each).
+    summary = polyrhythm.train(small_config(tmp_path, strategy="downpour", workers=2,
+                                            steps_per_epoch=9, push_every=2, fetch_every=3))
+    assert summary["weight_updates"] == 2 * 9  # every push is its own update
+    push = 4 * (PUSH_HEADER + summary["parameters"])
+    server, *workers = summary["traffic_per_rank"]
+    for w in workers:
+        # pushes (one of which also fetches), fetch-only messages, and the final DONE
+        fetch_only = 6 - 3  # steps 3, 9, 15 fetch without pushing; 6, 12, 18 push and fetch
+        assert w["messages_sent"] == 9 + fetch_only + 1
+        assert w["bytes_sent"] == (9 + fetch_only + 1) * push
+        assert w["messages_received"] == 6
+    assert server["messages_sent"] == 2 * 6

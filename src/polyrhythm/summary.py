@@ -13,7 +13,7 @@ from polyrhythm.metrics.recorder import StalenessLog
 from polyrhythm.models import build_model
 from polyrhythm.worker import evaluate
 
-SPAN_NAMES = ("compute", "push", "pull", "allreduce")
+SPAN_NAMES = ("compute", "push", "pull", "allreduce", "exchange")
 
 
 @dataclass
@@ -42,6 +42,7 @@ def summarise(config, reports: list[dict], val: Dataset, wall_s: float) -> RunRe
         "epochs": config.epochs,
         "final_val_accuracy": final["val_accuracy"],
         "final_val_loss": final["val_loss"],
+        "parameters": sum(p.numel() for p in model.parameters()),
         "samples_per_s": sum(_samples(w) / _seconds(w) for w in workers),  # cluster total
         "wall_s": wall_s,
         "weight_updates": _weight_updates(servers, workers),
