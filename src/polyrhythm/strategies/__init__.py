@@ -11,6 +11,11 @@ from polyrhythm.strategies.consistency import (
     SoftSynchronousPolicy,
     StaleSynchronousPolicy,
 )
+from polyrhythm.strategies.decentralised import (
+    GossipWorker,
+    LocalSGDWorker,
+    RingExchangeWorker,
+)
 from polyrhythm.strategies.easgd import ElasticAveragingWorker
 from polyrhythm.strategies.ps import ParameterServerWorker
 
@@ -53,7 +58,14 @@ _COLLECTIVE = [
                  AllReduceWorker),
 ]
 
-_DECENTRALISED: list[StrategySpec] = []
+_DECENTRALISED: list[StrategySpec] = [
+    StrategySpec("localsgd", "local SGD: tau local steps, then the models are averaged "
+                 "(batch-weighted all-reduce)", LocalSGDWorker, parameters=("tau",)),
+    StrategySpec("dpsgd", "D-PSGD: every step each worker averages its model with its ring "
+                 "neighbours'", RingExchangeWorker),
+    StrategySpec("gossip", "GoSGD: after a step, with probability p, send the model and half "
+                 "its weight to a random peer", GossipWorker, parameters=("gossip_p",)),
+]
 
 STRATEGIES: dict[str, StrategySpec] = {
     s.name: s for s in _PARAMETER_SERVER + _COLLECTIVE + _DECENTRALISED}

@@ -1,0 +1,216 @@
+"""Decentralised strategies (localsgd, dpsgd, gossip): their pure rules, and real runs."""
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import psutil
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import polyrhythm
+from helpers import small_config, stored_parameters
+from polyrhythm.strategies.decentralised import (
+    DONE,
+    GOSSIP_HEADER,
+    MODEL,
+    decode_gossip,
+    encode_gossip,
+    gossip_merge,
+    gossip_send_share,
+    mix,
+    mixing_weights,
+    ring_neighbours,
+)
+
+# --- gossip: the alphas (and the alpha-weighted model mass) are conserved ------------------
+
+# An operation: ("send", i, j): worker i halves its alpha and sends (w_i, share) to j;
+# ("deliver", k): the k-th message in flight (mod their number) is merged by its receiver.
+operations = st.lists(st.one_of(
+    st.tuples(st.just("send"), st.integers(0, 7), st.integers(1, 7)),
+    st.tuples(st.just("deliver"), st.integers(0, 100))), max_size=60)
+
+
+def simulate(n: int, ops, models: list, one):
+    """GoSGD on scalar 'models': returns (alphas, models, messages still in flight)."""
+    alphas = [one / n] * n
+    in_flight = []  # (receiver, w, alpha)
+    for op in ops:
+        if op[0] == "send":
+            i = op[1] % n
+            j = (i + op[2]) % n
+            if i == j:
+                continue
+            alphas[i], share = gossip_send_share(alphas[i])
+            in_flight.append((j, models[i], share))
+        elif in_flight:
+            j, w, alpha = in_flight.pop(op[1] % len(in_flight))
+            models[j], alphas[j] = gossip_merge(models[j], alphas[j], w, alpha)
+    return alphas, models, in_flight
+
+
+@given(st.integers(1, 6), operations, st.lists(st.integers(-100, 100), min_size=6, max_size=6))
+def test_gossip_conserves_alpha_and_weighted_model_exactly(n, ops, initial):
+    models = [Fraction(v) for v in initial[:n]]
+    mass = sum(models) / n  # sum alpha_i w_i at the start
+    alphas, models, in_flight = simulate(n, ops, models, Fraction(1))
+    assert sum(alphas) + sum(a for _, _, a in in_flight) == 1
+    assert sum(a * w for a, w in zip(alphas, models, strict=True)) + sum(
+        a * w for _, w, a in in_flight) == mass
+    assert all(a > 0 for a in alphas)
+    if not in_flight:  # everything delivered: the consensus is the alpha-weighted mean
+        assert sum(a * w for a, w in zip(alphas, models, strict=True)) / sum(alphas) == mass
+
+
+@given(st.integers(1, 6), operations)
+def test_gossip_alphas_sum_to_one_in_floats(n, ops):
+    alphas, _, in_flight = simulate(n, ops, [0.0] * n, 1.0)
+    assert math.isclose(sum(alphas) + sum(a for _, _, a in in_flight), 1.0, abs_tol=1e-12)
+
+
+@given(st.floats(min_value=1e-300, max_value=1.0))
+def test_gossip_send_share_splits_alpha_exactly(alpha):
+    keep, share = gossip_send_share(alpha)
+    assert keep + share == alpha and keep > 0 and share > 0
+
+
+@given(st.floats(min_value=1e-300, max_value=1.0))
+def test_gossip_message_carries_alpha_bit_for_bit(alpha):
+    w = torch.randn(5)
+    kind, decoded, values = decode_gossip(
+        encode_gossip(torch.empty(GOSSIP_HEADER + 5), MODEL, alpha, w))
+    assert (kind, decoded) == (MODEL, alpha)  # a float32 field would round most alphas
+    assert torch.equal(values, w)
+    assert decode_gossip(encode_gossip(torch.empty(GOSSIP_HEADER + 5), DONE, 0.0))[0] == DONE
+
+
+def test_gossip_merge_is_the_alpha_weighted_mean():
+    w, alpha = gossip_merge(torch.tensor([0.0, 4.0]), 0.75, torch.tensor([4.0, 0.0]), 0.25)
+    assert alpha == 1.0 and torch.equal(w, torch.tensor([1.0, 3.0]))
+
+
+# --- dpsgd: the ring's mixing matrix --------------------------------------------------------
+
+@pytest.mark.parametrize("n", range(1, 9))
+def test_ring_mixing_matrix_is_doubly_stochastic_over_distinct_neighbours(n):
+    rows = [mixing_weights(i, n) for i in range(n)]
+    for i, row in enumerate(rows):
+        assert sum(row.values()) == pytest.approx(1.0, abs=1e-15)
+        assert len(row) == min(n, 3)  # itself and its distinct neighbours
+        assert set(row) == {i, *ring_neighbours(i, n)}
+        assert all(rows[j].get(i) == w for j, w in row.items())  # symmetric
+    assert ring_neighbours(0, 1) == [] and ring_neighbours(1, 2) == [0]
+    assert ring_neighbours(0, 5) == [1, 4]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5])
+def test_ring_mixing_keeps_equal_models_equal_and_the_mean_in_general(n):
+    w = torch.randn(100)
+    mixed = [mix(dict.fromkeys(range(n), w), mixing_weights(i, n)) for i in range(n)]
+    assert all(torch.equal(m, mixed[0]) for m in mixed)
+    assert torch.allclose(mixed[0], w, atol=1e-6)
+    models = {i: torch.randn(100) for i in range(n)}
+    mixed = [mix(models, mixing_weights(i, n)) for i in range(n)]
+    assert torch.allclose(sum(mixed), sum(models.values()), atol=1e-5)
+
+
+# --- real runs ------------------------------------------------------------------------------
+
+def model_bytes(summary) -> int:
+    return summary["parameters"] * 4  # float32
+
+
+def assert_no_rank_left():
+    ranks = [p for p in psutil.Process().children(recursive=True)
+             if p.name().startswith("polyrhythm-r")]
+    assert ranks == []
+
+
+def learned(tmp_path, strategy: str, epochs: int, **parameters) -> dict:
+    """A real 4-worker run on mnist5k with the cnn; asserts it learned and left no process."""
+    summary = polyrhythm.train(strategy=strategy, workers=4, epochs=epochs, out=str(tmp_path),
+                               **parameters)
+    print(strategy, "final_val_accuracy", summary["final_val_accuracy"])
+    assert summary["final_val_accuracy"] >= 0.85
+    assert_no_rank_left()
+    return summary
+
+
+def test_localsgd_with_tau_1_equals_allreduce(tmp_path):
+    # 3 workers share 64 as 22 + 21 + 21, lr decays each epoch: averaging the models after
+    # every local step is all-reduce SGD (the step is linear in gradient and momentum).
+    common = {"workers": 3, "batch_size": 64, "seed": 7}
+    allreduce = polyrhythm.train(small_config(tmp_path, strategy="allreduce", **common))
+    localsgd = polyrhythm.train(small_config(tmp_path, strategy="localsgd", tau=1, **common))
+    assert (stored_parameters(localsgd) - stored_parameters(allreduce)).abs().max() <= 1e-4
+    assert localsgd["weight_updates"] == 20
+    assert_no_rank_left()
+
+
+def test_localsgd_learns_and_averages_every_tau_steps(tmp_path):
+    summary = learned(tmp_path, "localsgd", epochs=1, tau=4)
+    averagings = math.ceil(summary["per_worker"][0]["steps"] / 4)  # the rest's in finish()
+    for rank in summary["traffic_per_rank"]:
+        assert rank["native_collective_bytes"] == averagings * model_bytes(summary)
+        assert rank["bytes_sent"] == 0
+
+
+def test_dpsgd_learns_and_sends_its_model_to_both_ring_neighbours_each_step(tmp_path):
+    summary = learned(tmp_path, "dpsgd", epochs=1)
+    steps = summary["per_worker"][0]["steps"]
+    for rank in summary["traffic_per_rank"]:
+        assert rank["bytes_sent"] == rank["bytes_received"] == 2 * model_bytes(summary) * steps
+        assert rank["messages_sent"] == 2 * steps
+        assert rank["native_collective_bytes"] == model_bytes(summary)  # the final consensus
+    assert all(w["exchange_s"] > 0 for w in summary["per_worker"])
+
+
+def test_dpsgd_with_two_workers_exchanges_with_its_one_neighbour(tmp_path):
+    summary = polyrhythm.train(small_config(tmp_path, strategy="dpsgd", workers=2, epochs=1))
+    for rank in summary["traffic_per_rank"]:
+        assert rank["bytes_sent"] == rank["bytes_received"] == model_bytes(summary) * 10
+    assert_no_rank_left()
+
+
+def expected_gossip(n: int, steps: int, p: float, seed: int) -> int:
+    """Models sent by n workers in `steps` steps: worker i draws from a generator seeded by
+    (seed, i), so the count is reproducible whatever the timing."""
+    sent = 0
+    for i in range(n):
+        rng = np.random.default_rng([seed, i])
+        for _ in range(steps):
+            if rng.random() < p:
+                rng.integers(n - 1)  # the peer
+                sent += 1
+    return sent
+
+
+def gossip_bytes(summary, messages: int) -> int:
+    return messages * (model_bytes(summary) + 4 * GOSSIP_HEADER)
+
+
+def test_gossip_learns_and_loses_no_message(tmp_path):
+    summary = learned(tmp_path, "gossip", epochs=2, gossip_p=0.2)
+    traffic = summary["traffic_per_rank"]
+    sent = sum(r["messages_sent"] for r in traffic)
+    assert sum(r["messages_received"] for r in traffic) == sent
+    assert sent - 4 * 3 == expected_gossip(4, summary["per_worker"][0]["steps"], 0.2, seed=0)
+    for r in traffic:
+        assert r["bytes_sent"] == gossip_bytes(summary, r["messages_sent"])
+
+
+def test_gossip_drains_every_message_when_workers_finish_at_different_times(tmp_path):
+    # Worker 0 is 50 ms slower a step, everyone gossips every step: the others finish early,
+    # and their models and DONEs reach worker 0 while it still trains.
+    config = small_config(tmp_path, strategy="gossip", workers=3, epochs=1, gossip_p=1.0,
+                          worker_delay_s=[0.05])
+    summary = polyrhythm.train(config)
+    traffic = summary["traffic_per_rank"]
+    assert [r["messages_sent"] for r in traffic] == [10 + 2] * 3
+    assert sum(r["messages_received"] for r in traffic) == 3 * 12  # every one merged
+    slow, *fast = summary["per_worker"]
+    assert max(w["train_s"] for w in fast) < 0.6 * slow["train_s"]
+    assert_no_rank_left()
