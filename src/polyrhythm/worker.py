@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -59,7 +60,11 @@ class Worker:
         self.spec = STRATEGIES[c.strategy]
         self.strategy = self.spec.worker(ctx, self.flat, self.batch / c.batch_size)
         self._last_progress = 0.0
-        self.snapshots: list[torch.Tensor] = []  # the first worker's model at each epoch end
+        # The model validated at each epoch end: the first worker's, or where workers hold
+        # different models, their consensus (each snapshot pre-multiplied by its weight).
+        self.consensus = self.strategy.consensus_weight() is not None
+        self.snapshots: list[torch.Tensor] = []
+        self.snapshot_weights: list[float] = []
 
     def run(self) -> dict:
         """Train for the configured epochs; return this worker's report."""
@@ -67,9 +72,12 @@ class Worker:
         epochs = [self._epoch(e, started) for e in range(self.ctx.config.epochs)]
         self.strategy.finish()  # decentralised strategies may agree on a final model here
         final = self.flat.data.clone()
-        for record, snapshot in zip(epochs, self.snapshots, strict=False):
-            self.flat.data.copy_(snapshot)
-            record.update(evaluate(self.model, self.val))
+        if self.consensus:
+            self._agree_on_snapshots()
+        if self.ctx.worker_index == 0:
+            for record, snapshot in zip(epochs, self.snapshots, strict=True):
+                self.flat.data.copy_(snapshot)
+                record.update(evaluate(self.model, self.val))
         report = {
             "role": "worker",
             "rank": self.ctx.rank,
@@ -101,11 +109,26 @@ class Worker:
         record = {"epoch": epoch, "train_loss": loss_sum / self.steps,
                   "samples": self.steps * self.batch, "seconds": seconds,
                   "wall_s": time.perf_counter() - started}
-        if self.ctx.worker_index == 0:
-            # Validated after training: evaluating now would stall the other workers and
-            # count as their communication time.
+        # Validated after training: evaluating now would stall the other workers and count
+        # as their communication time.
+        if self.consensus:
+            weight = self.strategy.consensus_weight()
+            self.snapshots.append(self.flat.data * weight)
+            self.snapshot_weights.append(weight)
+        elif self.ctx.worker_index == 0:
             self.snapshots.append(self.flat.data.clone())
         return record
+
+    def _agree_on_snapshots(self) -> None:
+        """Each epoch's snapshot becomes the weighted mean of every worker's (one all-reduce).
+
+        Dividing by the summed weights also covers weights that do not sum to 1 at an epoch
+        end (gossip weight in flight)."""
+        models = torch.stack(self.snapshots)
+        weights = torch.tensor(self.snapshot_weights, dtype=torch.float64)
+        dist.all_reduce(models)
+        dist.all_reduce(weights)
+        self.snapshots = list(models.div_(weights.unsqueeze(1).float()))
 
     def _progress(self, epoch: int, step: int, loss: float, samples_per_s: float) -> None:
         now = time.perf_counter()

@@ -37,7 +37,8 @@ _PARAMETER_SERVER = [
     StrategySpec("kasp", "k-ASP: one update per k gradients, late ones count toward the next",
                  PS, lambda c: QuorumAsynchronousPolicy(c.workers, c.quorum), ("quorum",),
                  lambda c: {"quorum": max(1, c.workers // 2)}),
-    StrategySpec("backup", "backup workers: N+b run, the first N gradients of a round count",
+    StrategySpec("backup", "backup workers: of N workers, the first N-b gradients of a round "
+                 "count",
                  PS, lambda c: QuorumSynchronousPolicy(c.workers, c.workers - c.backup),
                  ("backup",)),
     StrategySpec("softsync", "staleness-aware async: each gradient's lr divided by its "

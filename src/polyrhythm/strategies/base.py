@@ -34,6 +34,11 @@ class Strategy(ABC):
     def finish(self) -> None:  # noqa: B027 - optional hook, most strategies need nothing
         """Called once after the last step."""
 
+    def consensus_weight(self) -> float | None:
+        """Where workers hold different models: this worker's weight in their consensus (the
+        model validated at epoch ends is the weighted mean). None: worker 0's model is it."""
+        return None
+
 
 def no_defaults(config) -> dict:
     return {}

@@ -60,6 +60,9 @@ class DecentralisedWorker(Strategy):
         self.optimizer = FlatSGD(self.flat.data, self.ctx.config)
         self.steps = 0
 
+    def consensus_weight(self) -> float:
+        return self.batch_weight
+
     def local_step(self, epoch: int) -> None:
         self.optimizer.step(self.flat.grad(), lr_at(self.ctx.config, epoch))
         self.steps += 1
@@ -250,6 +253,9 @@ class GossipWorker(DecentralisedWorker):
         self.sending: dist.Work | None = None
         self.inbox = Inbox(ctx.transport, self.peers, numel, GOSSIP_TAG)
         self.done_peers: set[int] = set()
+
+    def consensus_weight(self) -> float:
+        return self.alpha
 
     def step(self, epoch: int) -> None:
         self.local_step(epoch)
