@@ -1,10 +1,11 @@
-"""Parameter-server strategies trained for real on mnist5k, in separate processes."""
+"""Strategies trained for real on mnist5k, in separate processes."""
 
 import pytest
 from helpers import small_config
 
 import polyrhythm
 from polyrhythm.comm.messages import PUSH_HEADER
+from polyrhythm.strategies import STRATEGIES
 
 
 def test_asp_makes_n_times_the_updates_of_bsp_and_still_learns(tmp_path):
@@ -98,3 +99,10 @@ def test_downpour_pushes_and_fetches_on_their_own_schedules(tmp_path):
         assert w["bytes_sent"] == (9 + fetch_only + 1) * push
         assert w["messages_received"] == 6
     assert server["messages_sent"] == 2 * 6
+
+
+def test_every_registered_strategy_has_a_training_test():
+    # bsp and asp: test_asp_makes_n_times_the_updates_of_bsp_and_still_learns;
+    # localsgd, dpsgd, gossip: tests/test_decentralised.py.
+    elsewhere = {"bsp", "asp", "localsgd", "dpsgd", "gossip"}
+    assert set(STRATEGIES) == {name for name, _, _ in TRAINED} | elsewhere
