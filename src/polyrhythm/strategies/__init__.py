@@ -1,5 +1,7 @@
 """Every training strategy, by name. A new algorithm is one class and one entry here."""
 
+import functools
+
 from polyrhythm.strategies.allreduce import AllReduceWorker
 from polyrhythm.strategies.base import Strategy, StrategySpec
 from polyrhythm.strategies.consistency import (
@@ -57,6 +59,14 @@ _PARAMETER_SERVER = [
 _COLLECTIVE = [
     StrategySpec("allreduce", "synchronous all-reduce (Gloo) with an optimizer copy per worker",
                  AllReduceWorker),
+    StrategySpec("ring", "synchronous all-reduce as a ring over point-to-point messages "
+                 "(reduce-scatter + all-gather)",
+                 functools.partial(AllReduceWorker, algorithm="ring")),
+    StrategySpec("reduce-broadcast", "synchronous all-reduce through worker 0, which sums "
+                 "every gradient and sends the sum back",
+                 functools.partial(AllReduceWorker, algorithm="reduce-broadcast")),
+    StrategySpec("tree", "synchronous all-reduce as a binomial-tree reduce and broadcast",
+                 functools.partial(AllReduceWorker, algorithm="tree")),
 ]
 
 _DECENTRALISED: list[StrategySpec] = [
