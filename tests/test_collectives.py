@@ -25,12 +25,12 @@ from polyrhythm.comm.collectives import (
     SEND,
     Op,
     all_reduce,
-    chunk_bounds,
     early_ops,
     ring_schedule,
     schedule_steps,
 )
 from polyrhythm.comm.transport import Transport
+from polyrhythm.flat import shard_ranges
 
 NAMES = list(ALGORITHMS)
 SEGMENTED = "ring, 3 segments"
@@ -201,7 +201,7 @@ def test_ring_rounds_and_chunks():
     """2(N-1) rounds, one chunk out and one in per round; chunks differ by at most one; large
     chunks are split into segments of RING_SEGMENT_NUMEL elements or more."""
     for n, numel in [(2, 10), (5, 1003), (7, 3)]:
-        bounds = chunk_bounds(numel, n)
+        bounds = shard_ranges(numel, n)
         assert bounds[0][0] == 0 and bounds[-1][1] == numel
         assert max(b - a for a, b in bounds) - min(b - a for a, b in bounds) <= 1
         for i in range(n):

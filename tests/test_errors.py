@@ -242,6 +242,7 @@ def test_strategies_command_lists_every_strategy() -> None:
     assert sorted(names) == STRATEGY_NAMES
     # Each strategy's parameters follow it, indented, with their defaults.
     parameters: dict[str, list[str]] = {}
+    current = ""
     for line in lines:
         if line.startswith(" "):
             parameters[current].append(line.split()[0])

@@ -1,9 +1,9 @@
 """Strategies trained for real on mnist5k, in separate processes."""
 
 import pytest
-from helpers import small_config
 
 import polyrhythm
+from helpers import small_config
 from polyrhythm.comm.messages import PUSH_HEADER
 from polyrhythm.strategies import STRATEGIES
 

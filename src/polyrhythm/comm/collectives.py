@@ -42,6 +42,7 @@ from typing import NamedTuple
 import torch
 
 from polyrhythm.comm.transport import Transport
+from polyrhythm.flat import shard_ranges
 
 SEND, RECV_ADD, RECV_COPY = "send", "recv_add", "recv_copy"
 
@@ -75,18 +76,6 @@ Round = list[Op]
 Schedule = list[Round]
 
 
-def chunk_bounds(numel: int, parts: int) -> list[tuple[int, int]]:
-    """[start, stop) of `parts` contiguous chunks covering `numel` elements, sizes differing by
-    at most one (the first numel % parts chunks take one more element)."""
-    size, extra = divmod(numel, parts)
-    bounds, start = [], 0
-    for c in range(parts):
-        stop = start + size + (c < extra)
-        bounds.append((start, stop))
-        start = stop
-    return bounds
-
-
 def _round(*ops: tuple[str, int, tuple[int, int]]) -> Round:
     """A round of the given (op, peer, (start, stop)), empty ranges left out."""
     return [Op(op, peer, start, stop) for op, peer, (start, stop) in ops if stop > start]
@@ -112,11 +101,11 @@ def ring_schedule(n: int, i: int, numel: int, segments: int | None = None) -> Sc
         return []
     if segments is None:
         segments = max(1, (numel // n) // RING_SEGMENT_NUMEL)
-    chunks = chunk_bounds(numel, n)
+    chunks = shard_ranges(numel, n)
 
     def piece(c: int, k: int) -> tuple[int, int]:
         start, stop = chunks[c % n]
-        a, b = chunk_bounds(stop - start, segments)[k]
+        a, b = shard_ranges(stop - start, segments)[k]
         return start + a, start + b
 
     right, left = (i + 1) % n, (i - 1) % n
