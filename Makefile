@@ -24,6 +24,7 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/overhead.py
+	$(BIN)/python benchmarks/collectives.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
