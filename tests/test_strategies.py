@@ -3,8 +3,10 @@
 import pytest
 
 import polyrhythm
-from helpers import small_config
+from helpers import flat, small_config, stored_parameters
 from polyrhythm.comm.messages import PUSH_HEADER
+from polyrhythm.job import prepare_data
+from polyrhythm.models import build_model
 from polyrhythm.strategies import STRATEGIES
 
 
@@ -106,3 +108,18 @@ def test_every_registered_strategy_has_a_training_test():
     # localsgd, dpsgd, gossip: tests/test_decentralised.py.
     elsewhere = {"bsp", "asp", "localsgd", "dpsgd", "gossip"}
     assert set(STRATEGIES) == {name for name, _, _ in TRAINED} | elsewhere
+
+
+@pytest.mark.parametrize(("strategy", "extra"), [("downpour", {"push_every": 5}),
+                                                  ("easgd", {"tau": 5})])
+def test_gradients_of_the_last_steps_reach_the_servers(tmp_path, strategy, extra):
+    # 3 steps, fewer than one push or exchange period: finish() sends what is left, so the
+    # stored model is not the initial one.
+    config = small_config(tmp_path, strategy=strategy, workers=2, epochs=1,
+                          steps_per_epoch=3, **extra)
+    summary = polyrhythm.train(config)
+    assert summary["weight_updates"] == 2  # one per worker, at the end
+    train, _ = prepare_data(config)
+    initial = flat(build_model(config.model, train.shape, train.classes, config.seed)
+                   .state_dict())
+    assert (stored_parameters(summary) - initial).abs().max() > 1e-3

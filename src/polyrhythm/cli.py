@@ -119,13 +119,13 @@ def _runs(args: argparse.Namespace) -> int:
     if not rows:
         print(f"no runs stored in {args.out}")
         return 0
-    print(f"{'run id':<36} {'status':<10} {'strategy':<10} {'N':>3} {'S':>3} {'ep':>3} "
+    print(f"{'run id':<36} {'status':<10} {'strategy':<16} {'N':>3} {'S':>3} {'ep':>3} "
           f"{'val acc':>8} {'samples/s':>10} {'wall s':>8}")
     for r in rows:
         acc = f"{r['final_val_accuracy']:.4f}" if r["final_val_accuracy"] is not None else "-"
         sps = f"{r['samples_per_s']:.0f}" if r["samples_per_s"] is not None else "-"
         wall = f"{r['wall_s']:.1f}" if r["wall_s"] is not None else "-"
-        print(f"{r['run_id']:<36} {r['status']:<10} {r['strategy']:<10} {r['workers']:>3} "
+        print(f"{r['run_id']:<36} {r['status']:<10} {r['strategy']:<16} {r['workers']:>3} "
               f"{r['servers']:>3} {r['epochs']:>3} {acc:>8} {sps:>10} {wall:>8}")
     return 0
 

@@ -30,8 +30,8 @@ class RunConfig(BaseModel):
     )
     staleness: int = Field(3, description="ssp: how many clocks a worker may run ahead")
     value_bound: float | None = Field(
-        None, description="ssp: hold updates while the change the slowest worker has not seen "
-        "exceeds this in max-norm (default: no value bound)")
+        None, description="ssp: hold pushes while the applied change some worker has not "
+        "pulled yet exceeds this in max-norm (default: no value bound)")
     quorum: int | None = Field(
         None, description="kbsp, kasp, softsync: gradients per update (default: N-1 for kbsp, "
         "N/2 for kasp, 1 for softsync)")
@@ -46,8 +46,9 @@ class RunConfig(BaseModel):
         None, description="easgd: elastic moving rate (default: 0.9/N)")
     gossip_p: float = Field(
         0.2, description="gossip: probability of sending the model to a random peer per step")
-    bucket_kb: int = Field(
-        25600, description="PS: gradients travel in buckets of about this many KiB")
+    bucket_kb: int | None = Field(
+        None, description="PS: gradients travel in buckets of about this many KiB (default "
+        "25600, 25 MiB; one bucket for strategies that decide on whole gradients)")
     epochs: int = Field(3, description="passes over the training set")
     batch_size: int = Field(64, description="global batch B; each worker takes B/N")
     lr: float = Field(0.05, description="learning rate")
@@ -90,6 +91,15 @@ class RunConfig(BaseModel):
             takes = ", ".join("--" + p.replace("_", "-") for p in spec.parameters) or "none"
             raise ValueError(f"strategy {self.strategy!r} takes no --{field.replace('_', '-')}"
                              f" (its parameters: {takes})")
+        whole = spec.uses_servers and spec.whole_gradient(self)
+        if "bucket_kb" in self.model_fields_set and (whole or not spec.uses_servers):
+            why = "it pushes whole gradients" if whole else "it uses no servers"
+            raise ValueError(f"strategy {self.strategy!r} takes no --bucket-kb ({why})")
+        if spec.uses_servers and not whole and self.bucket_kb is None:
+            object.__setattr__(self, "bucket_kb", DEFAULT_BUCKET_KB)
+        if whole and (self.servers or 1) != 1:
+            raise ValueError(f"strategy {self.strategy!r} decides on whole gradients, so it "
+                             f"runs with 1 server, got {self.servers}")
         if self.servers is None:
             object.__setattr__(self, "servers", 1 if spec.uses_servers else 0)
         for field, default in spec.defaults(self).items():
@@ -113,6 +123,8 @@ class RunConfig(BaseModel):
     def to_toml(self) -> str:
         return tomli_w.dumps(self.to_dict())
 
+
+DEFAULT_BUCKET_KB = 25600  # 25 MiB, as DDP's default bucket: one bucket for small models
 
 # Fields that only some strategies read: setting one for another strategy is an error.
 STRATEGY_PARAMETERS = {"staleness", "value_bound", "quorum", "backup", "lr_floor",
@@ -145,7 +157,8 @@ def _check_ranges(c: RunConfig, uses_servers: bool) -> None:
         (c.tau >= 1, f"tau must be at least 1, got {c.tau}"),
         (c.alpha is None or 0 < c.alpha <= 1, f"alpha must be in (0, 1], got {c.alpha}"),
         (0 < c.gossip_p <= 1, f"gossip_p must be in (0, 1], got {c.gossip_p}"),
-        (c.bucket_kb >= 1, f"bucket_kb must be at least 1, got {c.bucket_kb}"),
+        (c.bucket_kb is None or c.bucket_kb >= 1,
+         f"bucket_kb must be at least 1, got {c.bucket_kb}"),
         (c.epochs >= 1, f"epochs must be at least 1, got {c.epochs}"),
         (c.batch_size >= c.workers,
          f"batch size {c.batch_size} is smaller than the worker count {c.workers}"),

@@ -59,8 +59,9 @@ class BucketLayout:
     `buckets[k] = (server, start, stop)`: bucket k is parameters [start, stop) on that server.
     """
 
-    def __init__(self, numel: int, servers: int, bucket_kb: int) -> None:
-        bucket_elements = bucket_kb * 1024 // 4  # float32
+    def __init__(self, numel: int, servers: int, bucket_kb: int | None) -> None:
+        # float32; None: one bucket per server
+        bucket_elements = numel if bucket_kb is None else bucket_kb * 1024 // 4
         self.buckets = [(server, a, b)
                         for server, (start, stop) in enumerate(shard_ranges(numel, servers))
                         for a, b in bucket_ranges(start, stop, bucket_elements)]

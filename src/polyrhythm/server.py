@@ -33,7 +33,9 @@ class Bucket:
         # worker sends this buffer as it is, with no copy.
         self.outbox = torch.cat([torch.zeros(REPLY_HEADER), initial[start:stop]])
         self.weights = self.outbox[REPLY_HEADER:]
-        self.optimizer = FlatSGD(self.weights, config, policy.concurrency)
+        # An elastic centre adds what it gets; every other policy steps an optimizer.
+        self.optimizer = None if policy.elastic else FlatSGD(self.weights, config,
+                                                             policy.concurrency)
         self.policy = policy
         self.pending = torch.zeros_like(self.weights)
         self.pending_weight = 0.0
@@ -127,7 +129,7 @@ class ParameterServerShard:
             "shard": (start, stop, torch.cat([b.weights for b in buckets])),
             "weight_updates": max(b.version for b in buckets),
             "buckets": len(buckets),
-            "momentum": buckets[0].optimizer.momentum,
+            "momentum": buckets[0].optimizer.momentum if buckets[0].optimizer else None,
             "update_s": self.ctx.spans.totals["update"],
             "staleness_histogram": dict(self.staleness.histogram),
             "traffic": vars(self.ctx.transport.counters),

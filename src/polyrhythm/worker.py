@@ -124,6 +124,7 @@ class Worker:
 
         Dividing by the summed weights also covers weights that do not sum to 1 at an epoch
         end (gossip weight in flight)."""
+        assert not self.spec.uses_servers, "the all-reduce spans workers only: no servers"
         models = torch.stack(self.snapshots)
         weights = torch.tensor(self.snapshot_weights, dtype=torch.float64)
         dist.all_reduce(models)

@@ -3,7 +3,7 @@
 import functools
 
 from polyrhythm.strategies.allreduce import AllReduceWorker
-from polyrhythm.strategies.base import Strategy, StrategySpec
+from polyrhythm.strategies.base import Strategy, StrategySpec, always
 from polyrhythm.strategies.consistency import (
     AsynchronousPolicy,
     BulkSynchronousPolicy,
@@ -31,22 +31,23 @@ _PARAMETER_SERVER = [
     StrategySpec("ssp", "stale-synchronous parameter server: at most s clocks ahead, "
                  "optionally a value bound", PS,
                  lambda c: StaleSynchronousPolicy(c.workers, c.staleness, c.value_bound),
-                 ("staleness", "value_bound")),
+                 ("staleness", "value_bound"),
+                 whole_gradient=lambda c: c.value_bound is not None),
     StrategySpec("kbsp", "k-BSP: one update from the first k workers of a round, the late "
                  "gradients dropped", PS,
                  lambda c: QuorumSynchronousPolicy(c.workers, c.quorum), ("quorum",),
-                 lambda c: {"quorum": max(1, c.workers - 1)}),
+                 lambda c: {"quorum": max(1, c.workers - 1)}, always),
     StrategySpec("kasp", "k-ASP: one update per k gradients, late ones count toward the next",
                  PS, lambda c: QuorumAsynchronousPolicy(c.workers, c.quorum), ("quorum",),
-                 lambda c: {"quorum": max(1, c.workers // 2)}),
+                 lambda c: {"quorum": max(1, c.workers // 2)}, always),
     StrategySpec("backup", "backup workers: of N workers, the first N-b gradients of a round "
                  "count",
                  PS, lambda c: QuorumSynchronousPolicy(c.workers, c.workers - c.backup),
-                 ("backup",)),
+                 ("backup",), whole_gradient=always),
     StrategySpec("softsync", "staleness-aware async: each gradient's lr divided by its "
                  "staleness, with a floor", PS,
                  lambda c: SoftSynchronousPolicy(c.workers, c.quorum, c.lr_floor),
-                 ("quorum", "lr_floor"), lambda c: {"quorum": 1}),
+                 ("quorum", "lr_floor"), lambda c: {"quorum": 1}, always),
     StrategySpec("downpour", "Downpour SGD: async PS, push every n_push and fetch every "
                  "n_fetch steps", PS, lambda c: AsynchronousPolicy(c.workers),
                  ("push_every", "fetch_every")),

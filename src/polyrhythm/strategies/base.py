@@ -44,12 +44,25 @@ def no_defaults(config) -> dict:
     return {}
 
 
+def never(config) -> bool:
+    return False
+
+
+def always(config) -> bool:
+    return True
+
+
 @dataclass(frozen=True)
 class StrategySpec:
     """A registered strategy: its worker side and, for PS strategies, its server policy.
 
     `parameters` are the RunConfig fields it reads (others' parameters are errors for it);
     `defaults(config)` resolves those left unset whose default depends on the run (e.g. N).
+    `whole_gradient(config)`: its policy decides on a worker's whole gradient (quorums, value
+    bounds), so the model travels as one bucket to one server. Policies are per bucket, and a
+    worker waits for all its buckets: quorums decided per bucket could each wait for a worker
+    that another bucket holds (deadlock), or apply a gradient on one bucket and drop it on
+    another. BSP, ASP and SSP decide per bucket safely.
     """
 
     name: str
@@ -58,6 +71,7 @@ class StrategySpec:
     policy: Callable[..., ConsistencyPolicy] | None = None
     parameters: tuple[str, ...] = ()
     defaults: Callable[..., dict] = no_defaults
+    whole_gradient: Callable[..., bool] = never
 
     @property
     def uses_servers(self) -> bool:

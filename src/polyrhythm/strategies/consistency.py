@@ -21,13 +21,13 @@ class Decision:
     accumulate: bool = True  # add this push's weighted gradient to the pending update
     update: bool = False  # apply the pending update as one optimizer step
     release: tuple[int, ...] = ()  # workers to answer now with the current parameters
-    scale: float = 1.0  # multiplies this push's weight (staleness-aware learning rates)
+    scale: float = 1.0  # shrinks this push's step, not its batch weight (staleness-aware lr)
 
 
 class ConsistencyPolicy(ABC):
     """Decides when pushes become weight updates and when blocked workers may go on.
 
-    Class attributes tell the server how to apply an update:
+    Attributes tell the server how to apply an update:
     - `averages`: divide the pending sum by its total batch weight (the mean of the gradients
       received, at the full learning rate), else apply the batch-weighted sum as it is (each
       of N asynchronous pushes then moves the weights by lr/N);

@@ -33,8 +33,10 @@ class ElasticAveragingWorker(Strategy):
     def step(self, epoch: int) -> None:
         self.optimizer.step(self.flat.grad(), lr_at(self.ctx.config, epoch))
         self.steps += 1
-        if self.steps % self.tau:
-            return
+        if self.steps % self.tau == 0:
+            self._exchange()
+
+    def _exchange(self) -> None:
         link = self.link
         with self.ctx.spans("pull"):
             link.expect_replies()
@@ -48,4 +50,6 @@ class ElasticAveragingWorker(Strategy):
             link.wait_sends()
 
     def finish(self) -> None:
+        if self.steps % self.tau:  # the last steps' exploration reaches the centre too
+            self._exchange()
         self.link.leave()

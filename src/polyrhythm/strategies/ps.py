@@ -148,4 +148,8 @@ class ParameterServerWorker(Strategy):
             self.flat.data.add_(self.flat.grad(), alpha=-lr_at(self.ctx.config, epoch))
 
     def finish(self) -> None:
+        if self.steps % self.push_every:  # Downpour: gradients of the last steps, not pushed
+            self.clock += 1
+            self.link.send_all(GRADIENT, self.clock, self.grad)
+            self.link.wait_sends()
         self.link.leave()
