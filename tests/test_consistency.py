@@ -81,6 +81,16 @@ class Cluster:
         assert not self.pending, "gradients accumulated but never applied"
 
 
+def decisions_of(policies, workers: int, steps: int, choices: list[int], keep=lambda d: d):
+    """Each policy driven through the same interleaving: its decisions, mapped by `keep`."""
+    runs = []
+    for policy in policies:
+        cluster = Cluster(policy, workers, steps)
+        cluster.run(choices)
+        runs.append([keep(d) for d in cluster.decisions])
+    return runs
+
+
 interleavings = st.lists(st.integers(0, 1000), max_size=200)
 
 
@@ -103,22 +113,17 @@ def test_ssp_no_worker_runs_more_than_s_clocks_ahead_of_the_slowest(workers, sta
 @settings(max_examples=200, deadline=None)
 @given(workers=st.integers(1, 6), steps=st.integers(1, 10), choices=interleavings)
 def test_ssp_with_zero_staleness_releases_exactly_as_bsp(workers, steps, choices):
-    ssp = Cluster(StaleSynchronousPolicy(workers, 0), workers, steps)
-    bsp = Cluster(BulkSynchronousPolicy(workers), workers, steps)
-    ssp.run(choices)
-    bsp.run(choices)
-    assert [d.release for d in ssp.decisions] == [d.release for d in bsp.decisions]
+    ssp, bsp = decisions_of([StaleSynchronousPolicy(workers, 0), BulkSynchronousPolicy(workers)],
+                            workers, steps, choices, lambda d: d.release)
+    assert ssp == bsp
 
 
 @settings(max_examples=200, deadline=None)
 @given(workers=st.integers(1, 6), steps=st.integers(1, 10), choices=interleavings)
 def test_ssp_with_huge_staleness_behaves_as_asp(workers, steps, choices):
-    ssp = Cluster(StaleSynchronousPolicy(workers, 10**9), workers, steps)
-    asp = Cluster(AsynchronousPolicy(workers), workers, steps)
-    ssp.run(choices)
-    asp.run(choices)
-    assert [(d.update, d.release) for d in ssp.decisions] == [
-        (d.update, d.release) for d in asp.decisions]
+    ssp, asp = decisions_of([StaleSynchronousPolicy(workers, 10**9), AsynchronousPolicy(workers)],
+                            workers, steps, choices, lambda d: (d.update, d.release))
+    assert ssp == asp
 
 
 @settings(max_examples=200, deadline=None)
@@ -180,11 +185,9 @@ def test_kbsp_applies_at_most_one_update_per_round_from_k_fresh_gradients(
 @settings(max_examples=200, deadline=None)
 @given(workers=st.integers(1, 6), steps=st.integers(1, 10), choices=interleavings)
 def test_kbsp_with_a_quorum_of_all_workers_is_bsp(workers, steps, choices):
-    kbsp = Cluster(QuorumSynchronousPolicy(workers, workers), workers, steps)
-    bsp = Cluster(BulkSynchronousPolicy(workers), workers, steps)
-    kbsp.run(choices)
-    bsp.run(choices)
-    assert kbsp.decisions == bsp.decisions
+    kbsp, bsp = decisions_of([QuorumSynchronousPolicy(workers, workers),
+                              BulkSynchronousPolicy(workers)], workers, steps, choices)
+    assert kbsp == bsp
 
 
 @settings(max_examples=200, deadline=None)
@@ -202,12 +205,9 @@ def test_kasp_uses_every_gradient_k_at_a_time(workers, quorum, steps, choices):
 @settings(max_examples=200, deadline=None)
 @given(workers=st.integers(1, 6), steps=st.integers(1, 10), choices=interleavings)
 def test_kasp_with_quorum_one_is_asp(workers, steps, choices):
-    kasp = Cluster(QuorumAsynchronousPolicy(workers, 1), workers, steps)
-    asp = Cluster(AsynchronousPolicy(workers), workers, steps)
-    kasp.run(choices)
-    asp.run(choices)
-    assert [(d.update, d.release) for d in kasp.decisions] == [
-        (d.update, d.release) for d in asp.decisions]
+    kasp, asp = decisions_of([QuorumAsynchronousPolicy(workers, 1), AsynchronousPolicy(workers)],
+                             workers, steps, choices, lambda d: (d.update, d.release))
+    assert kasp == asp
 
 
 @settings(max_examples=300, deadline=None)
@@ -266,12 +266,10 @@ def test_value_bound_holds_updates_while_unseen_change_exceeds_it_without_deadlo
 @given(workers=st.integers(1, 6), staleness=st.integers(0, 4), steps=st.integers(1, 10),
        choices=interleavings)
 def test_a_value_bound_never_reached_changes_nothing(workers, staleness, steps, choices):
-    bounded = Cluster(StaleSynchronousPolicy(workers, staleness, value_bound=1e9), workers,
-                      steps)
-    plain = Cluster(StaleSynchronousPolicy(workers, staleness), workers, steps)
-    bounded.run(choices)
-    plain.run(choices)
-    assert bounded.decisions == plain.decisions
+    bounded, plain = decisions_of([StaleSynchronousPolicy(workers, staleness, value_bound=1e9),
+                                   StaleSynchronousPolicy(workers, staleness)],
+                                  workers, steps, choices)
+    assert bounded == plain
 
 
 def test_value_bound_holds_a_push_until_the_slow_worker_has_caught_up():
