@@ -1,4 +1,16 @@
-"""The SQLite run store (`<out>/polyrhythm.db`): one row per run, one per run and epoch."""
+"""The SQLite run store (`<out>/polyrhythm.db`).
+
+Schema version 2 (version 1 had `runs` and `epochs`; opening an older store adds the rest):
+- runs: one row per run (status, config, summary, headline figures);
+- epochs: per run and epoch (losses, validation accuracy, samples/s, wall time);
+- iterations: per run, worker and training step: when it started (seconds since the job's
+  start), and the seconds of compute, push, wait, pull and apply, and in all;
+- pushes: per run and gradient applied on a server: when, from which worker, its staleness and
+  the server's queue (messages waiting behind it);
+- updates: per run and weight update on a server: when, and how long it took;
+- resources: per run, process and sample (about 1 Hz): role, CPU %, RSS bytes and the bytes
+  the process had sent and received so far.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +22,7 @@ from pathlib import Path
 
 from polyrhythm.errors import StoreError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -41,6 +53,60 @@ CREATE TABLE IF NOT EXISTS epochs (
     PRIMARY KEY (run_id, epoch)
 );
 """
+
+_SCHEMA_2 = """
+CREATE TABLE IF NOT EXISTS iterations (
+    run_id TEXT NOT NULL REFERENCES runs(run_id),
+    worker INTEGER NOT NULL,
+    step INTEGER NOT NULL,            -- 0-based over the whole run
+    epoch INTEGER NOT NULL,
+    t REAL NOT NULL,                  -- start, seconds since the job started
+    compute_s REAL NOT NULL,
+    push_s REAL NOT NULL,
+    wait_s REAL NOT NULL,
+    pull_s REAL NOT NULL,
+    apply_s REAL NOT NULL,
+    total_s REAL NOT NULL,
+    PRIMARY KEY (run_id, worker, step)
+);
+CREATE TABLE IF NOT EXISTS pushes (
+    run_id TEXT NOT NULL REFERENCES runs(run_id),
+    server INTEGER NOT NULL,
+    t REAL NOT NULL,
+    worker INTEGER NOT NULL,
+    staleness INTEGER NOT NULL,
+    queue INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS updates (
+    run_id TEXT NOT NULL REFERENCES runs(run_id),
+    server INTEGER NOT NULL,
+    t REAL NOT NULL,
+    seconds REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS resources (
+    run_id TEXT NOT NULL REFERENCES runs(run_id),
+    rank INTEGER NOT NULL,
+    role TEXT NOT NULL,               -- server | worker
+    t REAL NOT NULL,
+    cpu_percent REAL NOT NULL,
+    rss_bytes INTEGER NOT NULL,
+    bytes_sent INTEGER NOT NULL,
+    bytes_received INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS pushes_run ON pushes(run_id);
+CREATE INDEX IF NOT EXISTS updates_run ON updates(run_id);
+CREATE INDEX IF NOT EXISTS resources_run ON resources(run_id);
+"""
+
+# The per-event tables and their columns after run_id, in the order of the rows runs report.
+SERIES = {
+    "iterations": ("worker", "step", "epoch", "t", "compute_s", "push_s", "wait_s", "pull_s",
+                   "apply_s", "total_s"),
+    "pushes": ("server", "t", "worker", "staleness", "queue"),
+    "updates": ("server", "t", "seconds"),
+    "resources": ("rank", "role", "t", "cpu_percent", "rss_bytes", "bytes_sent",
+                  "bytes_received"),
+}
 
 EPOCH_COLUMNS = ("epoch", "train_loss", "val_loss", "val_accuracy", "samples_per_s", "wall_s")
 
@@ -76,6 +142,9 @@ class RunStore:
                              f"({SCHEMA_VERSION}); upgrade polyrhythm")
         if version < 1:
             conn.executescript(_SCHEMA)
+        if version < 2:
+            conn.executescript(_SCHEMA_2)
+        if version < SCHEMA_VERSION:
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def add_run(self, run_id: str, created: str, config, config_toml: str) -> None:
@@ -86,7 +155,9 @@ class RunStore:
                 (run_id, created, config.strategy, config.workers, config.servers,
                  config.epochs, config.dataset, config.model, config_toml))
 
-    def complete_run(self, run_id: str, summary: dict, epochs: list[dict]) -> None:
+    def complete_run(self, run_id: str, summary: dict, epochs: list[dict],
+                     series: dict[str, list[tuple]] | None = None) -> None:
+        """Mark the run completed with its summary, epochs and event series (see SERIES)."""
         with self._connect() as conn:
             conn.execute(
                 "UPDATE runs SET status = 'completed', summary = ?, final_val_accuracy = ?,"
@@ -97,6 +168,11 @@ class RunStore:
                 f"INSERT OR REPLACE INTO epochs (run_id, {', '.join(EPOCH_COLUMNS)})"
                 f" VALUES (?{', ?' * len(EPOCH_COLUMNS)})",
                 [(run_id, *(row[c] for c in EPOCH_COLUMNS)) for row in epochs])
+            for table, rows in (series or {}).items():
+                columns = SERIES[table]
+                conn.executemany(
+                    f"INSERT INTO {table} (run_id, {', '.join(columns)})"
+                    f" VALUES (?{', ?' * len(columns)})", [(run_id, *row) for row in rows])
 
     def fail_run(self, run_id: str, error: str) -> bool:
         """Mark a running run failed; a run already completed stays so. True if marked."""
@@ -116,6 +192,15 @@ class RunStore:
         with self._connect() as conn:
             row = conn.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchone()
             return dict(row) if row else None
+
+    def series(self, table: str, run_id: str) -> list[dict]:
+        """One run's rows of an event table (iterations, pushes, updates, resources)."""
+        if table not in SERIES:
+            raise ValueError(f"unknown series {table!r}")
+        with self._connect() as conn:
+            return [dict(r) for r in conn.execute(
+                f"SELECT {', '.join(SERIES[table])} FROM {table} WHERE run_id = ?"
+                f" ORDER BY t", (run_id,))]
 
     def epochs(self, run_id: str) -> list[dict]:
         with self._connect() as conn:
