@@ -165,7 +165,7 @@ def test_dpsgd_learns_and_sends_its_model_to_both_ring_neighbours_each_step(tmp_
         assert rank["bytes_sent"] == rank["bytes_received"] == 2 * model_bytes(summary) * steps
         assert rank["messages_sent"] == 2 * steps
         assert rank["native_collective_bytes"] == model_bytes(summary)  # the final consensus
-    assert all(w["exchange_s"] > 0 for w in summary["per_worker"])
+    assert all(w["wait_s"] > 0 for w in summary["per_worker"])
     # Epochs are validated on the workers' mean model, as the stored one: the last matches.
     last = summary["epoch_metrics"][-1]
     assert last["val_accuracy"] == pytest.approx(summary["final_val_accuracy"], abs=0.002)

@@ -37,7 +37,7 @@ def test_ssp_holds_fast_workers_back_behind_a_slow_one(tmp_path):
 
     assert fast_over_slow(asp) < 0.6
     assert fast_over_slow(ssp) > 0.85
-    fast_wait = [w["pull_s"] for w in ssp["per_worker"][1:]]
+    fast_wait = [w["wait_s"] for w in ssp["per_worker"][1:]]
     assert min(fast_wait) > 0.5 * 25 * 0.04  # most of the slow worker's extra time
     # Each fast worker (2 of them) can apply at most s + 1 = 2 updates per slow clock, so
     # the slow worker's gradients are at most about 2 * 2 updates stale.

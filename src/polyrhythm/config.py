@@ -72,6 +72,11 @@ class RunConfig(BaseModel):
         [], description="extra seconds of emulated compute per step, one entry per worker"
     )
     threads: int | None = Field(None, description="torch threads per worker (default: cores/N)")
+    warmup_steps: int = Field(
+        5, description="first steps of each worker left out of throughput figures")
+    instrumentation: bool = Field(
+        True, description="record every iteration's spans, server events and ~1 Hz resource "
+        "samples in the store (off: totals only)")
     out: str = Field("runs", description="directory that holds run records and the store")
 
     @model_validator(mode="after")
@@ -173,6 +178,7 @@ def _check_ranges(c: RunConfig, uses_servers: bool) -> None:
         (len(c.worker_delay_s) <= c.workers,
          f"worker_delay_s has {len(c.worker_delay_s)} entries for {c.workers} workers"),
         (c.threads is None or c.threads >= 1, f"threads must be at least 1, got {c.threads}"),
+        (c.warmup_steps >= 0, f"warmup_steps must be at least 0, got {c.warmup_steps}"),
         (c.synthetic_classes >= 2, "synthetic_classes must be at least 2"),
         (c.synthetic_size >= 2 * c.synthetic_classes,
          "synthetic_size must be at least twice synthetic_classes"),

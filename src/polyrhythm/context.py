@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,7 +60,12 @@ class RankContext:
     transport: Transport = field(default_factory=Transport)
     spans: Spans = field(default_factory=Spans)
     progress: ProgressSink = no_progress
+    started: float = field(default_factory=time.perf_counter)  # reset when the job starts
 
     @property
     def worker_index(self) -> int:
         return self.topology.worker_index(self.rank)
+
+    def now(self) -> float:
+        """Seconds since the job started (every rank starts its clock after one barrier)."""
+        return time.perf_counter() - self.started

@@ -16,6 +16,7 @@ from polyrhythm.context import ProgressSink, RankContext, Topology, no_progress
 from polyrhythm.data.datasets import Dataset, load_dataset, train_val_split
 from polyrhythm.data.sharding import steps_per_epoch
 from polyrhythm.flat import BucketLayout, FlatParameters
+from polyrhythm.metrics.sampler import ResourceSampler
 from polyrhythm.models import build_model
 from polyrhythm.server import ParameterServerShard
 from polyrhythm.strategies import STRATEGIES
@@ -46,13 +47,18 @@ def run_rank(config, rank: int, progress: ProgressSink = no_progress,
     train, val = prepare_data(config)
     role = _build_role(ctx, train, val)  # before the clock starts: building is set-up
     dist.barrier()  # start the clock when every process is ready
-    started = time.perf_counter()
-    report = role.run()
+    ctx.started = time.perf_counter()
+    if config.instrumentation:
+        with ResourceSampler(ctx) as sampler:
+            report = role.run()
+        report["resources"] = sampler.samples
+    else:
+        report = role.run()
     reports = [None] * topology.world_size if rank == 0 else None
     dist.gather_object(report, reports, dst=0)
     if rank != 0:
         return None
-    return summarise(config, reports, val, time.perf_counter() - started)
+    return summarise(config, reports, val, ctx.now())
 
 
 def _build_role(ctx: RankContext, train: Dataset, val: Dataset) -> Worker | ParameterServerShard:

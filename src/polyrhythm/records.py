@@ -58,7 +58,7 @@ def complete_run(record: RunRecord, result: RunResult) -> dict:
     torch.save(result.state_dict, record.dir / "model.pt")
     summary["epoch_metrics"] = result.epochs
     (record.dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    record.store.complete_run(record.run_id, summary, result.epochs)
+    record.store.complete_run(record.run_id, summary, result.epochs, result.series)
     return summary
 
 

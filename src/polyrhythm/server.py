@@ -79,6 +79,9 @@ class ParameterServerShard:
         self.capacity = capacity  # elements in the largest bucket: pushes are padded to it
         self.steps_per_epoch = steps_per_epoch
         self.staleness = StalenessLog()
+        self.record = ctx.config.instrumentation
+        self.pushes: list[tuple] = []  # (server, t, worker, staleness, queue) per gradient
+        self.updates: list[tuple] = []  # (server, t, seconds) per weight update
 
     def run(self) -> dict:
         """Serve until every worker has said it is done for every bucket; return a report."""
@@ -100,6 +103,9 @@ class ParameterServerShard:
                 if decision.accumulate:
                     bucket.accumulate(inbox[PUSH_HEADER:], weight, decision.scale)
                     self.staleness.record(staleness)
+                    if self.record:
+                        self.pushes.append((self.ctx.rank, self.ctx.now(), worker, staleness,
+                                            pushes.waiting()))
                 if not kind & REPLY:  # pushed without waiting: nobody to answer
                     decision = replace(decision, release=tuple(
                         w for w in decision.release if w != worker))
@@ -114,8 +120,11 @@ class ParameterServerShard:
 
     def _act(self, key: int, bucket: Bucket, decision: Decision) -> None:
         if decision.update and bucket.pending_weight > 0:
+            began = self.ctx.now()
             with self.ctx.spans("update"):
                 bucket.apply(self.ctx.config, self.steps_per_epoch)
+            if self.record:
+                self.updates.append((self.ctx.rank, began, self.ctx.now() - began))
         ranks = [self.ctx.topology.worker_ranks[w] for w in decision.release]
         for work in [self.ctx.transport.isend(bucket.outbox, r, tag=key) for r in ranks]:
             work.wait()
@@ -133,5 +142,7 @@ class ParameterServerShard:
             "update_s": self.ctx.spans.totals["update"],
             "staleness_histogram": dict(self.staleness.histogram),
             "traffic": vars(self.ctx.transport.counters),
+            "pushes": self.pushes,
+            "updates": self.updates,
             "finished_at": time.time(),
         }

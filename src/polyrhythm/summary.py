@@ -11,9 +11,7 @@ from polyrhythm.data.datasets import Dataset
 from polyrhythm.flat import FlatParameters
 from polyrhythm.metrics.recorder import StalenessLog
 from polyrhythm.models import build_model
-from polyrhythm.worker import evaluate
-
-SPAN_NAMES = ("compute", "push", "pull", "allreduce", "exchange")
+from polyrhythm.worker import SPAN_NAMES, evaluate
 
 
 @dataclass
@@ -23,6 +21,7 @@ class RunResult:
     summary: dict
     epochs: list[dict]
     state_dict: dict[str, torch.Tensor]
+    series: dict[str, list[tuple]]  # event rows for the store (metrics/store.py SERIES)
 
 
 def summarise(config, reports: list[dict], val: Dataset, wall_s: float) -> RunResult:
@@ -43,7 +42,8 @@ def summarise(config, reports: list[dict], val: Dataset, wall_s: float) -> RunRe
         "final_val_accuracy": final["val_accuracy"],
         "final_val_loss": final["val_loss"],
         "parameters": sum(p.numel() for p in model.parameters()),
-        "samples_per_s": sum(_samples(w) / _seconds(w) for w in workers),  # cluster total
+        "samples_per_s": sum(_throughput(w["epochs"]) for w in workers),  # cluster total
+        "warmup_steps": config.warmup_steps,
         "wall_s": wall_s,
         "weight_updates": _weight_updates(servers, workers),
         "weight_updates_per_server": [s["weight_updates"] for s in servers],
@@ -53,7 +53,11 @@ def summarise(config, reports: list[dict], val: Dataset, wall_s: float) -> RunRe
         "per_worker": [_worker_times(w) for w in workers],
         "traffic_per_rank": [{"rank": r["rank"], **r["traffic"]} for r in reports],
     }
-    return RunResult(summary, _epoch_rows(workers), model.state_dict())
+    series = {"iterations": [row for w in workers for row in w["iterations"]],
+              "pushes": [row for s in servers for row in s["pushes"]],
+              "updates": [row for s in servers for row in s["updates"]],
+              "resources": [row for r in reports for row in r.get("resources", [])]}
+    return RunResult(summary, _epoch_rows(workers), model.state_dict(), series)
 
 
 def _final_model(config, reports: list[dict], val: Dataset) -> torch.nn.Module:
@@ -64,12 +68,17 @@ def _final_model(config, reports: list[dict], val: Dataset) -> torch.nn.Module:
     return model
 
 
-def _samples(worker: dict) -> int:
-    return sum(e["samples"] for e in worker["epochs"])
-
-
 def _seconds(worker: dict) -> float:
     return sum(e["seconds"] for e in worker["epochs"])
+
+
+def _throughput(epochs: list[dict]) -> float:
+    """Samples/s after the warm-up steps (all steps if the warm-up took every one)."""
+    samples = sum(e["measured_samples"] for e in epochs)
+    seconds = sum(e["measured_seconds"] for e in epochs)
+    if samples == 0 or seconds <= 0:
+        samples, seconds = sum(e["samples"] for e in epochs), sum(e["seconds"] for e in epochs)
+    return samples / seconds
 
 
 def _weight_updates(servers: list[dict], workers: list[dict]) -> int:
@@ -80,10 +89,12 @@ def _weight_updates(servers: list[dict], workers: list[dict]) -> int:
 
 
 def _worker_times(worker: dict) -> dict:
-    spans = worker["spans"]
-    return {"worker": worker["worker"], "steps": worker["steps"], "train_s": _seconds(worker),
-            "samples_per_s": _samples(worker) / _seconds(worker),
-            **{f"{name}_s": spans.get(name, 0.0) for name in SPAN_NAMES}}
+    spans, train_s = worker["spans"], _seconds(worker)
+    return {"worker": worker["worker"], "steps": worker["steps"], "train_s": train_s,
+            "samples_per_s": _throughput(worker["epochs"]),
+            **{f"{name}_s": spans.get(name, 0.0) for name in SPAN_NAMES},
+            # Share of training time blocked on servers or peers for parameters.
+            "idleness": spans.get("wait", 0.0) / train_s if train_s > 0 else 0.0}
 
 
 def _epoch_rows(workers: list[dict]) -> list[dict]:
@@ -96,7 +107,7 @@ def _epoch_rows(workers: list[dict]) -> list[dict]:
             "train_loss": sum(p["train_loss"] for p in per_worker) / len(per_worker),
             "val_loss": first["val_loss"],
             "val_accuracy": first["val_accuracy"],
-            "samples_per_s": sum(p["samples"] / p["seconds"] for p in per_worker),
+            "samples_per_s": sum(_throughput([p]) for p in per_worker),
             "wall_s": max(p["wall_s"] for p in per_worker),
         })
     return rows

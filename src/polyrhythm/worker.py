@@ -23,6 +23,7 @@ from polyrhythm.models import build_model
 from polyrhythm.strategies import STRATEGIES
 
 PROGRESS_INTERVAL_S = 0.25
+SPAN_NAMES = ("compute", "push", "wait", "pull", "apply")  # what an iteration is made of
 
 
 @torch.no_grad()
@@ -65,11 +66,13 @@ class Worker:
         self.consensus = self.strategy.consensus_weight() is not None
         self.snapshots: list[torch.Tensor] = []
         self.snapshot_weights: list[float] = []
+        # Per iteration: (worker, step, epoch, t, compute, push, wait, pull, apply, total).
+        self.iterations: list[tuple] = []
+        self.global_step = 0
 
     def run(self) -> dict:
         """Train for the configured epochs; return this worker's report."""
-        started = time.perf_counter()
-        epochs = [self._epoch(e, started) for e in range(self.ctx.config.epochs)]
+        epochs = [self._epoch(e) for e in range(self.ctx.config.epochs)]
         self.strategy.finish()  # decentralised strategies may agree on a final model here
         final = self.flat.data.clone()
         if self.consensus:
@@ -86,29 +89,48 @@ class Worker:
             "steps": self.steps * len(epochs),
             "spans": dict(self.ctx.spans.totals),
             "traffic": vars(self.ctx.transport.counters),
+            "iterations": self.iterations,
         }
         if self.ctx.worker_index == 0 and not self.spec.uses_servers:  # no server holds it
             report["shard"] = (0, len(self.flat), final)
         return report
 
-    def _epoch(self, epoch: int, started: float) -> dict:
-        order = epoch_order(self.shard, epoch, self.ctx.config.seed, self.ctx.worker_index)
+    def _epoch(self, epoch: int) -> dict:
+        ctx, config = self.ctx, self.ctx.config
+        order = epoch_order(self.shard, epoch, config.seed, ctx.worker_index)
         t0, loss_sum = time.perf_counter(), 0.0
+        measured_from = None  # when this epoch's first step after the warm-up began
         for step in range(self.steps):
-            idx = torch.from_numpy(batch_slice(order, self.batch, step))
-            self.strategy.begin_step(epoch)
-            with self.ctx.spans("compute"):
+            began = time.perf_counter()
+            if measured_from is None and self.global_step >= config.warmup_steps:
+                measured_from = began
+            with ctx.spans("compute"):
+                idx = torch.from_numpy(batch_slice(order, self.batch, step))
+                self.strategy.begin_step(epoch)
                 if self.delay:
                     time.sleep(self.delay)  # emulated slower compute
                 loss = train_step(self.model, self.train.x[idx], self.train.y[idx])
             self.strategy.step(epoch)
+            ended = time.perf_counter()
+            spans = ctx.spans.take()
+            if config.instrumentation:
+                self.iterations.append((
+                    ctx.worker_index, self.global_step, epoch, began - ctx.started,
+                    *(spans.get(name, 0.0) for name in SPAN_NAMES), ended - began))
+            self.global_step += 1
             loss_sum += loss
-            self._progress(epoch, step + 1, loss, (step + 1) * self.batch / (
-                time.perf_counter() - t0))
-        seconds = time.perf_counter() - t0
+            self._progress(epoch, step + 1, loss, (step + 1) * self.batch / (ended - t0))
+        ended = time.perf_counter()
         record = {"epoch": epoch, "train_loss": loss_sum / self.steps,
-                  "samples": self.steps * self.batch, "seconds": seconds,
-                  "wall_s": time.perf_counter() - started}
+                  "samples": self.steps * self.batch, "seconds": ended - t0,
+                  "wall_s": ended - ctx.started}
+        # Throughput leaves out the warm-up steps (first iterations pay for lazy set-up).
+        if measured_from is not None:
+            measured_steps = min(self.steps, self.global_step - config.warmup_steps)
+            record["measured_samples"] = measured_steps * self.batch
+            record["measured_seconds"] = ended - measured_from
+        else:
+            record["measured_samples"], record["measured_seconds"] = 0, 0.0
         # Validated after training: evaluating now would stall the other workers and count
         # as their communication time.
         if self.consensus:

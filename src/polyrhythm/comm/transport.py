@@ -85,6 +85,10 @@ class PushReceiver:
         self.transport.count_received(self.buffers[src])
         return src, self.buffers[src]
 
+    def waiting(self) -> int:
+        """Messages arrived and not yet taken: the server's queue."""
+        return self._arrived.qsize()
+
     def release(self, src: int, more: bool = True) -> None:
         """The buffer of `src` is free again; post its next receive unless it sends no more."""
         self._go_on[src].put(more)

@@ -9,10 +9,12 @@ from contextlib import contextmanager
 
 
 class Spans:
-    """Total seconds spent in each named span (compute, push, pull, update, ...)."""
+    """Seconds spent in each named span (compute, push, wait, pull, apply, update): in all,
+    and since the last `take()` (one training iteration)."""
 
     def __init__(self) -> None:
         self.totals: dict[str, float] = defaultdict(float)
+        self.current: dict[str, float] = defaultdict(float)
 
     @contextmanager
     def __call__(self, name: str) -> Iterator[None]:
@@ -20,7 +22,14 @@ class Spans:
         try:
             yield
         finally:
-            self.totals[name] += time.perf_counter() - start
+            elapsed = time.perf_counter() - start
+            self.totals[name] += elapsed
+            self.current[name] += elapsed
+
+    def take(self) -> dict[str, float]:
+        """The seconds per span since the last call, and start counting anew."""
+        current, self.current = self.current, defaultdict(float)
+        return current
 
 
 class StalenessLog:

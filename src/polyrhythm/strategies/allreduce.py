@@ -25,12 +25,15 @@ class AllReduceWorker(Strategy):
         self.algorithm = algorithm
 
     def step(self, epoch: int) -> None:
-        grad = self.flat.grad().mul_(self.batch_weight)  # weighted: the sum is the global mean
-        with self.ctx.spans("allreduce"):
+        with self.ctx.spans("push"):  # weighted: the sum is the global mean
+            grad = self.flat.grad().mul_(self.batch_weight)
+        # A collective sends, waits and receives at once: it all counts as waiting for peers.
+        with self.ctx.spans("wait"):
             if self.algorithm == NATIVE:
                 self.ctx.transport.count_collective(grad)
                 dist.all_reduce(grad)
             else:
                 all_reduce(self.ctx.transport, grad, self.ctx.topology.worker_ranks,
                            self.ctx.rank, self.algorithm)
-        self.optimizer.step(grad, lr_at(self.ctx.config, epoch))
+        with self.ctx.spans("apply"):
+            self.optimizer.step(grad, lr_at(self.ctx.config, epoch))

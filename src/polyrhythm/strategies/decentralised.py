@@ -46,7 +46,7 @@ def average_models(ctx: RankContext, data: torch.Tensor, weight: float) -> None:
 
     The weights must sum to 1 over the workers, as batch shares do.
     """
-    with ctx.spans("allreduce"):
+    with ctx.spans("wait"):
         data.mul_(weight)
         ctx.transport.count_collective(data)
         dist.all_reduce(data)
@@ -64,7 +64,8 @@ class DecentralisedWorker(Strategy):
         return self.batch_weight
 
     def local_step(self, epoch: int) -> None:
-        self.optimizer.step(self.flat.grad(), lr_at(self.ctx.config, epoch))
+        with self.ctx.spans("apply"):
+            self.optimizer.step(self.flat.grad(), lr_at(self.ctx.config, epoch))
         self.steps += 1
 
 
@@ -134,18 +135,19 @@ class RingExchangeWorker(DecentralisedWorker):
 
     def step(self, epoch: int) -> None:
         transport, index = self.ctx.transport, self.ctx.worker_index
-        with self.ctx.spans("exchange"):
+        with self.ctx.spans("wait"):
             self.outbox.copy_(self.flat.data)
             receives = [transport.irecv(self.inbox[j], rank, RING_TAG)
                         for j, rank in self.neighbours.items()]
             sends = [transport.isend(self.outbox, rank, RING_TAG)
                      for rank in self.neighbours.values()]
         self.local_step(epoch)  # overlaps the exchange
-        with self.ctx.spans("exchange"):
+        with self.ctx.spans("wait"):
             for work in receives + sends:
                 work.wait()
-        mixed = mix({index: self.outbox, **self.inbox}, self.weights)
-        self.flat.data.add_(mixed.sub_(self.outbox))
+        with self.ctx.spans("apply"):
+            mixed = mix({index: self.outbox, **self.inbox}, self.weights)
+            self.flat.data.add_(mixed.sub_(self.outbox))
 
     def finish(self) -> None:
         """Consensus: every worker takes the batch-weighted mean of all models."""
@@ -259,7 +261,7 @@ class GossipWorker(DecentralisedWorker):
 
     def step(self, epoch: int) -> None:
         self.local_step(epoch)
-        with self.ctx.spans("exchange"):
+        with self.ctx.spans("wait"):
             while (arrived := self.inbox.take(block=False)) is not None:
                 self._handle(*arrived)
             if self.peers and self.rng.random() < self.p:
@@ -281,7 +283,7 @@ class GossipWorker(DecentralisedWorker):
         self.sending = self.ctx.transport.isend(self.outbox, rank, GOSSIP_TAG)
 
     def finish(self) -> None:
-        with self.ctx.spans("exchange"):
+        with self.ctx.spans("wait"):
             if self.sending is not None:
                 self.sending.wait()
             # A DONE follows this worker's last model to each peer (messages between two
@@ -296,7 +298,7 @@ class GossipWorker(DecentralisedWorker):
         # Consensus: the alpha-weighted mean. Messages in flight have all been merged, so the
         # alphas sum to 1 up to float64 rounding, which dividing by their sum removes.
         total = torch.tensor([self.alpha], dtype=torch.float64)
-        with self.ctx.spans("allreduce"):
+        with self.ctx.spans("wait"):
             self.ctx.transport.count_collective(total)
             dist.all_reduce(total)
         average_models(self.ctx, self.flat.data, self.alpha / total.item())

@@ -31,20 +31,22 @@ class ElasticAveragingWorker(Strategy):
         self.steps = 0
 
     def step(self, epoch: int) -> None:
-        self.optimizer.step(self.flat.grad(), lr_at(self.ctx.config, epoch))
+        with self.ctx.spans("apply"):
+            self.optimizer.step(self.flat.grad(), lr_at(self.ctx.config, epoch))
         self.steps += 1
         if self.steps % self.tau == 0:
             self._exchange()
 
     def _exchange(self) -> None:
         link = self.link
-        with self.ctx.spans("pull"):
+        with self.ctx.spans("push"):
             link.expect_replies()
             link.send_all(FETCH, self.steps)
             link.wait_sends()
-            link.wait_replies(self.centre)
-        elastic = (self.flat.data - self.centre).mul_(self.alpha)
-        self.flat.data.sub_(elastic)
+        link.wait_replies(self.centre)
+        with self.ctx.spans("apply"):
+            elastic = (self.flat.data - self.centre).mul_(self.alpha)
+            self.flat.data.sub_(elastic)
         with self.ctx.spans("push"):
             link.send_all(GRADIENT, self.steps, elastic)
             link.wait_sends()

@@ -62,12 +62,15 @@ class ServerLink:
         self.sends = [None] * len(self.buckets)
 
     def wait_replies(self, into: torch.Tensor) -> None:
-        """Wait for every bucket's reply and write its parameters into `into`."""
-        for work in self.receives:
-            work.wait()
-        for k, (_, a, b) in enumerate(self.buckets):
-            self.pulled[k] = int(self.inbox[k][0])
-            into[a:b] = self.inbox[k][REPLY_HEADER:]
+        """Wait for every bucket's reply (span "wait": blocked on the servers) and write its
+        parameters into `into` (span "pull")."""
+        with self.ctx.spans("wait"):
+            for work in self.receives:
+                work.wait()
+        with self.ctx.spans("pull"):
+            for k, (_, a, b) in enumerate(self.buckets):
+                self.pulled[k] = int(self.inbox[k][0])
+                into[a:b] = self.inbox[k][REPLY_HEADER:]
 
     def leave(self) -> None:
         """Tell every server this worker is done."""
@@ -139,13 +142,13 @@ class ParameterServerWorker(Strategy):
                 link.send_all(FETCH, self.clock)
             if self.pushing or self.fetching:
                 link.wait_sends()
-        if self.pushing:
-            self.grad.zero_()
+            if self.pushing:
+                self.grad.zero_()
         if self.fetching:
-            with self.ctx.spans("pull"):
-                link.wait_replies(self.flat.data)
+            link.wait_replies(self.flat.data)
         else:  # Downpour between fetches: step the local replica
-            self.flat.data.add_(self.flat.grad(), alpha=-lr_at(self.ctx.config, epoch))
+            with self.ctx.spans("apply"):
+                self.flat.data.add_(self.flat.grad(), alpha=-lr_at(self.ctx.config, epoch))
 
     def finish(self) -> None:
         if self.steps % self.push_every:  # Downpour: gradients of the last steps, not pushed
