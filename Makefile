@@ -25,6 +25,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/overhead.py
 	$(BIN)/python benchmarks/collectives.py
+	$(BIN)/python benchmarks/instrumentation.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -11,8 +11,9 @@ the algorithms' order rotating between repetitions so drift in machine load hits
 A block starts after a barrier; its time is the slowest rank's (an all-reduce is done when the
 last member is), divided by the block's all-reduces. The table shows the median over
 repetitions; the ring/native ratio is the median of the per-repetition ratios (paired: each
-repetition's ring and native blocks ran moments apart, under the same load). On a 2-core machine 4 processes are oversubscribed; native and ours share that
-handicap, so the ratio, not the absolute figure, is the result.
+repetition's ring and native blocks ran moments apart, under the same load). On a 2-core
+machine 4 processes are oversubscribed; native and ours share that handicap, so the ratio,
+not the absolute figure, is the result.
 
     python benchmarks/collectives.py             # 10-30 seconds on 2 cores
     python benchmarks/collectives.py --quick     # smoke run: tiny tensors, 1 repetition

@@ -27,3 +27,13 @@ def test_collectives_benchmark_smoke_prints_ring_ratios():
                         done.stdout, re.MULTILINE)
     assert [size for size, _, _ in ratios] == ["4 KiB", "64 KiB"], done.stdout
     assert all(float(ratio) > 0 for _, ratio, _ in ratios)
+
+
+def test_instrumentation_benchmark_smoke_prints_the_ratio():
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "instrumentation.py"), "--quick"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    row = re.search(r"^instrumentation on/off \(bsp, 2 workers\): (\d+\.\d+) "
+                    r"\(target >= 0\.97\) (PASS|MISS)$", done.stdout, re.MULTILINE)
+    assert row, done.stdout
+    assert float(row.group(1)) > 0

@@ -1,0 +1,74 @@
+"""Reports on stored runs: tables and figures comparing strategies, as HTML or Markdown.
+
+    from polyrhythm.report import write_report
+    write_report("runs/polyrhythm.db", run_ids, "report/", "ASP against BSP")
+
+HTML: `report.html`, one self-contained file (figures embedded as data: URIs, inline CSS, no
+script, nothing fetched), and each figure as `<name>.png` beside it. Markdown: `report.md`
+with the tables and the figures by file name, and the PNGs. Runs that share a label (the
+strategy and the config fields that differ between runs, the seed aside) are repeats:
+figures show their mean and spread. Failed runs appear in the table of runs only.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections import Counter
+from datetime import UTC, datetime
+from pathlib import Path
+
+from polyrhythm.errors import ConfigError, StoreError
+from polyrhythm.report.data import group_runs, load_runs
+from polyrhythm.report.figures import FIGURES, render
+from polyrhythm.report.html import render_html
+from polyrhythm.report.markdown import render_markdown
+from polyrhythm.report.tables import tables
+
+FORMATS = {"html": ("report.html", render_html), "md": ("report.md", render_markdown)}
+FIGURE_NAMES = tuple(spec.name for spec in FIGURES)
+
+__all__ = ["FIGURE_NAMES", "FORMATS", "write_report"]
+
+
+def write_report(store_path: str | Path, run_ids: list[str], out_dir: str | Path, title: str,
+                 fmt: str = "html") -> Path:
+    """Write the report on these runs of the store into out_dir; return the report's path.
+
+    Raises ConfigError for an unknown format or no run ids, StoreError for a missing store,
+    unknown run ids, no completed run among them, or an out_dir that cannot be written.
+    """
+    if fmt not in FORMATS:
+        raise ConfigError(f"unknown report format {fmt!r}; valid: {', '.join(FORMATS)}")
+    runs = load_runs(store_path, run_ids)
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        if not os.access(out, os.W_OK | os.X_OK):  # fail before drawing, not after
+            raise PermissionError(errno.EACCES, "permission denied")
+    except OSError as exc:
+        raise _unwritable(out, exc) from None
+    groups = group_runs(runs)
+    figures = render(groups)
+    statuses = Counter(r.row["status"] for r in runs)
+    intro = (f"{len(runs)} run{'s' if len(runs) != 1 else ''} "
+             f"({', '.join(f'{n} {s}' for s, n in statuses.items())}) in {len(groups)} "
+             f"group{'s' if len(groups) != 1 else ''}, from {Path(store_path)}; "
+             f"generated {datetime.now(UTC):%Y-%m-%d %H:%M} UTC.")
+    name, writer = FORMATS[fmt]
+    text = writer(title, intro, tables(runs, groups), figures)
+    try:
+        for figure in figures:
+            path = out / figure.file_name
+            if figure.png is None:
+                path.unlink(missing_ok=True)  # a previous report's figure would mislead
+            else:
+                path.write_bytes(figure.png)
+        (out / name).write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise _unwritable(out, exc) from None
+    return out / name
+
+
+def _unwritable(out: Path, exc: OSError) -> StoreError:
+    return StoreError(f"cannot write the report to {str(out)!r}: {exc.strerror or exc}")

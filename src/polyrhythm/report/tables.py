@@ -1,0 +1,108 @@
+"""The report's tables as text cells, for the HTML and the Markdown writers alike."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from polyrhythm.report.data import Group, Run
+from polyrhythm.report.measures import (
+    PHASES,
+    Stats,
+    final_accuracy,
+    idleness,
+    staleness_mean,
+    stats,
+    throughput,
+    wall_time,
+    weight_updates,
+)
+from polyrhythm.report.system import breakdown
+
+NONE = "–"
+
+
+@dataclass(frozen=True)
+class Table:
+    id: str
+    title: str
+    caption: str
+    headers: tuple[str, ...]
+    rows: list[tuple[str, ...]]
+
+
+def _num(value: float | None, digits: int = 0) -> str:
+    return NONE if value is None else f"{value:,.{digits}f}"
+
+
+def _percent(value: float | None) -> str:
+    return NONE if value is None else f"{100 * value:.2f}"
+
+
+def _mean_std(s: Stats | None, digits: int, scale: float = 1.0) -> str:
+    if s is None:
+        return NONE
+    text = f"{s.mean * scale:,.{digits}f}"
+    return text + (f" ± {s.std * scale:,.{digits}f}" if s.n > 1 else "")
+
+
+def _range(s: Stats | None, digits: int, scale: float = 1.0) -> str:
+    return NONE if s is None else f"{s.min * scale:,.{digits}f} – {s.max * scale:,.{digits}f}"
+
+
+def runs_table(runs: list[Run]) -> Table:
+    rows = []
+    for run in runs:
+        r = run.row
+        rows.append((run.run_id, r["status"], run.label, r["strategy"], str(r["workers"]),
+                     str(r["servers"]), str(r["epochs"]), _percent(final_accuracy(run)),
+                     _num(throughput(run)), _num(wall_time(run), 1), _num(weight_updates(run)),
+                     _num(staleness_mean(run), 2) if run.completed else NONE,
+                     r.get("error") or ""))
+    return Table("runs-table", "Runs", "Every run the report covers; failed and unfinished "
+                 "runs appear here only, not in the figures.",
+                 ("run id", "status", "group", "strategy", "workers", "servers", "epochs",
+                  "final val acc (%)", "samples/s", "wall (s)", "weight updates",
+                  "staleness mean", "error"), rows)
+
+
+def groups_table(groups: list[Group]) -> Table:
+    rows = []
+    for g in groups:
+        acc = stats(final_accuracy(r) for r in g.runs)
+        sps = stats(throughput(r) for r in g.runs)
+        wall = stats(wall_time(r) for r in g.runs)
+        rows.append((g.label, str(len(g.runs)), _mean_std(acc, 2, 100), _range(acc, 2, 100),
+                     _mean_std(sps, 0), _range(sps, 0), _mean_std(wall, 1), _range(wall, 1)))
+    return Table("groups-table", "Groups", "Completed runs grouped by strategy and the config "
+                 "fields that differ between them (the seed aside): mean ± sample standard "
+                 "deviation over repeats, and min – max.",
+                 ("group", "runs", "final val acc (%) mean ± std", "final val acc min – max",
+                  "samples/s mean ± std", "samples/s min – max", "wall (s) mean ± std",
+                  "wall (s) min – max"), rows)
+
+
+def breakdown_table(groups: list[Group]) -> Table:
+    phases = {g.label: ms for g, ms in breakdown(groups)}
+    rows = []
+    for g in groups:
+        ms = phases.get(g.label)
+        cells = [_num(np.mean([m[p] for m in ms]) * 1000, 2) if ms else NONE
+                 for p in (*PHASES, "other")]
+        total = stats(sum(m.values()) * 1000 for m in ms) if ms else None
+        idle = stats(v for r in g.runs for v in idleness(r))
+        rows.append((g.label, *cells, _mean_std(total, 2), _mean_std(idle, 1, 100),
+                     _mean_std(stats(weight_updates(r) for r in g.runs), 0),
+                     _mean_std(stats(staleness_mean(r) for r in g.runs), 2)))
+    return Table("breakdown-table", "Time breakdown", "Per group, means over repeats of the "
+                 "milliseconds per iteration in each phase (each worker's warm-up steps left "
+                 "out, as in samples/s), idleness (wait / iteration time, over workers), "
+                 "weight updates and the mean staleness of applied gradients.",
+                 ("group", "compute (ms)", "push (ms)", "wait (ms)", "pull (ms)", "apply (ms)",
+                  "other (ms)", "total (ms)", "idleness (%)", "weight updates",
+                  "staleness mean"), rows)
+
+
+def tables(runs: list[Run], groups: list[Group]) -> list[Table]:
+    return [runs_table(runs), groups_table(groups), breakdown_table(groups)]

@@ -1,0 +1,281 @@
+"""The report writer, on a store of fabricated runs (no training): files, figures, tables,
+errors, and (where Debian's chromium is installed) a headless render without console errors."""
+
+from __future__ import annotations
+
+import base64
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from polyrhythm.config import make_config
+from polyrhythm.errors import PolyrhythmError, StoreError
+from polyrhythm.metrics.store import RunStore
+from polyrhythm.report import FIGURE_NAMES, write_report
+from polyrhythm.report.data import group_runs, load_runs
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+TABLE_IDS = ("runs-table", "groups-table", "breakdown-table")
+STEPS_PER_EPOCH = 40
+EPOCHS = 3
+# Seconds per step in each phase by strategy: (compute, push, wait, pull, apply).
+PHASE_S = {"bsp": (0.040, 0.004, 0.012, 0.004, 0.0), "asp": (0.040, 0.004, 0.001, 0.004, 0.0),
+           "allreduce": (0.040, 0.0, 0.006, 0.0, 0.002)}
+RSS_MIB = {"bsp": 180, "asp": 200, "allreduce": 160}
+
+
+def fabricate_run(store: RunStore, tmp_path, strategy: str, seed: int, workers: int = 4,
+                  index: int = 0, series: bool = True) -> str:
+    """Store one completed run with plausible summary, epochs and event series."""
+    config = make_config({"strategy": strategy, "workers": workers, "epochs": EPOCHS,
+                          "seed": seed, "out": str(tmp_path / "runs")})
+    run_id = f"20260101-0000{index:02d}-{strategy}-{seed:06x}"
+    store.add_run(run_id, f"2026-01-01T00:00:{index:02d}+00:00", config, config.to_toml())
+    rng = np.random.default_rng(seed + 100 * index)
+    phases = np.array(PHASE_S[strategy]) * (1 + 0.1 * rng.standard_normal(5)).clip(0.5)
+    step_s = phases.sum() + 0.001
+    iterations, t = [], np.zeros(workers)
+    for step in range(STEPS_PER_EPOCH * EPOCHS):
+        for w in range(workers):
+            spans = phases * rng.uniform(0.7, 1.3, 5)
+            total = spans.sum() + 0.001
+            iterations.append((w, step, step // STEPS_PER_EPOCH, float(t[w]), *spans, total))
+            t[w] += total
+    wall = float(t.max()) + 0.5
+    servers = config.servers
+    pushes = [(0, float(it[3] + it[9]), it[0], int(rng.poisson(0 if strategy == "bsp" else 2)),
+               int(rng.integers(0, workers))) for it in iterations] if servers else []
+    updates = [(0, p[1], float(rng.uniform(0.001, 0.003))) for p in pushes]
+    if strategy == "bsp":
+        updates = updates[::workers]
+    resources = []
+    for rank in range(servers + workers):
+        role = "server" if rank < servers else "worker"
+        sent, rss_mib = 0, RSS_MIB[strategy] + 10 * (rank < servers)
+        for second in range(int(wall) + 1):
+            sent += int(rng.uniform(2e6, 4e6))
+            resources.append((rank, role, float(second), float(rng.uniform(60, 100)),
+                              (rss_mib + second) * 2**20, sent, sent // 2))
+    accuracy = [0.80 + 0.06 * e + 0.01 * rng.standard_normal() for e in range(EPOCHS)]
+    epochs = [{"epoch": e, "train_loss": 1.0 / (e + 1), "val_loss": 1.2 / (e + 1),
+               "val_accuracy": accuracy[e], "samples_per_s": 16 * workers / step_s,
+               "wall_s": wall * (e + 1) / EPOCHS} for e in range(EPOCHS)]
+    histogram = np.bincount([p[3] for p in pushes]) if pushes else []
+    summary = {
+        "run_id": run_id, "status": "completed", "strategy": strategy, "workers": workers,
+        "servers": servers, "epochs": EPOCHS, "final_val_accuracy": accuracy[-1],
+        "final_val_loss": 0.4,
+        "samples_per_s": 16 * workers / step_s * (1 + 0.03 * rng.random()),
+        "wall_s": wall, "weight_updates": len(updates) or STEPS_PER_EPOCH * EPOCHS,
+        "weight_updates_per_server": [len(updates)] if servers else [],
+        "staleness_histogram": {str(s): int(n) for s, n in enumerate(histogram) if n},
+        "per_worker": [{"worker": w, "steps": STEPS_PER_EPOCH * EPOCHS, "train_s": float(t[w]),
+                        "samples_per_s": 16 / step_s, "idleness": phases[2] / step_s,
+                        **{f"{p}_s": sum(it[4 + i] for it in iterations if it[0] == w)
+                           for i, p in enumerate(("compute", "push", "wait", "pull", "apply"))}}
+                       for w in range(workers)],
+        "traffic_per_rank": [{"rank": r, "bytes_sent": 1000, "bytes_received": 1000,
+                              "messages_sent": 10, "messages_received": 10,
+                              "native_collective_bytes": 0} for r in range(servers + workers)],
+    }
+    store.complete_run(run_id, summary, epochs, {
+        "iterations": iterations, "pushes": pushes, "updates": updates,
+        "resources": resources} if series else None)
+    return run_id
+
+
+def fail_run(store: RunStore, tmp_path, index: int) -> str:
+    config = make_config({"strategy": "asp", "workers": 4, "epochs": EPOCHS,
+                          "out": str(tmp_path / "runs")})
+    run_id = f"20260101-0000{index:02d}-asp-failed"
+    store.add_run(run_id, f"2026-01-01T00:00:{index:02d}+00:00", config, config.to_toml())
+    store.fail_run(run_id, "rank 2 (worker 1) was killed by SIGKILL | out of memory")
+    return run_id
+
+
+@pytest.fixture(scope="module")
+def fabricated(tmp_path_factory):
+    """bsp, asp (one server each) and allreduce (none), twice each, and one failed run."""
+    tmp_path = tmp_path_factory.mktemp("store")
+    store = RunStore(tmp_path / "polyrhythm.db")
+    ids = [fabricate_run(store, tmp_path, strategy, seed, index=i * 2 + seed)
+           for i, strategy in enumerate(("bsp", "asp", "allreduce")) for seed in (0, 1)]
+    ids.append(fail_run(store, tmp_path, index=len(ids)))
+    return store.path, ids
+
+
+@pytest.fixture(scope="module")
+def html_report(fabricated, tmp_path_factory):
+    store_path, ids = fabricated
+    out = tmp_path_factory.mktemp("report")
+    return write_report(store_path, ids, out, "Strategies <compared>")
+
+
+def _images(html: str) -> list[str]:
+    return re.findall(r'<img[^>]*\ssrc="([^"]*)"', html)
+
+
+def test_html_report_is_one_self_contained_file_with_every_figure_and_table(html_report,
+                                                                            fabricated):
+    assert html_report.name == "report.html" and html_report.is_file()
+    html = html_report.read_text(encoding="utf-8")
+    for name in (*FIGURE_NAMES, *TABLE_IDS):
+        assert f'id="{name}"' in html, name
+    assert "No data" not in html  # the fabricated runs have data for every figure
+    assert 'src="http' not in html and 'href="http' not in html
+    assert "<script" not in html and "<link rel=\"stylesheet\"" not in html
+    assert re.findall(r'\ssrc="([^"]*)"', html) == _images(html)
+    assert len(_images(html)) == len(FIGURE_NAMES)
+    for uri in _images(html):
+        assert uri.startswith("data:image/png;base64,")
+        assert base64.b64decode(uri.split(",", 1)[1]).startswith(PNG_MAGIC)
+    for href in re.findall(r'href="([^"]*)"', html):
+        assert href.startswith(("#", "data:")), href
+    assert "Strategies &lt;compared&gt;" in html
+    _, ids = fabricated
+    for run_id in ids:
+        assert run_id in html
+    assert "killed by SIGKILL" in html  # the failed run's error, in the table of runs
+
+
+def test_every_figure_is_also_a_png_file(html_report):
+    html = html_report.read_text(encoding="utf-8")
+    listed = re.findall(r"Also saved as <code>([^<]+)</code>", html)
+    assert sorted(listed) == sorted(f"{name}.png" for name in FIGURE_NAMES)
+    for name in listed:
+        data = (html_report.parent / name).read_bytes()
+        assert len(data) > 1000 and data.startswith(PNG_MAGIC), name
+
+
+def test_groups_are_strategies_and_repeats_share_them(fabricated):
+    store_path, ids = fabricated
+    runs = load_runs(store_path, ids)
+    groups = group_runs(runs)
+    assert [(g.label, len(g.runs)) for g in groups] == [("bsp", 2), ("asp", 2),
+                                                         ("allreduce", 2)]
+    assert runs[-1].label == "asp" and not runs[-1].completed  # labelled, in no group
+
+
+def test_markdown_report_has_the_tables_and_references_the_pngs(fabricated, tmp_path):
+    store_path, ids = fabricated
+    path = write_report(store_path, ids, tmp_path / "md", "Strategies", fmt="md")
+    assert path == tmp_path / "md" / "report.md"
+    text = path.read_text(encoding="utf-8")
+    rows = [line for line in text.splitlines() if line.startswith("| 2026")]
+    for run_id in ids:
+        assert any(line.startswith(f"| {run_id} |") for line in rows), run_id
+    failed = next(line for line in rows if "failed" in line)
+    assert "SIGKILL \\| out of memory" in failed  # a pipe in a cell does not split it
+    for heading in ("## Runs", "## Groups", "## Time breakdown"):
+        assert heading in text
+    assert "± " in text  # repeats: mean ± std
+    for name in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text):
+        assert (path.parent / name).read_bytes().startswith(PNG_MAGIC)
+    assert len(re.findall(r"!\[", text)) == len(FIGURE_NAMES)
+
+
+def _one_line_error(excinfo) -> str:
+    message = str(excinfo.value)
+    assert isinstance(excinfo.value, PolyrhythmError)
+    assert message and "\n" not in message
+    return message
+
+
+def test_unknown_run_id_is_a_one_line_error(fabricated, tmp_path):
+    store_path, ids = fabricated
+    with pytest.raises(StoreError) as excinfo:
+        write_report(store_path, [ids[0], "no-such-run"], tmp_path / "out", "x")
+    assert "no-such-run" in _one_line_error(excinfo)
+    assert not (tmp_path / "out").exists()
+
+
+def test_no_completed_run_is_a_one_line_error(fabricated, tmp_path):
+    store_path, ids = fabricated
+    with pytest.raises(StoreError) as excinfo:
+        write_report(store_path, [ids[-1]], tmp_path / "out", "x")
+    assert "completed" in _one_line_error(excinfo)
+
+
+def test_missing_store_unwritable_out_dir_and_unknown_format(fabricated, tmp_path):
+    store_path, ids = fabricated
+    with pytest.raises(PolyrhythmError) as excinfo:
+        write_report(tmp_path / "nowhere.db", ids, tmp_path / "out", "x")
+    assert "nowhere.db" in _one_line_error(excinfo)
+    assert not (tmp_path / "nowhere.db").exists()
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(StoreError) as excinfo:
+        write_report(store_path, ids, blocker / "out", "x")
+    assert "cannot write the report" in _one_line_error(excinfo)
+    with pytest.raises(PolyrhythmError) as excinfo:
+        write_report(store_path, ids, tmp_path / "out", "x", fmt="pdf")
+    assert "pdf" in _one_line_error(excinfo)
+
+
+def test_runs_without_series_or_servers_say_no_data(tmp_path):
+    """Older runs (no event series) and collectives only: figures without data say so."""
+    store = RunStore(tmp_path / "polyrhythm.db")
+    ids = [fabricate_run(store, tmp_path, "allreduce", seed, index=seed, series=False)
+           for seed in (0, 1)]
+    path = write_report(store.path, ids, tmp_path / "report", "Old runs")
+    html = path.read_text(encoding="utf-8")
+    for name in FIGURE_NAMES:
+        assert f'id="{name}"' in html
+    for name in ("staleness_histogram", "staleness_over_time", "push_pull_latency",
+                 "cpu_over_time", "memory_over_time", "network_over_time"):
+        section = html.split(f'id="{name}"', 1)[1].split("</figure>", 1)[0]
+        assert "No data" in section, name
+        assert not (path.parent / f"{name}.png").exists()
+    # From the summary alone: accuracy, scaling, time breakdown, idleness, weight updates.
+    for name in ("accuracy_vs_time", "throughput_vs_workers", "time_breakdown", "idleness",
+                 "weight_updates"):
+        assert (path.parent / f"{name}.png").read_bytes().startswith(PNG_MAGIC), name
+
+
+def test_a_run_with_only_headline_figures_still_gets_a_report(tmp_path):
+    """A minimal summary, no epochs, no series: the scaling figures, 'no data' elsewhere."""
+    store = RunStore(tmp_path / "polyrhythm.db")
+    config = make_config({"strategy": "bsp", "workers": 2, "out": str(tmp_path)})
+    store.add_run("old", "2025-01-01T00:00:00+00:00", config, config.to_toml())
+    store.complete_run("old", {"final_val_accuracy": 0.9, "samples_per_s": 100.0,
+                               "wall_s": 5.0}, [])
+    path = write_report(store.path, ["old"], tmp_path / "report", "Old")
+    html = path.read_text(encoding="utf-8")
+    drawn = {p.stem for p in path.parent.glob("*.png")}
+    assert drawn == {"throughput_vs_workers", "speedup_vs_workers", "efficiency_vs_workers"}
+    assert html.count('class="nodata"') == len(FIGURE_NAMES) - len(drawn)
+
+
+def test_worker_counts_that_differ_label_the_groups_and_scale(tmp_path):
+    store = RunStore(tmp_path / "polyrhythm.db")
+    ids = [fabricate_run(store, tmp_path, "asp", seed, workers=n, index=i)
+           for i, (n, seed) in enumerate([(1, 0), (2, 0), (2, 1), (4, 0)])]
+    groups = group_runs(load_runs(store.path, ids))
+    assert [(g.label, g.family, len(g.runs)) for g in groups] == [
+        ("asp N=1", "asp", 1), ("asp N=2", "asp", 2), ("asp N=4", "asp", 1)]
+    path = write_report(store.path, ids, tmp_path / "report", "Scaling", fmt="md")
+    assert (path.parent / "speedup_vs_workers.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def _chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def test_chromium_renders_the_report_without_console_errors(html_report):
+    browser = _chromium()
+    if browser is None:
+        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
+    result = subprocess.run(
+        [browser, "--headless", "--disable-gpu", "--no-sandbox", "--enable-logging=stderr",
+         "--v=0", "--dump-dom", html_report.as_uri()],
+        capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    for name in (*FIGURE_NAMES, *TABLE_IDS):
+        assert f'id="{name}"' in result.stdout, name
+    console = [line for line in result.stderr.splitlines()
+               if "CONSOLE" in line or "Failed to load" in line or "ERR_" in line
+               or "Uncaught" in line]
+    assert not console, "\n".join(console)
