@@ -1,4 +1,4 @@
-"""The `polyrhythm` command: train | runs | strategies."""
+"""The `polyrhythm` command: train | runs | strategies | sweep | compare | report."""
 
 from __future__ import annotations
 
@@ -6,12 +6,26 @@ import argparse
 import json
 import sys
 import typing
+from pathlib import Path
 from typing import Any
 
-from polyrhythm.config import RunConfig
-from polyrhythm.errors import PolyrhythmError
+from polyrhythm.config import RunConfig, load_toml
+from polyrhythm.errors import ConfigError, PolyrhythmError
 from polyrhythm.metrics.store import RunStore
 from polyrhythm.records import STORE_NAME, summary_json_line
+from polyrhythm.sweep import (
+    COMPARE_EPOCHS,
+    COMPARE_STRATEGIES,
+    compare_sweep,
+    format_outcome,
+    format_plan,
+    load_sweep,
+    outcome_json,
+    report_sweep,
+    report_target,
+    report_writer,
+    run_sweep,
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -24,9 +38,11 @@ class _Parser(argparse.ArgumentParser):
 _METAVARS = {"data_path": "PATH", "out": "DIR"}
 
 
-def _add_config_flags(parser: argparse.ArgumentParser) -> None:
+def _add_config_flags(parser: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) -> None:
     """One flag per RunConfig field (--batch-size for batch_size), typed from the model."""
     for name, field in RunConfig.model_fields.items():
+        if name in exclude:
+            continue
         annotation = str(field.annotation)
         flag = "--" + name.replace("_", "-")
         if field.annotation is bool:
@@ -70,7 +86,53 @@ def build_parser() -> argparse.ArgumentParser:
     runs.add_argument("--out", default="runs", help="runs directory (default: runs)")
     runs.add_argument("--json", action="store_true", help="one JSON object per run")
     commands.add_parser("strategies", help="list the strategies and their parameters")
+    _add_sweep_commands(commands)
     return parser
+
+
+def _add_sweep_commands(commands) -> None:
+    sweep = commands.add_parser(
+        "sweep", help="run a grid of configs x repeats from a sweep file (resumable)",
+        description="Run every point of a sweep file's grid, `repeats` times each, skipping "
+        "the runs an earlier start of the same sweep completed. See README: Sweeps.")
+    sweep.add_argument("file", metavar="FILE.toml", help="sweep file: name, repeats, [base], "
+                       "[grid]")
+    sweep.add_argument("--out", metavar="DIR", help="runs directory (default: base.out or runs)")
+    sweep.add_argument("--id", dest="sweep_id", metavar="ID",
+                       help="sweep id (default: the slug of the file's name)")
+    sweep.add_argument("--dry-run", action="store_true",
+                       help="check every point and list the runs; run nothing")
+    sweep.add_argument("--json", action="store_true",
+                       help="print the outcome as one JSON object on the last line")
+    compare = commands.add_parser(
+        "compare", help="train the same job with several strategies and report",
+        description="A sweep over --strategies sharing one config (the train flags).")
+    compare.add_argument("--strategies", metavar="A,B,...",
+                         default=",".join(COMPARE_STRATEGIES),
+                         help=f"strategies to compare (default: {','.join(COMPARE_STRATEGIES)})")
+    compare.add_argument("--repeats", type=int, default=1, metavar="N",
+                         help="seeds per strategy: seed, seed+1, ... (default: 1)")
+    compare.add_argument("--id", dest="sweep_id", metavar="ID",
+                         help="sweep id (default: compare-<UTC time>); reuse one to resume")
+    compare.add_argument("--config", metavar="FILE.toml", help="base config file; flags "
+                         "override it")
+    compare.add_argument("--json", action="store_true",
+                         help="print the outcome as one JSON object on the last line")
+    _add_config_flags(compare, exclude=("strategy",))
+    for action in compare._actions:  # compare's own default: 5 strategies in a few minutes
+        if action.dest == "epochs":
+            action.help = f"passes over the training set (default: {COMPARE_EPOCHS})"
+    report = commands.add_parser(
+        "report", help="write a report of runs, a sweep or the latest sweep/comparison")
+    report.add_argument("run_ids", nargs="*", metavar="RUN_ID", help="runs to report on")
+    report.add_argument("--sweep", metavar="SWEEP_ID", help="the completed runs of a sweep")
+    report.add_argument("--latest", action="store_true",
+                        help="the last sweep or comparison started")
+    report.add_argument("--format", choices=("html", "md"), default="html",
+                        help="report format (default: html)")
+    report.add_argument("--out", default="runs", metavar="DIR",
+                        help="runs directory (default: runs); the report goes to "
+                        "DIR/reports/<name>/")
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -144,7 +206,46 @@ def _strategies(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"train": _train, "runs": _runs, "strategies": _strategies}
+def _sweep(args: argparse.Namespace) -> int:
+    sweep = load_sweep(args.file, sweep_id=args.sweep_id, out=args.out)
+    if args.dry_run:
+        print(format_plan(sweep))
+        return 0
+    return _run_sweep(sweep, args.json)
+
+
+def _run_sweep(sweep, as_json: bool) -> int:
+    outcome = run_sweep(sweep)
+    report_sweep(outcome)
+    print(outcome_json(outcome) if as_json else format_outcome(outcome))
+    return 0 if outcome.completed == len(outcome.plan) else 1
+
+
+def _compare(args: argparse.Namespace) -> int:
+    base = load_toml(args.config) if args.config else {}
+    base |= {name: getattr(args, name) for name in RunConfig.model_fields
+             if name != "strategy" and getattr(args, name) is not None}
+    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    sweep = compare_sweep(base, strategies, repeats=args.repeats, sweep_id=args.sweep_id)
+    return _run_sweep(sweep, args.json)
+
+
+def _report(args: argparse.Namespace) -> int:
+    chosen = sum([bool(args.run_ids), args.sweep is not None, args.latest])
+    if chosen != 1:
+        raise ConfigError("give run ids, --sweep SWEEP_ID or --latest (one of them)")
+    name, title, run_ids = report_target(args.out, args.run_ids, args.sweep, args.latest)
+    write, why = report_writer()
+    if write is None:
+        raise PolyrhythmError(f"no report: {why}")
+    path = write(Path(args.out) / STORE_NAME, run_ids, Path(args.out) / "reports" / name, title,
+                 fmt=args.format)
+    print(path)
+    return 0
+
+
+COMMANDS = {"train": _train, "runs": _runs, "strategies": _strategies, "sweep": _sweep,
+            "compare": _compare, "report": _report}
 
 
 def main(argv: list[str] | None = None) -> int:

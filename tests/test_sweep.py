@@ -1,0 +1,367 @@
+"""Sweeps, comparisons and reports: grid expansion, validation, resuming, failures, reports."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import pickle
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+
+from polyrhythm.cli import main
+from polyrhythm.errors import ConfigError, RunFailed
+from polyrhythm.metrics.store import RunStore
+from polyrhythm.records import STORE_NAME
+from polyrhythm.sweep import (
+    SweepStore,
+    expand_grid,
+    format_outcome,
+    load_sweep,
+    parse_sweep,
+    run_sweep,
+)
+
+EXPERIMENTS = Path(__file__).parent.parent / "experiments"
+QUICK = {"dataset": "digits", "epochs": 1, "steps_per_epoch": 3, "workers": 1}
+
+
+def cli(*args: str, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "polyrhythm.cli", *args], text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)
+
+
+def write_sweep(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def labels(points) -> list[str]:
+    return [p.label for p in points]
+
+
+# --- the grid, pure ----------------------------------------------------------------------
+
+def test_grid_is_every_combination_in_grid_order():
+    points = expand_grid({"epochs": 2}, {"strategy": ["bsp", "asp"], "batch_size": [32, 64]})
+    assert labels(points) == ["bsp batch_size=32", "bsp batch_size=64", "asp batch_size=32",
+                              "asp batch_size=64"]
+    assert points[0].fields == {"epochs": 2, "strategy": "bsp", "batch_size": 32}
+
+
+def test_parameters_a_strategy_does_not_read_are_dropped_and_the_same_point_runs_once():
+    points = expand_grid({}, {"strategy": ["bsp", "localsgd"], "tau": [2, 8]})
+    assert labels(points) == ["bsp", "localsgd tau=2", "localsgd tau=8"]
+    assert "tau" not in points[0].fields
+
+
+def test_servers_and_buckets_are_dropped_where_they_are_not_read():
+    points = expand_grid({"bucket_kb": 64}, {"strategy": ["bsp", "kbsp", "allreduce"],
+                                             "servers": [1]})
+    assert [p.fields for p in points] == [
+        {"bucket_kb": 64, "strategy": "bsp", "servers": 1},
+        {"strategy": "kbsp", "servers": 1},  # pushes whole gradients: one bucket
+        {"strategy": "allreduce"}]  # no servers
+
+
+def test_a_linked_axis_sets_several_fields_together():
+    points = expand_grid({}, {"scale": [{"workers": 1, "worker_delay_s": [0.1]},
+                                        {"workers": 2, "worker_delay_s": [0.05, 0.05]}]})
+    assert labels(points) == ["bsp workers=1 worker_delay_s=[0.1]",
+                              "bsp workers=2 worker_delay_s=[0.05,0.05]"]
+
+
+def test_a_field_no_strategy_reads_is_an_error():
+    with pytest.raises(ConfigError, match="tau is read by none of this sweep's strategies"):
+        expand_grid({"tau": 2}, {"strategy": ["bsp", "asp"]})
+
+
+def test_point_keys_do_not_depend_on_field_order_and_repeats_shift_the_seed(tmp_path):
+    a = parse_sweep({"repeats": 2, "base": {"seed": 5, "epochs": 1}, "grid": {"lr": [0.1]}},
+                    out=str(tmp_path))
+    b = parse_sweep({"repeats": 2, "base": {"epochs": 1, "seed": 5}, "grid": {"lr": [0.1]}},
+                    out=str(tmp_path))
+    assert a.points[0].key == b.points[0].key
+    assert [r.config.seed for r in a.plan()] == [5, 6]
+    assert all(r.config.out == str(tmp_path) for r in a.plan())
+
+
+def test_sweep_id_is_the_slug_of_the_name(tmp_path):
+    sweep = parse_sweep({"name": "Sync vs. Async!", "grid": {"lr": [0.1]}})
+    assert sweep.sweep_id == "sync-vs-async"
+    assert sweep.out == Path("runs")
+
+
+# --- bad input: one line, exit 2, nothing run ----------------------------------------------
+
+BAD_SWEEPS = {
+    "empty grid": ('name = "x"\n[base]\nepochs = 1\n[grid]\n', "the grid is empty"),
+    "unknown field": ('[grid]\nbatchsize = [32]\n', "unknown field 'batchsize' in [grid]"),
+    "non-list grid value": ('[grid]\nbatch_size = 32\n', "grid.batch_size must be a list"),
+    "repeats below 1": ('repeats = 0\n[grid]\nlr = [0.1]\n', "repeats must be"),
+    "bad point": ('[base]\nworkers = 4\n[grid]\nstrategy = ["kbsp"]\nquorum = [2, 5]\n',
+                  "point kbsp quorum=5: quorum must be between 1 and the worker count 4"),
+    # checked in-process (main), to spare a process start each
+    "no grid": ('name = "x"\n', "the grid is empty"),
+    "unknown field in base": ('[base]\nepoch = 1\n[grid]\nlr = [0.1]\n',
+                              "unknown field 'epoch' in [base]"),
+    "unknown key": ('nmae = "x"\n[grid]\nlr = [0.1]\n', "unknown key 'nmae'"),
+    "list field": ('[grid]\nworker_delay_s = [0.1]\n', "grid.worker_delay_s takes a list of"),
+    "two entries set a field": ('[grid]\nworkers = [1]\nscale = [{workers = 2}]\n',
+                                "workers is set by two grid entries"),
+    "out in the grid": ('[grid]\nout = ["a", "b"]\n', "out cannot vary in the grid"),
+}
+IN_A_PROCESS = ["empty grid", "unknown field", "non-list grid value", "repeats below 1",
+                "bad point"]
+
+
+def seeded_store(out: Path) -> Path:
+    """A runs directory whose store knows one sweep, 'known'."""
+    sweep = parse_sweep({"name": "known", "grid": {"lr": [0.1]}}, out=str(out))
+    SweepStore(sweep.store_path).begin(sweep, sweep.plan())
+    return out
+
+
+@pytest.fixture(scope="module")
+def bad_runs(tmp_path_factory):
+    """The bad commands of the spec, started in parallel (each pays Python's and torch's
+    start-up); the store of the last one already exists."""
+    tmp = tmp_path_factory.mktemp("bad")
+    out = tmp / "runs"
+    commands = {name: ["sweep", str(write_sweep(tmp / f"{i}.toml", BAD_SWEEPS[name][0])),
+                       "--out", str(out)] for i, name in enumerate(IN_A_PROCESS)}
+    known = seeded_store(tmp / "known")
+    commands["unknown sweep id"] = ["report", "--sweep", "nope", "--out", str(known)]
+    procs = {name: cli(*args, cwd=tmp) for name, args in commands.items()}
+    results = {name: (p.wait(timeout=120), *p.communicate()) for name, p in procs.items()}
+    return out, results
+
+
+@pytest.mark.parametrize("case, needle", [
+    *((name, BAD_SWEEPS[name][1]) for name in IN_A_PROCESS),
+    ("unknown sweep id", "unknown sweep id 'nope' in"),
+])
+def test_bad_input_is_one_line_with_exit_2_and_runs_nothing(bad_runs, case, needle):
+    out, results = bad_runs
+    code, stdout, stderr = results[case]
+    assert code == 2, stderr
+    assert stdout == ""
+    assert "Traceback" not in stderr
+    assert len(stderr.splitlines()) == 1, stderr
+    assert stderr.startswith("polyrhythm: error:") and needle in stderr, stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("case", [name for name in BAD_SWEEPS if name not in IN_A_PROCESS])
+def test_more_bad_sweep_files(tmp_path, capsys, case):
+    text, needle = BAD_SWEEPS[case]
+    path = write_sweep(tmp_path / "bad.toml", text)
+    assert main(["sweep", str(path), "--out", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and needle in err, err
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["compare", "--repeats", "0"], "repeats must be a whole number of at least 1, got 0"),
+    (["compare", "--strategies", "bsp,nope"], "point nope: unknown strategy 'nope'"),
+    (["compare", "--strategies", ","], "--strategies is empty"),
+    (["compare", "--quorum", "2"], "quorum is read by none of this sweep's strategies"),
+    (["sweep", "x.toml", "--id", "a/b"], "sweep id 'a/b' must be"),
+    (["report", "--latest"], "no run store at"),
+])
+def test_bad_commands(tmp_path, capsys, args, needle):
+    write_sweep(tmp_path / "x.toml", "[grid]\nlr = [0.1]\n")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(tmp_path)
+        assert main([*args, "--out", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and needle in err, err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_report_needs_one_of_run_ids_sweep_or_latest(tmp_path, capsys):
+    out = seeded_store(tmp_path)
+    assert main(["report", "--out", str(out)]) == 2
+    assert "give run ids, --sweep SWEEP_ID or --latest" in capsys.readouterr().err
+
+
+def test_dry_run_lists_the_runs_and_runs_nothing(tmp_path, capsys):
+    path = write_sweep(tmp_path / "s.toml", 'name = "dry"\nrepeats = 2\n[grid]\n'
+                       'strategy = ["bsp", "localsgd"]\ntau = [2, 8]\n')
+    assert main(["sweep", str(path), "--out", str(tmp_path / "runs"), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "3 points x 2 repeats = 6 runs" in out
+    assert "[6/6] localsgd tau=8 seed=1: to run" in out
+    assert not (tmp_path / "runs").exists()
+
+
+# --- running, with a stand-in for train ----------------------------------------------------
+
+def stand_in_train(fail: dict[str, str]):
+    """A train() that stores a completed run, or raises RunFailed for the strategies in fail."""
+    def train(config):
+        run_id = f"r-{config.strategy}-{config.seed}"
+        if config.strategy in fail:
+            raise RunFailed(f"run {run_id} {fail[config.strategy]}")
+        store = RunStore(Path(config.out) / STORE_NAME)
+        store.add_run(run_id, "2026-01-01T00:00:00+00:00", config, config.to_toml())
+        store.complete_run(run_id, {"final_val_accuracy": 0.5, "samples_per_s": 100.0,
+                                    "wall_s": 1.0}, [])
+        return {"run_id": run_id, "final_val_accuracy": 0.5}
+    return train
+
+
+def test_a_failed_run_does_not_stop_the_others_and_runs_again_next_time(tmp_path):
+    sweep = parse_sweep({"name": "f", "grid": {"strategy": ["bsp", "asp", "allreduce"]}},
+                        out=str(tmp_path))
+    crash = "failed: rank 1 (worker 0) was killed by SIGKILL"
+    log = io.StringIO()
+    outcome = run_sweep(sweep, train=stand_in_train({"asp": crash}), stream=log)
+    assert outcome.run_ids == ["r-bsp-0", "r-allreduce-0"]
+    assert outcome.failures == [("asp seed=0", f"run r-asp-0 {crash}")]
+    assert "[2/3] asp seed=0: failed: run r-asp-0" in log.getvalue()
+    assert "[3/3] allreduce seed=0: 0.500 acc" in log.getvalue()
+    (failed,) = [r for r in SweepStore(sweep.store_path).rows("f") if r["status"] == "failed"]
+    assert failed["run_id"] == "r-asp-0" and failed["error"] == f"run r-asp-0 {crash}"
+    text = format_outcome(outcome)
+    assert "3 runs, 2 completed (0 earlier), 1 failed" in text
+    assert f"  asp seed=0: run r-asp-0 {crash}" in text
+
+    again = run_sweep(sweep, train=stand_in_train({}), stream=io.StringIO())
+    assert (again.earlier, again.ran, again.failures) == (2, 1, [])
+    assert again.run_ids == ["r-bsp-0", "r-asp-0", "r-allreduce-0"]
+
+
+def test_an_interrupted_run_stops_the_sweep_and_is_recorded_as_failed(tmp_path):
+    sweep = parse_sweep({"name": "i", "grid": {"strategy": ["bsp", "asp", "allreduce"]}},
+                        out=str(tmp_path))
+    train = stand_in_train({"asp": "interrupted; all processes stopped"})
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(sweep, train=train, stream=io.StringIO())
+    rows = {r["point_key"]: r["status"] for r in SweepStore(sweep.store_path).rows("i")}
+    assert sorted(rows.values()) == ["completed", "failed"]  # allreduce never started
+
+
+# --- real runs -----------------------------------------------------------------------------
+
+def completed_rows(out: Path, sweep_id: str) -> list[dict]:
+    rows = SweepStore(out / STORE_NAME).rows(sweep_id) if (out / STORE_NAME).exists() else []
+    return [r for r in rows if r["status"] == "completed"]
+
+
+def live_ranks(proc: subprocess.Popen) -> list[psutil.Process]:
+    """The rank processes of a run the process is running (named once bound to it)."""
+    ranks = []
+    for child in psutil.Process(proc.pid).children():
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if child.name().startswith("polyrhythm-r"):
+                ranks.append(child)
+    return ranks
+
+
+def test_a_killed_sweep_restarts_with_only_the_missing_runs(tmp_path):
+    path = write_sweep(tmp_path / "resume.toml", "\n".join(
+        ['name = "resume"', "repeats = 2", "[base]", *(f"{k} = {json.dumps(v)}"
+                                                      for k, v in QUICK.items()),
+         "[grid]", 'strategy = ["allreduce", "localsgd"]', ""]))
+    out = tmp_path / "runs"
+    first = cli("sweep", str(path), "--out", str(out))
+    deadline = time.monotonic() + 90
+    # Kill once 2 runs completed and the next run's rank is up: a rank still starting could
+    # miss its parent's death (it binds to it when it is up) and outlive the sweep.
+    while len(completed_rows(out, "resume")) < 2 or not (ranks := live_ranks(first)):
+        assert first.poll() is None, first.communicate()
+        assert time.monotonic() < deadline, "the sweep did not complete 2 runs in 90 s"
+        time.sleep(0.05)
+    first.kill()
+    first.communicate(timeout=30)
+    assert psutil.wait_procs(ranks, timeout=10)[1] == [], "a rank outlived the killed sweep"
+    earlier = len(completed_rows(out, "resume"))
+    assert earlier in (2, 3)
+
+    second = cli("sweep", str(path), "--out", str(out), "--json")
+    stdout, stderr = second.communicate(timeout=120)
+    assert second.returncode == 0, stderr
+    result = json.loads(stdout.splitlines()[-1])
+    assert (result["earlier"], result["ran"], result["completed"]) == (earlier, 4 - earlier, 4)
+    completed = {r["run_id"] for r in RunStore(out / STORE_NAME).runs()
+                 if r["status"] == "completed"}
+    assert len(completed) == 4 and set(result["run_ids"]) == completed
+    rows = completed_rows(out, "resume")
+    assert len({(r["point_key"], r["repeat"]) for r in rows}) == len(rows) == 4
+
+
+def fake_cifar10(directory: Path, per_batch: int = 8) -> Path:
+    """A tiny CIFAR-10 in the python-pickle layout: 5 training batches and a test batch."""
+    rng = np.random.default_rng(0)
+    directory.mkdir()
+    for name in [*(f"data_batch_{i}" for i in range(1, 6)), "test_batch"]:
+        batch = {b"data": rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8),
+                 b"labels": [int(x) for x in rng.integers(0, 10, per_batch)]}
+        (directory / name).write_bytes(pickle.dumps(batch))
+    return directory
+
+
+def test_a_point_that_fails_at_run_time_leaves_the_others_and_exits_1(tmp_path):
+    good = fake_cifar10(tmp_path / "cifar")
+    bad = tmp_path / "not-an-archive.tar.gz"
+    bad.write_text("no archive here")
+    path = write_sweep(tmp_path / "fails.toml", "\n".join([
+        'name = "fails"', "[base]", 'dataset = "cifar10"', 'strategy = "allreduce"',
+        "workers = 1", "epochs = 1", "[grid]", f"data_path = [{json.dumps(str(bad))}, "
+        f"{json.dumps(str(good))}]", ""]))
+    out = tmp_path / "runs"
+    proc = cli("sweep", str(path), "--out", str(out))
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 1, stderr
+    assert "Traceback" not in stdout + stderr
+    assert "2 runs, 1 completed (0 earlier), 1 failed" in stdout
+    assert "is neither a directory nor a tar archive" in stdout.split("failed:\n", 1)[1]
+    assert "[1/2]" in stderr and "[2/2]" in stderr
+    (run,) = RunStore(out / STORE_NAME).runs()
+    assert run["status"] == "completed"
+
+
+def test_compare_writes_a_report_and_report_rewrites_it(tmp_path, capsys):
+    out = tmp_path / "runs"
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in QUICK.items()]
+    proc = cli("compare", "--strategies", "allreduce,localsgd", "--id", "cmp", *flags,
+               "--out", str(out), "--json")
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr
+    result = json.loads(stdout.splitlines()[-1])
+    assert result["sweep_id"] == "cmp" and result["completed"] == 2
+    assert (out / "sweeps" / "cmp" / "sweep.toml").exists()
+    assert load_sweep(out / "sweeps" / "cmp" / "sweep.toml").sweep_id == "cmp"
+    pytest.importorskip("polyrhythm.report")
+    report = Path(result["report"])
+    assert report.is_file() and report.parent == out / "sweeps" / "cmp"
+
+    assert main(["report", "--latest", "--format", "md", "--out", str(out)]) == 0
+    written = Path(capsys.readouterr().out.strip())
+    assert written.is_file() and written.parent == out / "reports" / "cmp"
+    assert main(["report", result["run_ids"][0], "--out", str(out)]) == 0
+    written = Path(capsys.readouterr().out.strip())
+    assert written.is_file() and written.parent == out / "reports" / result["run_ids"][0]
+
+
+# --- the ready sweep files -----------------------------------------------------------------
+
+@pytest.mark.parametrize("path", sorted(EXPERIMENTS.glob("*.toml")), ids=lambda p: p.stem)
+def test_every_experiment_file_parses_and_every_point_is_valid(path):
+    header = path.read_text().splitlines()[0]
+    assert header.startswith("# "), "each file opens with a comment: study and duration"
+    sweep = load_sweep(path)
+    assert sweep.sweep_id == path.stem
+    assert 2 <= len(sweep.plan()) <= 24
+
+
+def test_the_experiments_are_there():
+    assert len(list(EXPERIMENTS.glob("*.toml"))) >= 8
