@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/polyrhythm train
+	$(BIN)/polyrhythm compare
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
