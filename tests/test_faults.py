@@ -88,3 +88,20 @@ def test_ranks_die_with_a_sigkilled_launcher(tmp_path):
     launcher.kill()
     launcher.wait(timeout=10)
     assert_all_gone(ranks.values())
+
+
+def test_ranks_still_starting_leave_when_the_launcher_is_sigkilled(tmp_path):
+    # Killed while its ranks are still importing torch (before they can arm the death
+    # signal): they notice at once that their launcher is gone instead of retrying the
+    # rendezvous for minutes.
+    launcher = start_cli(tmp_path, *LONG_RUN)
+    deadline = time.monotonic() + 60
+    children = []
+    while not children and time.monotonic() < deadline:
+        children = psutil.Process(launcher.pid).children()
+        time.sleep(0.01)
+    assert children, "the launcher started no process"
+    launcher.kill()
+    launcher.wait(timeout=10)
+    gone, alive = psutil.wait_procs(children, timeout=30)
+    assert alive == [], f"processes outlived their launcher: {alive}"

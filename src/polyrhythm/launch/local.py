@@ -234,4 +234,10 @@ def _bind_to_parent(rank: int) -> None:
         libc.prctl(_PR_SET_NAME, process_name(rank).encode())
     except (OSError, AttributeError):
         pass  # not Linux: the supervisor's teardown still applies
+    # A launcher killed while this process was still starting (importing torch takes seconds)
+    # died before the death signal was armed: nobody is left to wait for, so leave now
+    # rather than retry the rendezvous for minutes.
+    launcher = mp.parent_process()
+    if launcher is not None and os.getppid() != launcher.pid:
+        os._exit(1)
     signal.signal(signal.SIGINT, signal.default_int_handler)
