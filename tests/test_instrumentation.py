@@ -114,3 +114,14 @@ def test_a_version_1_store_is_migrated_in_place(tmp_path):
         assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
     assert set(SERIES) <= tables
+
+
+def test_even_a_short_run_has_resource_samples_enough_for_rates(tmp_path):
+    # About 0.6 s of training (10 ms of emulated compute a step): under one 1 Hz period.
+    summary = polyrhythm.train(small_config(tmp_path, strategy="bsp", workers=1, epochs=1,
+                                            steps_per_epoch=60, worker_delay_s=[0.01]))
+    resources = store_of(summary).series("resources", summary["run_id"])
+    for rank in (0, 1):
+        samples = [r for r in resources if r["rank"] == rank]
+        assert len(samples) >= 2  # one soon after the start, one at the end
+        assert samples[0]["t"] < samples[-1]["t"]

@@ -14,6 +14,7 @@ import psutil
 from polyrhythm.context import RankContext
 
 SAMPLE_INTERVAL_S = 1.0
+FIRST_SAMPLE_S = 0.25
 
 
 class ResourceSampler:
@@ -38,8 +39,12 @@ class ResourceSampler:
         self._sample()  # the last stretch
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        # A first sample soon after the start, so even a run of a second or two has the two
+        # samples a rate (bytes/s) needs.
+        wait = min(FIRST_SAMPLE_S, self.interval_s)
+        while not self._stop.wait(wait):
             self._sample()
+            wait = self.interval_s
 
     def _sample(self) -> None:
         traffic = self.ctx.transport.counters
