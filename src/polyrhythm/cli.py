@@ -17,6 +17,7 @@ from polyrhythm.sweep import (
     COMPARE_EPOCHS,
     COMPARE_STRATEGIES,
     compare_sweep,
+    count,
     format_outcome,
     format_plan,
     load_sweep,
@@ -151,8 +152,8 @@ def _train(args: argparse.Namespace) -> int:
 def format_summary(s: dict) -> str:
     """A few human lines about a finished run."""
     lines = [f"run {s['run_id']}: {s['status']}  ({s['strategy']}, "
-             f"{_count(s['workers'], 'worker')}, {_count(s['servers'], 'server')}, "
-             f"{_count(s['epochs'], 'epoch')})"]
+             f"{count(s['workers'], 'worker')}, {count(s['servers'], 'server')}, "
+             f"{count(s['epochs'], 'epoch')})"]
     for e in s.get("epoch_metrics", []):
         lines.append(f"  epoch {e['epoch'] + 1}: train loss {e['train_loss']:.4f}  "
                      f"val loss {e['val_loss']:.4f}  val acc {e['val_accuracy']:.4f}  "
@@ -166,13 +167,7 @@ def format_summary(s: dict) -> str:
     return "\n".join(lines)
 
 
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}{'' if n == 1 else 's'}"
-
-
 def _runs(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     rows = RunStore(Path(args.out) / STORE_NAME).runs()
     if args.json:
         for r in rows:

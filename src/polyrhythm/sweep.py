@@ -543,8 +543,8 @@ def format_plan(sweep: Sweep) -> str:
     """The runs a sweep would make, and which of them an earlier start completed."""
     plan = sweep.plan()
     done = SweepStore(sweep.store_path).completed(sweep.sweep_id)
-    lines = [f"sweep {sweep.sweep_id}: {_count(len(sweep.points), 'point')} x "
-             f"{_count(sweep.repeats, 'repeat')} = "
+    lines = [f"sweep {sweep.sweep_id}: {count(len(sweep.points), 'point')} x "
+             f"{count(sweep.repeats, 'repeat')} = "
              f"{len(plan)} runs into {sweep.out}"]
     for i, run in enumerate(plan, 1):
         state = "completed" if (run.point.key, run.repeat) in done else "to run"
@@ -585,7 +585,8 @@ def format_outcome(outcome: Outcome) -> str:
     return "\n".join(lines)
 
 
-def _count(n: int, noun: str) -> str:
+def count(n: int, noun: str) -> str:
+    """'1 worker', '2 workers'."""
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
