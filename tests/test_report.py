@@ -279,3 +279,30 @@ def test_chromium_renders_the_report_without_console_errors(html_report):
                if "CONSOLE" in line or "Failed to load" in line or "ERR_" in line
                or "Uncaught" in line]
     assert not console, "\n".join(console)
+
+
+def test_resource_figures_draw_the_samples_themselves(fabricated):
+    """No interpolation: CPU points sit at the sample times with the mean over the role's
+    processes and the repeats; network points at the middle of each sampling interval."""
+    from polyrhythm.report.resources import cpu_over_time, network_over_time
+
+    store_path, ids = fabricated
+    groups = group_runs(load_runs(store_path, ids))
+    bsp = next(g for g in groups if g.label == "bsp")
+    per_run = []
+    for run in bsp.runs:
+        r = run.series["resources"]
+        workers = r["role"] == "worker"
+        seconds = np.unique(r["t"][workers])
+        per_run.append({s: r["cpu_percent"][workers & (r["t"] == s)].mean() for s in seconds})
+    samples = min(map(len, per_run))
+    expected = [np.mean([run[s] for run in per_run]) for s in sorted(per_run[0])[:samples]]
+
+    worker_axes = cpu_over_time(groups).axes[1]
+    (line,) = [ln for ln in worker_axes.get_lines() if ln.get_label().startswith("bsp ")]
+    assert line.get_xdata().tolist() == [float(s) for s in range(samples)]
+    assert np.allclose(line.get_ydata(), expected)
+
+    network_axes = network_over_time(groups).axes[1]
+    (line,) = [ln for ln in network_axes.get_lines() if ln.get_label().startswith("bsp ")]
+    assert line.get_xdata().tolist() == [s + 0.5 for s in range(samples - 1)]

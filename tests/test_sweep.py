@@ -204,12 +204,15 @@ def test_dry_run_lists_the_runs_and_runs_nothing(tmp_path, capsys):
 
 # --- running, with a stand-in for train ----------------------------------------------------
 
-def stand_in_train(fail: dict[str, str]):
-    """A train() that stores a completed run, or raises RunFailed for the strategies in fail."""
+def stand_in_train(fail: dict[str, str], interrupt: str | None = None):
+    """A train() that stores a completed run, or raises RunFailed as the launcher does: for
+    the strategies in fail, and for `interrupt` as if Ctrl-C stopped it."""
     def train(config):
         run_id = f"r-{config.strategy}-{config.seed}"
         if config.strategy in fail:
-            raise RunFailed(f"run {run_id} {fail[config.strategy]}")
+            raise RunFailed(f"run {run_id} {fail[config.strategy]}", run_id)
+        if config.strategy == interrupt:
+            raise RunFailed(f"run {run_id} interrupted", run_id, interrupted=True)
         store = RunStore(Path(config.out) / STORE_NAME)
         store.add_run(run_id, "2026-01-01T00:00:00+00:00", config, config.to_toml())
         store.complete_run(run_id, {"final_val_accuracy": 0.5, "samples_per_s": 100.0,
@@ -242,7 +245,7 @@ def test_a_failed_run_does_not_stop_the_others_and_runs_again_next_time(tmp_path
 def test_an_interrupted_run_stops_the_sweep_and_is_recorded_as_failed(tmp_path):
     sweep = parse_sweep({"name": "i", "grid": {"strategy": ["bsp", "asp", "allreduce"]}},
                         out=str(tmp_path))
-    train = stand_in_train({"asp": "interrupted; all processes stopped"})
+    train = stand_in_train({}, interrupt="asp")
     with pytest.raises(KeyboardInterrupt):
         run_sweep(sweep, train=train, stream=io.StringIO())
     rows = {r["point_key"]: r["status"] for r in SweepStore(sweep.store_path).rows("i")}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -92,12 +93,14 @@ class RunConfig(BaseModel):
             raise ValueError(f"dataset {self.dataset!r} takes no data path; "
                              f"only {', '.join(sorted(PATH_DATASETS))} do")
         spec = STRATEGIES[self.strategy]
-        for field in sorted(self.model_fields_set & (STRATEGY_PARAMETERS - set(spec.parameters))):
+        settings = {field: getattr(self, field) for field in self.model_fields_set}
+        unread = unread_fields(settings)
+        for field in sorted(unread & STRATEGY_PARAMETERS):
             takes = ", ".join("--" + p.replace("_", "-") for p in spec.parameters) or "none"
             raise ValueError(f"strategy {self.strategy!r} takes no --{field.replace('_', '-')}"
                              f" (its parameters: {takes})")
-        whole = spec.uses_servers and spec.whole_gradient(self)
-        if "bucket_kb" in self.model_fields_set and (whole or not spec.uses_servers):
+        whole = spec.uses_servers and spec.whole_gradient(settings)
+        if "bucket_kb" in unread:
             why = "it pushes whole gradients" if whole else "it uses no servers"
             raise ValueError(f"strategy {self.strategy!r} takes no --bucket-kb ({why})")
         if spec.uses_servers and not whole and self.bucket_kb is None:
@@ -134,6 +137,24 @@ DEFAULT_BUCKET_KB = 25600  # 25 MiB, as DDP's default bucket: one bucket for sma
 # Fields that only some strategies read: setting one for another strategy is an error.
 STRATEGY_PARAMETERS = {"staleness", "value_bound", "quorum", "backup", "lr_floor",
                        "push_every", "fetch_every", "tau", "alpha", "gossip_p"}
+
+
+def unread_fields(settings: Mapping[str, Any]) -> set[str]:
+    """Those of a run's `settings` (field -> value; fields left unset are absent) that its
+    strategy does not read: other strategies' parameters; servers and bucket_kb for a strategy
+    without servers; bucket_kb where the policy decides on whole gradients. RunConfig rejects
+    them (servers = 0 aside); a sweep drops them from a point. An unknown strategy reads all."""
+    from polyrhythm.strategies import STRATEGIES
+
+    spec = STRATEGIES.get(settings.get("strategy", RunConfig.model_fields["strategy"].default))
+    if spec is None:
+        return set()  # validation names the unknown strategy
+    unread = STRATEGY_PARAMETERS - set(spec.parameters)
+    if not spec.uses_servers:
+        unread |= {"servers", "bucket_kb"}
+    elif spec.whole_gradient(settings):
+        unread.add("bucket_kb")
+    return unread & set(settings)
 
 
 def _one_of(field: str, value: str, valid: dict) -> None:

@@ -20,6 +20,14 @@ class StoreError(PolyrhythmError):
 
 
 class RunFailed(PolyrhythmError):
-    """A distributed run ended because one of its processes failed."""
+    """A distributed run ended early: one of its processes failed, or it was interrupted.
+
+    `run_id` names its record (stored as failed); `interrupted` is True when Ctrl-C or
+    SIGTERM stopped it rather than a failure."""
 
     exit_code = 1
+
+    def __init__(self, message: str, run_id: str | None = None,
+                 interrupted: bool = False) -> None:
+        super().__init__(message)
+        self.run_id, self.interrupted = run_id, interrupted

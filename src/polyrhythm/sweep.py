@@ -46,7 +46,7 @@ from typing import Any, TextIO
 
 import tomli_w
 
-from polyrhythm.config import STRATEGY_PARAMETERS, RunConfig, load_toml, make_config
+from polyrhythm.config import RunConfig, load_toml, make_config, unread_fields
 from polyrhythm.errors import ConfigError, PolyrhythmError, RunFailed, StoreError
 from polyrhythm.metrics.store import RunStore
 from polyrhythm.records import STORE_NAME
@@ -57,7 +57,6 @@ COMPARE_EPOCHS = 2
 _DEFAULT_STRATEGY = RunConfig.model_fields["strategy"].default
 _LIST_FIELDS = {name for name, f in RunConfig.model_fields.items()
                 if str(f.annotation).startswith("list[")}
-_INTERRUPTED = "interrupted; all processes stopped"  # how the launcher ends a stopped run
 
 
 @dataclass(frozen=True)
@@ -257,27 +256,6 @@ def _axis_fields(name: str, values: list) -> list[str]:
     return list(dict.fromkeys(k for table in values for k in table))
 
 
-def unread_fields(fields: dict[str, Any]) -> set[str]:
-    """Those of `fields` the point's strategy does not read: other strategies' parameters,
-    servers and bucket_kb without servers, bucket_kb where whole gradients are pushed."""
-    from polyrhythm.strategies import STRATEGIES
-
-    spec = STRATEGIES.get(fields.get("strategy", _DEFAULT_STRATEGY))
-    if spec is None:
-        return set()  # validation names the unknown strategy
-    unread = (STRATEGY_PARAMETERS - set(spec.parameters)) & set(fields)
-    if not spec.uses_servers:
-        unread |= {"servers", "bucket_kb"} & set(fields)
-    elif "bucket_kb" in fields:
-        probe = {k: v for k, v in fields.items() if k not in unread and k != "bucket_kb"}
-        try:
-            if spec.whole_gradient(make_config(probe)):
-                unread.add("bucket_kb")
-        except ConfigError:
-            pass  # the point is invalid anyway; validation says why
-    return unread
-
-
 def _label(fields: dict[str, Any], varied: list[str]) -> str:
     """The strategy, then the point's values of the other fields the grid varies."""
     parts = [str(fields.get("strategy", _DEFAULT_STRATEGY))]
@@ -421,7 +399,7 @@ def run_sweep(sweep: Sweep, *, train: Callable[..., dict] | None = None,
     """Run the sweep's missing runs one after another. A failing run does not stop the
     others; Ctrl-C or SIGTERM stops the sweep (KeyboardInterrupt) with the run in progress
     recorded as failed, to be run again when the sweep is."""
-    from polyrhythm.launch.local import _signals
+    from polyrhythm.launch.local import signal_handlers
 
     if train is None:
         from polyrhythm.api import train
@@ -436,7 +414,7 @@ def run_sweep(sweep: Sweep, *, train: Callable[..., dict] | None = None,
     progress.note(f"sweep {sweep.sweep_id}: {len(plan)} runs, "
                   f"{outcome.earlier} completed earlier, {len(todo)} to run")
     stop = _Stop()
-    with _signals(sigint=stop, sigterm=stop):
+    with signal_handlers(sigint=stop, sigterm=stop):
         for run in todo:
             index = plan.index(run) + 1
             store.mark(sweep.sweep_id, run, "running")
@@ -446,12 +424,12 @@ def run_sweep(sweep: Sweep, *, train: Callable[..., dict] | None = None,
                 summary = train(run.config)
             except BaseException as exc:
                 interrupted = stop.seen or isinstance(exc, KeyboardInterrupt) or (
-                    isinstance(exc, RunFailed) and str(exc).endswith(_INTERRUPTED))
+                    isinstance(exc, RunFailed) and exc.interrupted)
                 if not interrupted and not isinstance(exc, PolyrhythmError):
                     progress.finish(index, run.label, f"failed: {type(exc).__name__}")
                     raise  # a bug: say so with the traceback
                 error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-                store.mark(sweep.sweep_id, run, "failed", _run_id_of(exc), error)
+                store.mark(sweep.sweep_id, run, "failed", getattr(exc, "run_id", None), error)
                 progress.finish(index, run.label, "interrupted" if interrupted
                                 else f"failed: {error}")
                 if interrupted:
@@ -476,12 +454,6 @@ class _Stop:
     def __call__(self, signum, frame) -> None:
         self.seen = True
         raise KeyboardInterrupt
-
-
-def _run_id_of(exc: BaseException) -> str | None:
-    """The launcher names a failed run first: 'run <id> failed: ...'."""
-    match = re.match(r"run (\S+) ", str(exc)) if isinstance(exc, RunFailed) else None
-    return match.group(1) if match else None
 
 
 def _write_sweep_file(sweep: Sweep) -> None:

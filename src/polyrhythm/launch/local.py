@@ -49,7 +49,7 @@ def launch_local(config, record: RunRecord, progress: ProgressBoard | None = Non
     board = progress or ProgressBoard(config.workers, enabled=False)
     procs: list = []
     try:
-        with _signals(sigterm=_raise_interrupt):
+        with signal_handlers(sigterm=_raise_interrupt):
             store = dist.TCPStore(HOST, 0, None, True, timeout=RENDEZVOUS_TIMEOUT,
                                   wait_for_workers=False)
             ctx = mp.get_context("spawn")
@@ -65,9 +65,10 @@ def launch_local(config, record: RunRecord, progress: ProgressBoard | None = Non
     except BaseException as exc:
         reason = _reason(exc)
         fail_run(record, reason)
-        raise RunFailed(f"run {record.run_id} {reason}") from None
+        raise RunFailed(f"run {record.run_id} {reason}", record.run_id,
+                        interrupted=isinstance(exc, KeyboardInterrupt)) from None
     finally:
-        with _signals(sigterm=signal.SIG_IGN, sigint=signal.SIG_IGN):  # teardown must finish
+        with signal_handlers(sigterm=signal.SIG_IGN, sigint=signal.SIG_IGN):  # teardown must finish
             _teardown(procs)
 
 
@@ -80,7 +81,7 @@ def _reason(exc: BaseException) -> str:
 
 
 @contextlib.contextmanager
-def _signals(**handlers) -> Iterator[None]:
+def signal_handlers(**handlers) -> Iterator[None]:
     """Install signal handlers (by lower-case name) for a block, where Python allows it (the
     main thread); restore the previous ones after."""
     if threading.current_thread() is not threading.main_thread():

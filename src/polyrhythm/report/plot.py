@@ -80,7 +80,7 @@ def band(ax, x, columns: dict[str, np.ndarray], group: Group, label: str,
                for k, v in columns.items()}
     mean, std = columns["mean"] * scale, columns["std"] * scale
     ax.plot(x, mean, color=group.color, marker=group.marker, markersize=3.5,
-            markevery=max(1, len(x) // 12), linewidth=1.6, label=label)
+            markevery=max(1, len(x) // 25), linewidth=1.6, label=label)
     if np.nanmax(columns["n"], initial=0) > 1:
         ax.fill_between(x, mean - std, mean + std, color=group.color, alpha=0.25, linewidth=0)
         ax.fill_between(x, columns["min"] * scale, columns["max"] * scale, color=group.color,

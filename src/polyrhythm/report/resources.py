@@ -1,5 +1,6 @@
 """Figures of the processes' resources over time (CPU, memory, network), servers apart from
-workers: per group the mean over the role's processes, then mean and spread over repeats."""
+workers: per group the mean over the role's processes, then mean and spread over repeats,
+drawn at the samples themselves."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from polyrhythm.report.plot import NoData, band, figure_legend, from_zero, new_f
 from polyrhythm.report.training import group_name
 
 ROLES = (("server", "servers"), ("worker", "workers"))
-GRID_POINTS = 150
 
 
 def _cpu(t, columns):
@@ -25,7 +25,8 @@ def _memory(t, columns):
 
 
 def _network(t, columns):
-    """Bytes/s sent and received, from the cumulative counters, between samples."""
+    """Bytes/s sent and received, from the cumulative counters: the rate between consecutive
+    samples, at the middle of the interval (so n samples give n - 1 points)."""
     total = columns["bytes_sent"] + columns["bytes_received"]
     dt = np.diff(t)
     ok = dt > 0
@@ -33,7 +34,7 @@ def _network(t, columns):
 
 
 def _process_curves(run: Run, role: str, value) -> list[tuple[np.ndarray, np.ndarray]]:
-    """One (t, value) curve per process of the role, with at least two points."""
+    """One (t, value) curve per process of the role that has a point."""
     columns = run.series.get("resources", {})
     if not columns:
         return []
@@ -43,29 +44,31 @@ def _process_curves(run: Run, role: str, value) -> list[tuple[np.ndarray, np.nda
         order = np.argsort(columns["t"][keep], kind="stable")
         process = {k: v[keep][order] for k, v in columns.items() if k != "role"}
         t, y = value(process["t"], process)
-        if len(t) > 1:
+        if len(t):
             curves.append((t, y))
     return curves
 
 
-def _run_curve(curves, grid: np.ndarray) -> np.ndarray:
-    """Mean over processes on the grid, where every process has samples around that time (the
-    mean would jump where one process's samples end); NaN elsewhere."""
-    start, end = max(t[0] for t, _ in curves), min(t[-1] for t, _ in curves)
-    mean = np.mean([np.interp(grid, t, y) for t, y in curves], axis=0)
-    return np.where((grid >= start) & (grid <= end), mean, np.nan)
+def _aligned(curves) -> tuple[np.ndarray, np.ndarray]:
+    """Curves lined up by sample index (every process samples on the same schedule, 0.25 s
+    after the start, then once a second, and once at its end), cut to the shortest: each
+    point's mean time and its values, one row per curve. No interpolation, so each point
+    drawn is a sample that was taken."""
+    n = min(len(t) for t, _ in curves)
+    return (np.mean([t[:n] for t, _ in curves], axis=0),
+            np.vstack([y[:n] for _, y in curves]))
 
 
 def _role_bands(groups: list[Group], role: str, value):
-    """Per group with samples of the role: grid times and stats over repeats."""
+    """Per group with samples of the role: sample times, stats over repeats of the mean over
+    the role's processes, and the samples per process drawn."""
     bands = []
     for group in groups:
-        per_run = [c for r in group.runs if (c := _process_curves(r, role, value))]
+        per_run = [_aligned(c) for r in group.runs if (c := _process_curves(r, role, value))]
         if not per_run:
             continue
-        times = [t for curves in per_run for t, _ in curves]
-        grid = np.linspace(min(t[0] for t in times), max(t[-1] for t in times), GRID_POINTS)
-        bands.append((group, grid, column_stats([_run_curve(c, grid) for c in per_run])))
+        t, runs = _aligned([(t, values.mean(axis=0)) for t, values in per_run])
+        bands.append((group, t, column_stats(list(runs)), len(t)))
     return bands
 
 
@@ -81,12 +84,12 @@ def _resource_figure(groups: list[Group], ylabel: str, value, rate: bool = False
     if not any(bands for _, _, bands in per_role):
         raise NoData("no process resource samples were recorded")
     peak = max(float(np.nanmax(s["mean"], initial=0)) for *_, bands in per_role
-               for *_, s in bands)
+               for _, _, s, _ in bands)
     unit, size = _unit(peak) if rate else ("", 1.0)
     fig, axes = new_figure(ncols=2, width=10.0)
     handles = {}
     for ax, (_role, plural, bands) in zip(axes, per_role, strict=True):
-        for group, grid, columns in bands:
+        for group, grid, columns, _ in bands:
             band(ax, grid, columns, group, group_name(group), scale=1 / size)
         ax.set_title(f"{plural} (mean per process)")
         ax.set_xlabel("time since job start (s)")
@@ -99,11 +102,21 @@ def _resource_figure(groups: list[Group], ylabel: str, value, rate: bool = False
     figure_legend(fig, list(handles.values()), list(handles), title="group", right=True)
     shown = {group.label for *_, bands in per_role for group, *_ in bands}
     missing = [g.label for g in groups if g.label not in shown]
-    text = "line: mean over repeats; dark band: ±1 std; light band: min-max"
+    counts = [samples for *_, bands in per_role for *_, samples in bands]
+    text = (f"each process sampled 0.25 s in, then about once a second, and at its end; "
+            f"{_span(counts)} points per line{' (rates: between samples)' if rate else ''}, "
+            "one marker each (the k-th samples of every process and repeat together); line: "
+            "mean over repeats; dark band: ±1 std; light band: min-max")
     if missing:
-        text += f"; fewer than two samples per process for: {', '.join(missing)}"
+        why = "no samples, or fewer than two for a rate" if rate else "no samples"
+        text += f"; {why} for: {', '.join(missing)}"
     fig.supxlabel(textwrap.fill(text, 140), fontsize=8, color="0.35")
     return fig
+
+
+def _span(counts: list[int]) -> str:
+    low, high = min(counts), max(counts)
+    return str(low) if low == high else f"{low}-{high}"
 
 
 def cpu_over_time(groups: list[Group]):

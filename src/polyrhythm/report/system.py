@@ -207,7 +207,9 @@ def push_pull_latency(groups: list[Group]):
         from_zero(ax)
         ax.set_title(name)
     text = ("box: quartiles and median over all steady iterations of all workers and repeats;"
-            " whiskers: 5th-95th percentile"
+            " whiskers: 5th-95th percentile. Parameter-server workers start sending each bucket"
+            " during backward, so push is the sending time left after backward (what overlap"
+            " did not hide), not the full transfer time"
             + _skipped("no push or pull (collectives) for", groups, rows))
     fig.supxlabel(textwrap.fill(text, 120), fontsize=8, color="0.35")
     return fig

@@ -32,7 +32,7 @@ _PARAMETER_SERVER = [
                  "optionally a value bound", PS,
                  lambda c: StaleSynchronousPolicy(c.workers, c.staleness, c.value_bound),
                  ("staleness", "value_bound"),
-                 whole_gradient=lambda c: c.value_bound is not None),
+                 whole_gradient=lambda s: s.get("value_bound") is not None),
     StrategySpec("kbsp", "k-BSP: one update from the first k workers of a round, the late "
                  "gradients dropped", PS,
                  lambda c: QuorumSynchronousPolicy(c.workers, c.quorum), ("quorum",),

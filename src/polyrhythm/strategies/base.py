@@ -44,11 +44,11 @@ def no_defaults(config) -> dict:
     return {}
 
 
-def never(config) -> bool:
+def never(settings) -> bool:
     return False
 
 
-def always(config) -> bool:
+def always(settings) -> bool:
     return True
 
 
@@ -58,11 +58,11 @@ class StrategySpec:
 
     `parameters` are the RunConfig fields it reads (others' parameters are errors for it);
     `defaults(config)` resolves those left unset whose default depends on the run (e.g. N).
-    `whole_gradient(config)`: its policy decides on a worker's whole gradient (quorums, value
-    bounds), so the model travels as one bucket to one server. Policies are per bucket, and a
-    worker waits for all its buckets: quorums decided per bucket could each wait for a worker
-    that another bucket holds (deadlock), or apply a gradient on one bucket and drop it on
-    another. BSP, ASP and SSP decide per bucket safely.
+    `whole_gradient(settings)` (the fields set for the run, a mapping): its policy decides on a
+    worker's whole gradient (quorums, value bounds), so the model travels as one bucket to one
+    server. Policies are per bucket, and a worker waits for all its buckets: quorums decided
+    per bucket could each wait for a worker that another bucket holds (deadlock), or apply a
+    gradient on one bucket and drop it on another. BSP, ASP and SSP decide per bucket safely.
     """
 
     name: str
