@@ -7,6 +7,8 @@ import base64
 import re
 import shutil
 import subprocess
+import sys
+from datetime import datetime
 
 import numpy as np
 import pytest
@@ -306,3 +308,45 @@ def test_resource_figures_draw_the_samples_themselves(fabricated):
     network_axes = network_over_time(groups).axes[1]
     (line,) = [ln for ln in network_axes.get_lines() if ln.get_label().startswith("bsp ")]
     assert line.get_xdata().tolist() == [s + 0.5 for s in range(samples - 1)]
+
+
+def test_tensorboard_format_writes_each_runs_series(fabricated, tmp_path):
+    pytest.importorskip("tensorboard", reason="the tensorboard package is not installed")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    store_path, ids = fabricated
+    out = write_report(store_path, ids, tmp_path, "ignored", fmt="tensorboard")
+    completed = ids[:-1]  # the failed run has nothing to show
+    assert out == tmp_path / "tensorboard"
+    assert sorted(p.name for p in out.iterdir()) == sorted(completed)
+
+    (run,) = load_runs(store_path, [ids[2]])  # asp: a server with stale pushes
+    events = EventAccumulator(str(out / run.run_id), size_guidance={"scalars": 0})
+    events.Reload()
+
+    def values(tag):
+        return [e.value for e in events.Scalars(tag)]
+
+    assert values("epoch/val_accuracy") == pytest.approx([e["val_accuracy"] for e in run.epochs])
+    first = run.column("iterations", "worker") == 0
+    assert values("worker0/compute_ms") == pytest.approx(
+        1000 * run.column("iterations", "compute_s")[first], rel=1e-6)
+    assert [e.step for e in events.Scalars("worker0/total_ms")] == list(
+        run.column("iterations", "step")[first])
+    assert values("server0/staleness") == list(run.column("pushes", "staleness"))
+    assert len(values("server0/update_ms")) == len(run.column("updates", "seconds"))
+    ranks = run.column("resources", "rank")
+    assert len(values("worker1/cpu_percent")) == int((ranks == 1).sum())
+    # Wall times: the run's creation plus the time since the job started.
+    created = datetime.fromisoformat(run.row["created"]).timestamp()
+    assert [e.wall_time - created for e in events.Scalars("epoch/val_accuracy")] == \
+        pytest.approx([e["wall_s"] for e in run.epochs], abs=1e-3)
+
+
+def test_tensorboard_format_without_the_package_is_a_one_line_error(fabricated, tmp_path,
+                                                                     monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
+    store_path, ids = fabricated
+    with pytest.raises(PolyrhythmError, match=r"needs the tensorboard package") as excinfo:
+        write_report(store_path, ids, tmp_path, "t", fmt="tensorboard")
+    assert "\n" not in str(excinfo.value)

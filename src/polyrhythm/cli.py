@@ -129,8 +129,9 @@ def _add_sweep_commands(commands) -> None:
     report.add_argument("--sweep", metavar="SWEEP_ID", help="the completed runs of a sweep")
     report.add_argument("--latest", action="store_true",
                         help="the last sweep or comparison started")
-    report.add_argument("--format", choices=("html", "md"), default="html",
-                        help="report format (default: html)")
+    report.add_argument("--format", choices=("html", "md", "tensorboard"), default="html",
+                        help="report format (default: html); tensorboard: event files to view "
+                        "with `tensorboard --logdir`")
     report.add_argument("--out", default="runs", metavar="DIR",
                         help="runs directory (default: runs); the report goes to "
                         "DIR/reports/<name>/")

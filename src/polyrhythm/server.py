@@ -29,8 +29,8 @@ class Bucket:
     def __init__(self, initial: torch.Tensor, start: int, stop: int, policy: ConsistencyPolicy,
                  config) -> None:
         self.start, self.stop = start, stop
-        # The reply is [version, weights ...]: the weights live inside it, so answering a
-        # worker sends this buffer as it is, with no copy.
+        # The reply is [version, over, weights ...]: the weights live inside it, so answering
+        # a worker sends this buffer as it is, with no copy.
         self.outbox = torch.cat([torch.zeros(REPLY_HEADER), initial[start:stop]])
         self.weights = self.outbox[REPLY_HEADER:]
         # An elastic centre adds what it gets; every other policy steps an optimizer.
@@ -41,6 +41,14 @@ class Bucket:
         self.pending_weight = 0.0
         self.version = 0  # weight updates applied so far
         self.progress = 0.0  # global batches' worth of gradient applied (drives lr decay)
+
+    @property
+    def over(self) -> bool:
+        """Training has ended on this bucket: every reply tells the worker to stop."""
+        return bool(self.outbox[1])
+
+    def end(self) -> None:
+        self.outbox[1] = 1
 
     def accumulate(self, grad: torch.Tensor, weight: float, scale: float = 1.0) -> None:
         """Add a gradient with its batch weight; `scale` shrinks its step, not its weight."""
@@ -78,6 +86,7 @@ class ParameterServerShard:
                         for k, (a, b) in buckets.items()}
         self.capacity = capacity  # elements in the largest bucket: pushes are padded to it
         self.steps_per_epoch = steps_per_epoch
+        self.rounds = steps_per_epoch * ctx.config.epochs  # for policies with fixed rounds
         self.staleness = StalenessLog()
         self.record = ctx.config.instrumentation
         self.pushes: list[tuple] = []  # (server, t, worker, staleness, queue) per gradient
@@ -97,6 +106,8 @@ class ParameterServerShard:
             if kind & DONE:
                 unfinished[src] -= 1
                 decision = bucket.policy.on_done(worker)
+            elif kind & GRADIENT and bucket.over:  # late work after the last round: cancelled
+                decision = Decision(accumulate=False, release=(worker,))
             elif kind & GRADIENT:
                 staleness = bucket.version - int(pulled)
                 decision = bucket.policy.on_push(worker, int(clock), staleness)
@@ -125,6 +136,8 @@ class ParameterServerShard:
                 bucket.apply(self.ctx.config, self.steps_per_epoch)
             if self.record:
                 self.updates.append((self.ctx.rank, began, self.ctx.now() - began))
+            if bucket.policy.fixed_rounds and bucket.version >= self.rounds:
+                bucket.end()
         ranks = [self.ctx.topology.worker_ranks[w] for w in decision.release]
         for work in [self.ctx.transport.isend(bucket.outbox, r, tag=key) for r in ranks]:
             work.wait()

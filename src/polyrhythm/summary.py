@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass
 
@@ -78,7 +79,7 @@ def _throughput(epochs: list[dict]) -> float:
     seconds = sum(e["measured_seconds"] for e in epochs)
     if samples == 0 or seconds <= 0:
         samples, seconds = sum(e["samples"] for e in epochs), sum(e["seconds"] for e in epochs)
-    return samples / seconds
+    return samples / seconds if samples else 0.0  # no steps: a worker stopped early
 
 
 def _weight_updates(servers: list[dict], workers: list[dict]) -> int:
@@ -98,13 +99,15 @@ def _worker_times(worker: dict) -> dict:
 
 
 def _epoch_rows(workers: list[dict]) -> list[dict]:
-    """Per epoch: mean train loss over workers, first worker's validation, cluster samples/s."""
+    """Per epoch: mean train loss over workers (those that took steps in it), first worker's
+    validation, cluster samples/s."""
     rows = []
     for e, first in enumerate(workers[0]["epochs"]):
         per_worker = [w["epochs"][e] for w in workers]
+        losses = [p["train_loss"] for p in per_worker if p["samples"]]
         rows.append({
             "epoch": e,
-            "train_loss": sum(p["train_loss"] for p in per_worker) / len(per_worker),
+            "train_loss": sum(losses) / len(losses) if losses else math.nan,
             "val_loss": first["val_loss"],
             "val_accuracy": first["val_accuracy"],
             "samples_per_s": sum(_throughput([p]) for p in per_worker),

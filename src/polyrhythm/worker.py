@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 import torch
@@ -86,7 +87,7 @@ class Worker:
             "rank": self.ctx.rank,
             "worker": self.ctx.worker_index,
             "epochs": epochs,
-            "steps": self.steps * len(epochs),
+            "steps": self.global_step,
             "spans": dict(self.ctx.spans.totals),
             "traffic": vars(self.ctx.transport.counters),
             "iterations": self.iterations,
@@ -98,9 +99,11 @@ class Worker:
     def _epoch(self, epoch: int) -> dict:
         ctx, config = self.ctx, self.ctx.config
         order = epoch_order(self.shard, epoch, config.seed, ctx.worker_index)
-        t0, loss_sum = time.perf_counter(), 0.0
+        t0, loss_sum, taken = time.perf_counter(), 0.0, 0
         measured_from = None  # when this epoch's first step after the warm-up began
         for step in range(self.steps):
+            if self.strategy.stopped:
+                break  # the servers ended the run (k-BSP: its rounds are done)
             began = time.perf_counter()
             if measured_from is None and self.global_step >= config.warmup_steps:
                 measured_from = began
@@ -118,15 +121,16 @@ class Worker:
                     ctx.worker_index, self.global_step, epoch, began - ctx.started,
                     *(spans.get(name, 0.0) for name in SPAN_NAMES), ended - began))
             self.global_step += 1
+            taken += 1
             loss_sum += loss
             self._progress(epoch, step + 1, loss, (step + 1) * self.batch / (ended - t0))
         ended = time.perf_counter()
-        record = {"epoch": epoch, "train_loss": loss_sum / self.steps,
-                  "samples": self.steps * self.batch, "seconds": ended - t0,
+        record = {"epoch": epoch, "train_loss": loss_sum / taken if taken else math.nan,
+                  "samples": taken * self.batch, "seconds": ended - t0,
                   "wall_s": ended - ctx.started}
         # Throughput leaves out the warm-up steps (first iterations pay for lazy set-up).
         if measured_from is not None:
-            measured_steps = min(self.steps, self.global_step - config.warmup_steps)
+            measured_steps = min(taken, self.global_step - config.warmup_steps)
             record["measured_samples"] = measured_steps * self.batch
             record["measured_seconds"] = ended - measured_from
         else:

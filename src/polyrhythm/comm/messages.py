@@ -3,8 +3,10 @@
   push  = [kind, clock, pulled version, weight, bucket, values ..., padding]
           worker -> server, tag 0; padded to the server's largest bucket, so one receive
           buffer per worker fits every push of that worker
-  reply = [version, parameter slice ...]
-          server -> worker, tag = bucket id, so replies may arrive in any order
+  reply = [version, over, parameter slice ...]
+          server -> worker, tag = bucket id, so replies may arrive in any order; `over` is
+          1 once the server has ended training (k-BSP and backup workers: the run's rounds
+          are done), and the worker stops at once
 
 `kind` is a sum of flags: GRADIENT (the values are a gradient, or another update for the
 policy), REPLY (the worker waits for the parameters), DONE (the worker leaves). A usual push is
@@ -18,4 +20,4 @@ GRADIENT, REPLY, DONE = 1, 2, 4
 PUSH = GRADIENT | REPLY
 FETCH = REPLY
 PUSH_HEADER = 5
-REPLY_HEADER = 1
+REPLY_HEADER = 2

@@ -3,6 +3,9 @@
     from polyrhythm.report import write_report
     write_report("runs/polyrhythm.db", run_ids, "report/", "ASP against BSP")
 
+TensorBoard (`fmt="tensorboard"`): event files, one directory per run, under
+`<out_dir>/tensorboard/` (report/tensorboard.py; needs the tensorboard package).
+
 HTML: `report.html`, one self-contained file (figures embedded as data: URIs, inline CSS, no
 script, nothing fetched), and each figure as `<name>.png` beside it. Markdown: `report.md`
 with the tables and the figures by file name, and the PNGs. Runs that share a label (the
@@ -24,8 +27,10 @@ from polyrhythm.report.figures import FIGURES, render
 from polyrhythm.report.html import render_html
 from polyrhythm.report.markdown import render_markdown
 from polyrhythm.report.tables import tables
+from polyrhythm.report.tensorboard import write_tensorboard
 
-FORMATS = {"html": ("report.html", render_html), "md": ("report.md", render_markdown)}
+FORMATS = {"html": ("report.html", render_html), "md": ("report.md", render_markdown),
+           "tensorboard": ("tensorboard", None)}
 FIGURE_NAMES = tuple(spec.name for spec in FIGURES)
 
 __all__ = ["FIGURE_NAMES", "FORMATS", "write_report"]
@@ -33,7 +38,8 @@ __all__ = ["FIGURE_NAMES", "FORMATS", "write_report"]
 
 def write_report(store_path: str | Path, run_ids: list[str], out_dir: str | Path, title: str,
                  fmt: str = "html") -> Path:
-    """Write the report on these runs of the store into out_dir; return the report's path.
+    """Write the report on these runs of the store into out_dir; return the report's path
+    (for TensorBoard, the directory of the runs' event files).
 
     Raises ConfigError for an unknown format or no run ids, StoreError for a missing store,
     unknown run ids, no completed run among them, or an out_dir that cannot be written.
@@ -48,6 +54,8 @@ def write_report(store_path: str | Path, run_ids: list[str], out_dir: str | Path
             raise PermissionError(errno.EACCES, "permission denied")
     except OSError as exc:
         raise _unwritable(out, exc) from None
+    if fmt == "tensorboard":
+        return write_tensorboard(runs, out / "tensorboard")
     groups = group_runs(runs)
     figures = render(groups)
     statuses = Counter(r.row["status"] for r in runs)

@@ -34,6 +34,12 @@ class Strategy(ABC):
     def finish(self) -> None:  # noqa: B027 - optional hook, most strategies need nothing
         """Called once after the last step."""
 
+    @property
+    def stopped(self) -> bool:
+        """The job ended training before this worker's last step (k-BSP's servers end it
+        once the run's rounds are done): the worker takes no more steps."""
+        return False
+
     def consensus_weight(self) -> float | None:
         """Where workers hold different models: this worker's weight in their consensus (the
         model validated at epoch ends is the weighted mean). None: worker 0's model is it."""

@@ -33,7 +33,11 @@ class ConsistencyPolicy(ABC):
       of N asynchronous pushes then moves the weights by lr/N);
     - `elastic`: add the pending values to the weights (EASGD's centre variable) instead of
       taking an optimizer step;
-    - `tracks_change`: call `on_update` with the max-norm of every applied change.
+    - `tracks_change`: call `on_update` with the max-norm of every applied change;
+    - `fixed_rounds`: the run is as many updates as BSP would make (steps per epoch x
+      epochs), after which the server ends training and workers still computing stop, as in
+      k-BSP and backup workers, where a straggler's work is cancelled. Without it a straggler
+      would go on alone once the others are done, each of its gradients a round of its own.
     `concurrency` is how many updates are in flight per round of N pushes: 1 when rounds are
     synchronous, N for fully asynchronous servers; asynchrony acts as implicit momentum.
     """
@@ -41,6 +45,7 @@ class ConsistencyPolicy(ABC):
     averages = False
     elastic = False
     tracks_change = False
+    fixed_rounds = False
 
     def __init__(self, workers: int) -> None:
         self.active = set(range(workers))
@@ -108,6 +113,7 @@ class QuorumSynchronousPolicy(BulkSynchronousPolicy):
     """
 
     averages = True
+    fixed_rounds = True
 
     def __init__(self, workers: int, quorum: int) -> None:
         super().__init__(workers)

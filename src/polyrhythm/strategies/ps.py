@@ -33,6 +33,7 @@ class ServerLink:
         self.outbox = [torch.zeros(PUSH_HEADER + capacity[s]) for s, _, _ in self.buckets]
         self.inbox = [torch.empty(REPLY_HEADER + b - a) for _, a, b in self.buckets]
         self.pulled = [0] * len(self.buckets)
+        self.over = False  # a server ended training (its reply said so)
         self.sends: list = [None] * len(self.buckets)
         self.receives: list = []
 
@@ -70,6 +71,7 @@ class ServerLink:
         with self.ctx.spans("pull"):
             for k, (_, a, b) in enumerate(self.buckets):
                 self.pulled[k] = int(self.inbox[k][0])
+                self.over |= bool(self.inbox[k][1])
                 into[a:b] = self.inbox[k][REPLY_HEADER:]
 
     def leave(self) -> None:
@@ -149,6 +151,10 @@ class ParameterServerWorker(Strategy):
         else:  # Downpour between fetches: step the local replica
             with self.ctx.spans("apply"):
                 self.flat.data.add_(self.flat.grad(), alpha=-lr_at(self.ctx.config, epoch))
+
+    @property
+    def stopped(self) -> bool:
+        return self.link.over
 
     def finish(self) -> None:
         if self.steps % self.push_every:  # Downpour: gradients of the last steps, not pushed
