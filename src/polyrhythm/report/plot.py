@@ -28,6 +28,8 @@ STYLE = {
     "axes.spines.right": False,
 }
 DPI = 110
+LEGEND_CHARS_PER_INCH = 15  # label characters across an inch at the legend's font size
+LEGEND_ENTRY_CHARS = 6  # an entry's marker and padding, in characters
 
 
 class NoData(Exception):
@@ -64,9 +66,11 @@ def figure_legend(fig: Figure, handles, labels, title: str | None = None,
     """One legend for the whole figure: under its axes, or right of them."""
     if right:
         fig.legend(handles, labels, loc="outside right upper", title=title, frameon=False)
-    else:
+    else:  # as many columns as fit across the figure (long labels would be cut off)
+        width = fig.get_figwidth() * LEGEND_CHARS_PER_INCH
+        fits = int(width // (max(map(len, labels), default=1) + LEGEND_ENTRY_CHARS))
         fig.legend(handles, labels, loc="outside lower center", title=title,
-                   ncols=min(4, len(handles)), frameon=False)
+                   ncols=max(1, min(4, len(handles), fits)), frameon=False)
 
 
 def band(ax, x, columns: dict[str, np.ndarray], group: Group, label: str,
