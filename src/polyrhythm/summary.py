@@ -10,9 +10,9 @@ import torch
 
 from polyrhythm.data.datasets import Dataset
 from polyrhythm.flat import FlatParameters
-from polyrhythm.metrics.recorder import StalenessLog
+from polyrhythm.metrics.recorder import SPAN_NAMES, StalenessLog
 from polyrhythm.models import build_model
-from polyrhythm.worker import SPAN_NAMES, evaluate
+from polyrhythm.worker import evaluate
 
 
 @dataclass

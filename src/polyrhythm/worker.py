@@ -20,11 +20,11 @@ from polyrhythm.data.sharding import (
     worker_batch_sizes,
 )
 from polyrhythm.flat import FlatParameters
+from polyrhythm.metrics.recorder import SPAN_NAMES
 from polyrhythm.models import build_model
 from polyrhythm.strategies import STRATEGIES
 
 PROGRESS_INTERVAL_S = 0.25
-SPAN_NAMES = ("compute", "push", "wait", "pull", "apply")  # what an iteration is made of
 
 
 @torch.no_grad()

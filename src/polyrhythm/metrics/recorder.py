@@ -7,6 +7,10 @@ from collections import Counter, defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+# What a training iteration is made of, for every strategy: the spans each worker records per
+# iteration, the `<span>_s` columns of the store's iterations table and the report's phases.
+SPAN_NAMES = ("compute", "push", "wait", "pull", "apply")
+
 
 class Spans:
     """Seconds spent in each named span (compute, push, wait, pull, apply, update): in all,

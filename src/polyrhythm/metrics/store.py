@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from polyrhythm.errors import StoreError
+from polyrhythm.metrics.recorder import SPAN_NAMES
 
 SCHEMA_VERSION = 2
 
@@ -100,8 +101,7 @@ CREATE INDEX IF NOT EXISTS resources_run ON resources(run_id);
 
 # The per-event tables and their columns after run_id, in the order of the rows runs report.
 SERIES = {
-    "iterations": ("worker", "step", "epoch", "t", "compute_s", "push_s", "wait_s", "pull_s",
-                   "apply_s", "total_s"),
+    "iterations": ("worker", "step", "epoch", "t", *(f"{s}_s" for s in SPAN_NAMES), "total_s"),
     "pushes": ("server", "t", "worker", "staleness", "queue"),
     "updates": ("server", "t", "seconds"),
     "resources": ("rank", "role", "t", "cpu_percent", "rss_bytes", "bytes_sent",

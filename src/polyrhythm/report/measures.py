@@ -13,9 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from polyrhythm.metrics.recorder import SPAN_NAMES
 from polyrhythm.report.data import Run
-
-PHASES = ("compute", "push", "wait", "pull", "apply")
 
 
 @dataclass(frozen=True)
@@ -123,15 +122,15 @@ def phase_seconds(run: Run) -> dict[str, float] | None:
     total = run.column("iterations", "total_s")
     if len(total):
         keep = _steady_iterations(run)
-        means = {p: float(run.column("iterations", f"{p}_s")[keep].mean()) for p in PHASES}
+        means = {p: float(run.column("iterations", f"{p}_s")[keep].mean()) for p in SPAN_NAMES}
         whole = float(total[keep].mean())
     else:
         workers = [w for w in run.summary.get("per_worker") or [] if w.get("steps")]
         steps = sum(w["steps"] for w in workers)
-        if not steps or not any(f"{p}_s" in w for w in workers for p in PHASES):
+        if not steps or not any(f"{p}_s" in w for w in workers for p in SPAN_NAMES):
             return None
         means = {p: sum(_number(w.get(f"{p}_s")) or 0.0 for w in workers) / steps
-                 for p in PHASES}
+                 for p in SPAN_NAMES}
         whole = sum(_number(w.get("train_s")) or 0.0 for w in workers) / steps
     means["other"] = max(0.0, whole - sum(means.values()))
     return means

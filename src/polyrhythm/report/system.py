@@ -7,9 +7,9 @@ import textwrap
 
 import numpy as np
 
+from polyrhythm.metrics.recorder import SPAN_NAMES
 from polyrhythm.report.data import Group
 from polyrhythm.report.measures import (
-    PHASES,
     column_stats,
     idleness,
     latencies_ms,
@@ -53,7 +53,7 @@ def time_breakdown(groups: list[Group]):
     rows = breakdown(groups)
     if not rows:
         raise NoData("no run has per-iteration timings")
-    phases = [p for p in (*PHASES, "other") if any(m[p] > 0 for _, ms in rows for m in ms)]
+    phases = [p for p in (*SPAN_NAMES, "other") if any(m[p] > 0 for _, ms in rows for m in ms)]
     fig, (ax,) = new_figure()
     bottom = np.zeros(len(rows))
     for phase in phases:

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from polyrhythm.metrics.recorder import SPAN_NAMES
 from polyrhythm.report.data import Group, Run
 from polyrhythm.report.measures import (
-    PHASES,
     Stats,
     final_accuracy,
     idleness,
@@ -89,7 +89,7 @@ def breakdown_table(groups: list[Group]) -> Table:
     for g in groups:
         ms = phases.get(g.label)
         cells = [_num(np.mean([m[p] for m in ms]) * 1000, 2) if ms else NONE
-                 for p in (*PHASES, "other")]
+                 for p in (*SPAN_NAMES, "other")]
         total = stats(sum(m.values()) * 1000 for m in ms) if ms else None
         idle = stats(v for r in g.runs for v in idleness(r))
         rows.append((g.label, *cells, _mean_std(total, 2), _mean_std(idle, 1, 100),

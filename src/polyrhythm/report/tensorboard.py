@@ -23,10 +23,11 @@ from datetime import datetime
 from pathlib import Path
 
 from polyrhythm.errors import ConfigError
+from polyrhythm.metrics.recorder import SPAN_NAMES
 from polyrhythm.report.data import Run
 
 EPOCH_SCALARS = ("val_accuracy", "val_loss", "train_loss", "samples_per_s")
-SPANS = ("compute", "push", "wait", "pull", "apply", "total")
+SPANS = (*SPAN_NAMES, "total")
 FINAL = {"final/val_accuracy": "final_val_accuracy", "final/samples_per_s": "samples_per_s",
          "final/wall_s": "wall_s"}
 
