@@ -65,6 +65,16 @@ class ConsistencyPolicy(ABC):
     def on_update(self, change: float) -> None:  # noqa: B027 - only value bounds need it
         """The last decided update changed the weights by `change` in max-norm."""
 
+    def _release_if_quorum(self, members: set[int], quorum: int, accumulate: bool,
+                           scale: float = 1.0) -> Decision:
+        """One update that releases `members` once they number the quorum (or every active
+        worker, when fewer are left); else just this push's accumulation."""
+        if not members or len(members) < min(quorum, len(self.active)):
+            return Decision(accumulate=accumulate, scale=scale)
+        released = tuple(sorted(members))
+        members.clear()
+        return Decision(accumulate=accumulate, update=True, release=released, scale=scale)
+
     @abstractmethod
     def _decide(self, worker: int, staleness: int) -> Decision: ...
 
@@ -85,20 +95,13 @@ class BulkSynchronousPolicy(ConsistencyPolicy):
 
     def _decide(self, worker: int, staleness: int) -> Decision:
         self.arrived.add(worker)
-        return self._close_round_if_complete(accumulate=True)
+        return self._release_if_quorum(self.arrived, self._quorum(), accumulate=True)
 
     def _decide_after_leave(self) -> Decision:
-        return self._close_round_if_complete(accumulate=False)
+        return self._release_if_quorum(self.arrived, self._quorum(), accumulate=False)
 
     def _quorum(self) -> int:
         return len(self.active)
-
-    def _close_round_if_complete(self, accumulate: bool) -> Decision:
-        if not self.arrived or len(self.arrived) < min(self._quorum(), len(self.active)):
-            return Decision(accumulate=accumulate)
-        released = tuple(sorted(self.arrived))
-        self.arrived.clear()
-        return Decision(accumulate=accumulate, update=True, release=released)
 
 
 class QuorumSynchronousPolicy(BulkSynchronousPolicy):
@@ -168,20 +171,14 @@ class QuorumAsynchronousPolicy(ConsistencyPolicy):
 
     def _decide(self, worker: int, staleness: int) -> Decision:
         self.waiting.add(worker)
-        return self._apply_if_quorum(accumulate=True, scale=self._scale(staleness))
+        return self._release_if_quorum(self.waiting, self.quorum, accumulate=True,
+                                       scale=self._scale(staleness))
 
     def _decide_after_leave(self) -> Decision:
-        return self._apply_if_quorum(accumulate=False)
+        return self._release_if_quorum(self.waiting, self.quorum, accumulate=False)
 
     def _scale(self, staleness: int) -> float:
         return 1.0
-
-    def _apply_if_quorum(self, accumulate: bool, scale: float = 1.0) -> Decision:
-        if not self.waiting or len(self.waiting) < min(self.quorum, len(self.active)):
-            return Decision(accumulate=accumulate, scale=scale)
-        released = tuple(sorted(self.waiting))
-        self.waiting.clear()
-        return Decision(accumulate=accumulate, update=True, release=released, scale=scale)
 
 
 class SoftSynchronousPolicy(QuorumAsynchronousPolicy):
