@@ -145,22 +145,18 @@ def tree_schedule(n: int, i: int, numel: int) -> Schedule:
         return []
     whole = (0, numel)
     masks = [1 << k for k in range((n - 1).bit_length())]
-    reduce, broadcast = [], []
-    for mask in masks:
+
+    def level(mask: int, with_parent: str, with_child: str) -> Round:
+        """This member's round on the tree level of `mask`: with its parent, with its child
+        (if it exists) or none."""
         if i % (2 * mask) == mask:
-            reduce.append(_round((SEND, i - mask, whole)))
-        elif i % (2 * mask) == 0 and i + mask < n:
-            reduce.append(_round((RECV_ADD, i + mask, whole)))
-        else:
-            reduce.append([])
-    for mask in reversed(masks):
-        if i % (2 * mask) == mask:
-            broadcast.append(_round((RECV_COPY, i - mask, whole)))
-        elif i % (2 * mask) == 0 and i + mask < n:
-            broadcast.append(_round((SEND, i + mask, whole)))
-        else:
-            broadcast.append([])
-    return reduce + broadcast
+            return _round((with_parent, i - mask, whole))
+        if i % (2 * mask) == 0 and i + mask < n:
+            return _round((with_child, i + mask, whole))
+        return []
+
+    return ([level(mask, SEND, RECV_ADD) for mask in masks]
+            + [level(mask, RECV_COPY, SEND) for mask in reversed(masks)])
 
 
 ALGORITHMS: dict[str, Callable[[int, int, int], Schedule]] = {
