@@ -73,6 +73,9 @@ def figure_legend(fig: Figure, handles, labels, title: str | None = None,
                    ncols=max(1, min(4, len(handles), fits)), frameon=False)
 
 
+BAND_NOTE = "line: mean over repeats; dark band: ±1 std; light band: min-max"  # of band()
+
+
 def band(ax, x, columns: dict[str, np.ndarray], group: Group, label: str,
          scale: float = 1.0) -> None:
     """Mean line; dark band ±1 std and light band min-max over repeats (where there are).

@@ -10,7 +10,7 @@ import numpy as np
 
 from polyrhythm.report.data import Group, Run
 from polyrhythm.report.measures import column_stats
-from polyrhythm.report.plot import NoData, band, figure_legend, from_zero, new_figure
+from polyrhythm.report.plot import BAND_NOTE, NoData, band, figure_legend, from_zero, new_figure
 from polyrhythm.report.training import group_name
 
 ROLES = (("server", "servers"), ("worker", "workers"))
@@ -105,8 +105,8 @@ def _resource_figure(groups: list[Group], ylabel: str, value, rate: bool = False
     counts = [samples for *_, bands in per_role for *_, samples in bands]
     text = (f"each process sampled 0.25 s in, then about once a second, and at its end; "
             f"{_span(counts)} points per line{' (rates: between samples)' if rate else ''}, "
-            "one marker each (the k-th samples of every process and repeat together); line: "
-            "mean over repeats; dark band: ±1 std; light band: min-max")
+            "one marker each (the k-th samples of every process and repeat together); "
+            + BAND_NOTE)
     if missing:
         why = "no samples, or fewer than two for a rate" if rate else "no samples"
         text += f"; {why} for: {', '.join(missing)}"

@@ -19,6 +19,7 @@ from polyrhythm.report.measures import (
     weight_updates,
 )
 from polyrhythm.report.plot import (
+    BAND_NOTE,
     NoData,
     band,
     from_zero,
@@ -151,7 +152,7 @@ def staleness_over_time(groups: list[Group]):
     ax.set_xlabel("time since job start (s)")
     ax.set_ylabel("staleness of applied gradients (mean per time bin)")
     from_zero(ax)
-    note(ax, "line: mean over repeats; dark band: ±1 std; light band: min-max"
+    note(ax, BAND_NOTE
          + (f"; no pushes for {', '.join(missing)}" if missing else ""))
     legend(ax, title="group")
     return fig

@@ -9,7 +9,16 @@ import numpy as np
 
 from polyrhythm.report.data import Group
 from polyrhythm.report.measures import column_stats, stats, throughput
-from polyrhythm.report.plot import NoData, band, from_zero, legend, new_figure, note, points
+from polyrhythm.report.plot import (
+    BAND_NOTE,
+    NoData,
+    band,
+    from_zero,
+    legend,
+    new_figure,
+    note,
+    points,
+)
 
 
 def group_name(group: Group) -> str:
@@ -48,8 +57,7 @@ def _accuracy(groups: list[Group], by_time: bool):
         ax.set_xticks(sorted({int(e["epoch"]) + 1 for g in groups for r in g.runs
                               for e in r.epochs}))
     ax.set_ylabel("validation accuracy (%)")
-    text = "line: mean over repeats; dark band: ±1 std; light band: min-max"
-    note(ax, text + (f"; no epochs for {', '.join(missing)}" if missing else ""))
+    note(ax, BAND_NOTE + (f"; no epochs for {', '.join(missing)}" if missing else ""))
     legend(ax, title="group")
     return fig
 
