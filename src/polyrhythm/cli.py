@@ -59,6 +59,12 @@ def _add_config_flags(parser: argparse.ArgumentParser, exclude: tuple[str, ...] 
         parser.add_argument(flag, **kwargs)
 
 
+def _config_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The RunConfig fields given as flags (those a command has and the user set)."""
+    return {name: value for name in RunConfig.model_fields
+            if (value := getattr(args, name, None)) is not None}
+
+
 def _kind(field) -> type:
     annotation = str(field.annotation)
     return float if "float" in annotation else int if "int" in annotation else str
@@ -140,9 +146,7 @@ def _add_sweep_commands(commands) -> None:
 def _train(args: argparse.Namespace) -> int:
     from polyrhythm.api import train
 
-    overrides = {name: getattr(args, name) for name in RunConfig.model_fields
-                 if getattr(args, name) is not None}
-    summary = train(args.config, show_progress=sys.stderr.isatty(), **overrides)
+    summary = train(args.config, show_progress=sys.stderr.isatty(), **_config_flags(args))
     if args.json:
         print(summary_json_line(summary))
     else:
@@ -218,9 +222,7 @@ def _run_sweep(sweep, as_json: bool) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    base = load_toml(args.config) if args.config else {}
-    base |= {name: getattr(args, name) for name in RunConfig.model_fields
-             if name != "strategy" and getattr(args, name) is not None}
+    base = (load_toml(args.config) if args.config else {}) | _config_flags(args)
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     sweep = compare_sweep(base, strategies, repeats=args.repeats, sweep_id=args.sweep_id)
     return _run_sweep(sweep, args.json)

@@ -593,7 +593,7 @@ def report_sweep(outcome: Outcome) -> None:
     elif not outcome.run_ids:
         outcome.report_note = "report skipped: no completed runs"
     else:
-        title = f"{sweep.name}: {sweep.description}" if sweep.description else sweep.name
+        title = _title(sweep.name, sweep.description)
         try:
             outcome.report = write(sweep.store_path, outcome.run_ids, sweep.dir, title,
                                    fmt="html")
@@ -627,5 +627,9 @@ def report_target(out: str | Path, run_ids: list[str], sweep_id: str | None,
     ids = sweeps.run_ids(sweep_id)
     if not ids:
         raise ConfigError(f"sweep {sweep_id!r} has no completed runs")
-    title = f"{row['name']}: {row['description']}" if row["description"] else row["name"]
-    return sweep_id, title, ids
+    return sweep_id, _title(row["name"], row["description"]), ids
+
+
+def _title(name: str, description: str) -> str:
+    """A sweep report's title: its name, then its description if it has one."""
+    return f"{name}: {description}" if description else name
