@@ -17,6 +17,7 @@ demo: $(STAMP)
 	$(BIN)/polyrhythm compare
 
 test: $(STAMP)
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)

@@ -59,8 +59,8 @@ from polyrhythm.data.sharding import (
     steps_per_epoch,
     worker_batch_sizes,
 )
-from polyrhythm.job import prepare_data, set_threads
-from polyrhythm.models import build_model
+from polyrhythm.models.build import build_model
+from polyrhythm.runtime.job import prepare_data, set_threads
 
 HOST = "127.0.0.1"
 RESULT_TIMEOUT_S = 600.0
@@ -122,8 +122,9 @@ def train_epochs(model: torch.nn.Module, optimizer: torch.optim.Optimizer, train
 
 
 def make_optimizer(model: torch.nn.Module, config) -> torch.optim.SGD:
-    return torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum,
-                           weight_decay=config.weight_decay)
+    return torch.optim.SGD(model.parameters(), lr=config.optimizer.lr,
+                           momentum=config.optimizer.momentum,
+                           weight_decay=config.optimizer.weight_decay)
 
 
 def setup(values: dict) -> tuple[RunConfig, Dataset, torch.nn.Module]:

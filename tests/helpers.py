@@ -13,9 +13,9 @@ from polyrhythm.data.sharding import (
     steps_per_epoch,
     worker_batch_sizes,
 )
-from polyrhythm.job import prepare_data
-from polyrhythm.models import build_model
+from polyrhythm.models.build import build_model
 from polyrhythm.optim import lr_at
+from polyrhythm.runtime.job import prepare_data
 
 
 def small_config(tmp_path, **fields):
@@ -34,13 +34,14 @@ def reference_parameters(config) -> torch.Tensor:
     torch.set_num_threads(2)
     train, _ = prepare_data(config)
     model = build_model(config.model, train.shape, train.classes, config.seed)
-    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum,
-                                weight_decay=config.weight_decay)
+    optimizer = torch.optim.SGD(model.parameters(), lr=config.optimizer.lr,
+                                momentum=config.optimizer.momentum,
+                                weight_decay=config.optimizer.weight_decay)
     shards = random_shards(len(train), config.workers, config.seed)
     sizes = worker_batch_sizes(config.batch_size, config.workers)
     for epoch in range(config.epochs):
         for group in optimizer.param_groups:
-            group["lr"] = lr_at(config, epoch)
+            group["lr"] = lr_at(config.optimizer, epoch)
         orders = [epoch_order(s, epoch, config.seed, i) for i, s in enumerate(shards)]
         for step in range(steps_per_epoch(len(train), config.batch_size,
                                           config.steps_per_epoch)):

@@ -18,6 +18,12 @@ from polyrhythm.data.sharding import (
 from polyrhythm.errors import DataError
 
 
+def load(fields: dict):
+    """The data set a config of these fields names."""
+    config = make_config(fields)
+    return load_dataset(config.data, config.seed)
+
+
 @pytest.mark.parametrize(("n", "workers"), [(10, 3), (4500, 4), (7, 7), (100, 1)])
 def test_random_shards_partition_the_data_in_balanced_pieces(n, workers):
     shards = random_shards(n, workers, seed=3)
@@ -50,7 +56,7 @@ def test_an_epoch_visits_each_shard_example_once_and_wraps_when_short():
 @pytest.mark.parametrize(("dataset", "size", "shape"),
                          [("mnist5k", 5000, (1, 28, 28)), ("digits", 1797, (1, 8, 8))])
 def test_packaged_datasets_load_normalised(dataset, size, shape):
-    data = load_dataset(make_config({"dataset": dataset}))
+    data = load({"dataset": dataset})
     assert len(data) == size and data.shape == shape and data.classes == 10
     assert abs(data.x.mean().item()) < 1e-3 and abs(data.x.std().item() - 1) < 1e-2
     assert sorted(set(data.y.tolist())) == list(range(10))
@@ -59,13 +65,13 @@ def test_packaged_datasets_load_normalised(dataset, size, shape):
 def test_synthetic_dataset_has_the_asked_shape_and_classes():
     config = make_config({"dataset": "synthetic", "synthetic_shape": [3, 4, 4],
                           "synthetic_classes": 5, "synthetic_size": 50})
-    data = load_dataset(config)
+    data = load_dataset(config.data, config.seed)
     assert data.x.shape == (50, 3, 4, 4) and data.classes == 5
     assert np.bincount(data.y.numpy()).tolist() == [10] * 5
 
 
 def test_validation_split_is_held_out_and_seeded():
-    data = load_dataset(make_config({"dataset": "digits"}))
+    data = load({"dataset": "digits"})
     train, val = train_val_split(data, 0.1, seed=0)
     assert len(val) == 180 and len(train) + len(val) == len(data)
     again, _ = train_val_split(data, 0.1, seed=0)
@@ -90,7 +96,7 @@ def write_cifar10(root, per_batch=4):
 def test_cifar10_reads_the_pickle_archive_and_its_directory(tmp_path):
     folder, archive = write_cifar10(tmp_path)
     for path in (folder, archive):
-        data = load_dataset(make_config({"dataset": "cifar10", "data_path": str(path)}))
+        data = load({"dataset": "cifar10", "data_path": str(path)})
         assert data.x.shape == (24, 3, 32, 32) and data.classes == 10
 
 
@@ -98,4 +104,4 @@ def test_cifar10_with_a_member_missing_names_it(tmp_path):
     folder, _ = write_cifar10(tmp_path)
     (folder / "test_batch").unlink()
     with pytest.raises(DataError, match="lacks test_batch"):
-        load_dataset(make_config({"dataset": "cifar10", "data_path": str(folder)}))
+        load({"dataset": "cifar10", "data_path": str(folder)})

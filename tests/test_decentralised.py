@@ -12,12 +12,14 @@ from hypothesis import strategies as st
 
 import polyrhythm
 from helpers import small_config, stored_parameters
-from polyrhythm.strategies.decentralised import (
+from polyrhythm.strategies.averaging import (
     DONE,
     GOSSIP_HEADER,
     MODEL,
     decode_gossip,
     encode_gossip,
+)
+from polyrhythm.strategies.decentralised import (
     gossip_merge,
     gossip_send_share,
     mix,

@@ -2,14 +2,14 @@
 
 from pathlib import Path
 
-from polyrhythm.config import RunConfig
+from polyrhythm.config import flat_keys
 from polyrhythm.strategies import STRATEGIES
 
 README = (Path(__file__).parent.parent / "README.md").read_text()
 
 
 def test_readme_documents_every_config_field_as_flag_and_key():
-    for name in RunConfig.model_fields:
+    for name in flat_keys():
         assert f"`--{name.replace('_', '-')}` / `{name}`" in README, name
 
 

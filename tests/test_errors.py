@@ -17,8 +17,8 @@ import pytest
 
 import polyrhythm
 from polyrhythm.config import make_config
+from polyrhythm.metrics.records import STORE_NAME
 from polyrhythm.metrics.store import RunStore
-from polyrhythm.records import STORE_NAME
 
 STRATEGY_NAMES = ["allreduce", "asp", "backup", "bsp", "downpour", "dpsgd", "easgd", "gossip",
                   "kasp", "kbsp", "localsgd", "reduce-broadcast", "ring", "softsync", "ssp",
@@ -34,7 +34,7 @@ def out(tmp_path: Path) -> Path:
     out = tmp_path / "store"
     config = make_config({"out": str(out), "workers": 1, "dataset": "synthetic"})
     store = RunStore(out / STORE_NAME)
-    store.add_run(EARLIER_RUN, "2020-01-01T00:00:00+00:00", config, config.to_toml())
+    store.add_run(EARLIER_RUN, "2020-01-01T00:00:00+00:00", config.columns(), config.to_toml())
     store.fail_run(EARLIER_RUN, "an earlier failure")
     return out
 
@@ -100,7 +100,7 @@ FLAG_CASES = [
                  id="workers-not-an-int"),
     pytest.param(["--dataset", "cifar10"], ["'cifar10'", "needs --data-path"],
                  id="cifar-without-data-path"),
-    pytest.param(["--data-path", "/tmp"], ["'mnist5k' takes no data path"],
+    pytest.param(["--data-path", "/tmp"], ["'mnist5k' takes no --data-path", "cifar10, cifar100"],
                  id="data-path-for-packaged-dataset"),
     pytest.param(["--allreduce-servers", "1"], ["unrecognized arguments"], id="unknown-flag"),
     pytest.param(["--strategy", "kbsp", "--workers", "4", "--quorum", "5"],

@@ -6,8 +6,8 @@ import pytest
 
 import polyrhythm
 from helpers import small_config
+from polyrhythm.metrics.records import STORE_NAME
 from polyrhythm.metrics.store import SCHEMA_VERSION, SERIES, RunStore
-from polyrhythm.records import STORE_NAME
 
 PARTS = ("compute_s", "push_s", "wait_s", "pull_s", "apply_s")
 

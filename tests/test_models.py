@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from polyrhythm.flat import FlatParameters, shard_ranges
-from polyrhythm.models import MODELS, build_model
+from polyrhythm.models import MODELS
+from polyrhythm.models.build import build_model
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))

@@ -9,7 +9,7 @@ import torch
 
 import polyrhythm
 from polyrhythm.metrics.store import RunStore
-from polyrhythm.models import build_model
+from polyrhythm.models.build import build_model
 
 SUMMARY_KEYS = {"run_id", "status", "strategy", "workers", "servers", "epochs",
                 "final_val_accuracy", "final_val_loss", "samples_per_s", "wall_s",
@@ -54,8 +54,8 @@ def test_model_pt_loads_with_weights_only_and_reproduces_final_accuracy(tmp_path
     state = torch.load(f"{summary['run_dir']}/model.pt", weights_only=True)
     model = build_model("cnn", (1, 8, 8), 10, seed=0)
     model.load_state_dict(state)
-    from polyrhythm.job import prepare_data
-    from polyrhythm.worker import evaluate
+    from polyrhythm.runtime.job import prepare_data
+    from polyrhythm.runtime.worker import evaluate
 
     _, val = prepare_data(polyrhythm.RunConfig(dataset="digits"))
     assert abs(evaluate(model, val)["val_accuracy"] - summary["final_val_accuracy"]) < 1e-9
@@ -85,7 +85,7 @@ def test_a_resolved_config_can_switch_between_ps_and_allreduce():
 
 
 def test_a_completed_run_is_never_marked_failed_afterwards(tmp_path):
-    from polyrhythm.records import RunRecord, fail_run
+    from polyrhythm.metrics.records import RunRecord, fail_run
 
     summary = polyrhythm.train(dataset="digits", workers=1, epochs=1, steps_per_epoch=3,
                                out=str(tmp_path))

@@ -35,7 +35,7 @@ def fabricate_run(store: RunStore, tmp_path, strategy: str, seed: int, workers: 
     config = make_config({"strategy": strategy, "workers": workers, "epochs": EPOCHS,
                           "seed": seed, "out": str(tmp_path / "runs")})
     run_id = f"20260101-0000{index:02d}-{strategy}-{seed:06x}"
-    store.add_run(run_id, f"2026-01-01T00:00:{index:02d}+00:00", config, config.to_toml())
+    store.add_run(run_id, f"2026-01-01T00:00:{index:02d}+00:00", config.columns(), config.to_toml())
     rng = np.random.default_rng(seed + 100 * index)
     phases = np.array(PHASE_S[strategy]) * (1 + 0.1 * rng.standard_normal(5)).clip(0.5)
     step_s = phases.sum() + 0.001
@@ -93,7 +93,7 @@ def fail_run(store: RunStore, tmp_path, index: int) -> str:
     config = make_config({"strategy": "asp", "workers": 4, "epochs": EPOCHS,
                           "out": str(tmp_path / "runs")})
     run_id = f"20260101-0000{index:02d}-asp-failed"
-    store.add_run(run_id, f"2026-01-01T00:00:{index:02d}+00:00", config, config.to_toml())
+    store.add_run(run_id, f"2026-01-01T00:00:{index:02d}+00:00", config.columns(), config.to_toml())
     store.fail_run(run_id, "rank 2 (worker 1) was killed by SIGKILL | out of memory")
     return run_id
 
@@ -241,7 +241,7 @@ def test_a_run_with_only_headline_figures_still_gets_a_report(tmp_path):
     """A minimal summary, no epochs, no series: the scaling figures, 'no data' elsewhere."""
     store = RunStore(tmp_path / "polyrhythm.db")
     config = make_config({"strategy": "bsp", "workers": 2, "out": str(tmp_path)})
-    store.add_run("old", "2025-01-01T00:00:00+00:00", config, config.to_toml())
+    store.add_run("old", "2025-01-01T00:00:00+00:00", config.columns(), config.to_toml())
     store.complete_run("old", {"final_val_accuracy": 0.9, "samples_per_s": 100.0,
                                "wall_s": 5.0}, [])
     path = write_report(store.path, ["old"], tmp_path / "report", "Old")

@@ -5,8 +5,8 @@ import pytest
 import polyrhythm
 from helpers import flat, small_config, stored_parameters
 from polyrhythm.comm.messages import PUSH_HEADER
-from polyrhythm.job import prepare_data
-from polyrhythm.models import build_model
+from polyrhythm.models.build import build_model
+from polyrhythm.runtime.job import prepare_data
 from polyrhythm.strategies import STRATEGIES
 
 

@@ -17,8 +17,8 @@ import pytest
 
 from polyrhythm.cli import main
 from polyrhythm.errors import ConfigError, RunFailed
+from polyrhythm.metrics.records import STORE_NAME
 from polyrhythm.metrics.store import RunStore
-from polyrhythm.records import STORE_NAME
 from polyrhythm.sweep import (
     SweepStore,
     expand_grid,
@@ -208,13 +208,13 @@ def stand_in_train(fail: dict[str, str], interrupt: str | None = None):
     """A train() that stores a completed run, or raises RunFailed as the launcher does: for
     the strategies in fail, and for `interrupt` as if Ctrl-C stopped it."""
     def train(config):
-        run_id = f"r-{config.strategy}-{config.seed}"
-        if config.strategy in fail:
-            raise RunFailed(f"run {run_id} {fail[config.strategy]}", run_id)
-        if config.strategy == interrupt:
+        run_id = f"r-{config.strategy.name}-{config.seed}"
+        if config.strategy.name in fail:
+            raise RunFailed(f"run {run_id} {fail[config.strategy.name]}", run_id)
+        if config.strategy.name == interrupt:
             raise RunFailed(f"run {run_id} interrupted", run_id, interrupted=True)
         store = RunStore(Path(config.out) / STORE_NAME)
-        store.add_run(run_id, "2026-01-01T00:00:00+00:00", config, config.to_toml())
+        store.add_run(run_id, "2026-01-01T00:00:00+00:00", config.columns(), config.to_toml())
         store.complete_run(run_id, {"final_val_accuracy": 0.5, "samples_per_s": 100.0,
                                     "wall_s": 1.0}, [])
         return {"run_id": run_id, "final_val_accuracy": 0.5}

@@ -1,10 +1,26 @@
-"""polyrhythm: distributed data-parallel training with every consistency strategy."""
+"""polyrhythm: distributed data-parallel training with every consistency strategy.
 
-from polyrhythm.api import train
-from polyrhythm.config import RunConfig
+`polyrhythm.train` and `polyrhythm.RunConfig` load the runtime (and torch) when first used,
+so that importing the package, or a part of it such as the run store, stays light.
+"""
+
+from typing import Any
+
 from polyrhythm.errors import ConfigError, DataError, PolyrhythmError, RunFailed, StoreError
 
 __version__ = "0.1.0"
 
 __all__ = ["ConfigError", "DataError", "PolyrhythmError", "RunConfig", "RunFailed", "StoreError",
            "train"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "train":
+        from polyrhythm.api import train
+
+        return train
+    if name == "RunConfig":
+        from polyrhythm.config import RunConfig
+
+        return RunConfig
+    raise AttributeError(f"module 'polyrhythm' has no attribute {name!r}")

@@ -5,21 +5,22 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from polyrhythm.config import RunConfig, load_config, make_config
+from polyrhythm.config import RunConfig, load_config, merged, sectioned
 from polyrhythm.data.datasets import load_dataset
 from polyrhythm.launch.local import launch_local
 from polyrhythm.launch.progress import ProgressBoard
-from polyrhythm.records import start_run
+from polyrhythm.metrics.records import start_run
 
 
 def resolve_config(config: RunConfig | dict | str | Path | None = None,
                    **overrides: Any) -> RunConfig:
-    """A RunConfig from a RunConfig, a dict of fields or a TOML path, plus overrides."""
+    """A RunConfig from a RunConfig, a dict (flat keys, sections or both) or a TOML path, plus
+    overrides."""
     if isinstance(config, RunConfig):
-        # Only the fields the caller set: resolved defaults (servers) follow the new strategy.
-        return make_config({**config.model_dump(include=config.model_fields_set), **overrides})
+        # Only what the caller set: resolved defaults (servers) follow the new strategy.
+        return RunConfig(**merged(config.given, sectioned(overrides)))
     if isinstance(config, dict):
-        return make_config({**config, **overrides})
+        return RunConfig(**merged(sectioned(config), sectioned(overrides)))
     return load_config(config, **overrides)
 
 
@@ -31,7 +32,7 @@ def train(config: RunConfig | dict | str | Path | None = None, *, show_progress:
     a process of the job fails (the run is then stored as failed).
     """
     config = resolve_config(config, **overrides)
-    load_dataset(config)  # fail on missing data before a run record exists
+    load_dataset(config.data, config.seed)  # fail on missing data before a run record exists
     record = start_run(config)
     board = ProgressBoard(config.workers, enabled=True) if show_progress else None
     return launch_local(config, record, board)

@@ -1,4 +1,25 @@
-"""RunConfig: one validated description of a training run, from flags, TOML or Python."""
+"""RunConfig: one validated description of a training run, from flags, TOML or Python.
+
+A config has general settings at the top and four sections:
+
+    workers = 4             # the run: workers, servers, epochs, batch size, seed, ...
+    epochs = 3
+    [strategy]              # its name and the strategy's own parameters
+    name = "ssp"
+    staleness = 2
+    [data]                  # its name, val_fraction and the data set's own parameters
+    name = "mnist5k"
+    [model]                 # its name and the model's own parameters
+    name = "cnn"
+    [optimizer]             # lr, momentum, weight decay, lr decay
+    lr = 0.05
+
+Each strategy, data set and model declares its parameters (settings.py); the general and
+optimizer settings are declared here. A parameter's name is unique across sections, so every
+setting is also a flat key (`strategy = "ssp"`, `staleness = 2`, `dataset = "mnist5k"`,
+`lr = 0.05`), as the command-line flags are. Files written by polyrhythm 0.1 (flat, every
+field) load as they are.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +30,13 @@ from pathlib import Path
 from typing import Any
 
 import tomli_w
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from polyrhythm.data import DATASETS, VAL_FRACTION
 from polyrhythm.errors import ConfigError
+from polyrhythm.models import MODELS
+from polyrhythm.settings import Param, Registry, Rule, Settings, at_least, positive, within
+from polyrhythm.strategies import STRATEGIES
+from polyrhythm.strategies.spec import StrategySpec
 
 
 def default_workers() -> int:
@@ -19,102 +44,157 @@ def default_workers() -> int:
     return max(1, min(os.cpu_count() or 1, 4))
 
 
-class RunConfig(BaseModel):
-    """Everything that defines a run. Unknown keys are errors; `servers` is resolved on creation."""
+DEFAULT_BUCKET_KB = 25600  # 25 MiB, as DDP's default bucket: one bucket for small models
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+GENERAL = (
+    Param("workers", int, "number of workers N", derive=lambda run: default_workers(),
+          derived="CPU cores, at most 4", rule=at_least(1)),
+    Param("servers", int, "parameter-server shards", derived="1 for PS strategies, 0 "
+          "otherwise", rule=at_least(0)),
+    Param("bucket_kb", int, "PS strategies: gradients and parameters travel in buckets of "
+          "about this many KiB", derived=f"{DEFAULT_BUCKET_KB} (25 MiB); one bucket for "
+          "whole-gradient strategies", rule=at_least(1)),
+    Param("epochs", int, "passes over the training set", 3, rule=at_least(1)),
+    Param("batch_size", int, "global batch B; each worker takes B/N", 64),
+    Param("seed", int, "fixes initial weights, the validation split, sharding and data order",
+          0),
+    Param("steps_per_epoch", int, "cap on steps per epoch (default: all)", rule=at_least(1)),
+    Param("worker_delay_s", list, "extra seconds of emulated compute per step, one entry per "
+          "worker", [], item=float, rule=Rule(lambda v, run: min(v, default=0) >= 0,
+                                              lambda run: "have entries of at least 0")),
+    Param("threads", int, "torch threads per worker (default: cores / workers on the host)",
+          rule=at_least(1)),
+    Param("warmup_steps", int, "first steps of each worker left out of throughput figures", 5,
+          rule=at_least(0)),
+    Param("instrumentation", bool, "record every iteration's spans, server events and ~1 Hz "
+          "resource samples in the store (off: totals only)", True),
+    Param("out", str, "directory that holds run records and the store", "runs", metavar="DIR"),
+)
 
-    strategy: str = Field("bsp", description="consistency strategy (see `polyrhythm strategies`)")
-    workers: int = Field(default_factory=default_workers, description="number of workers N")
-    servers: int | None = Field(
-        None, description="parameter-server shards (default 1 for PS strategies, 0 otherwise)"
-    )
-    staleness: int = Field(3, description="ssp: how many clocks a worker may run ahead")
-    value_bound: float | None = Field(
-        None, description="ssp: hold pushes while the applied change some worker has not "
-        "pulled yet exceeds this in max-norm (default: no value bound)")
-    quorum: int | None = Field(
-        None, description="kbsp, kasp, softsync: gradients per update (default: N-1 for kbsp, "
-        "N/2 for kasp, 1 for softsync)")
-    backup: int = Field(
-        1, description="backup: spare workers b; the first N-b gradients of a round count")
-    lr_floor: float = Field(
-        0.1, description="softsync: smallest share of lr a stale gradient keeps")
-    push_every: int = Field(1, description="downpour: push accumulated gradients every n steps")
-    fetch_every: int = Field(1, description="downpour: fetch parameters every n steps")
-    tau: int = Field(4, description="localsgd, easgd: local steps between synchronisations")
-    alpha: float | None = Field(
-        None, description="easgd: elastic moving rate (default: 0.9/N)")
-    gossip_p: float = Field(
-        0.2, description="gossip: probability of sending the model to a random peer per step")
-    bucket_kb: int | None = Field(
-        None, description="PS: gradients travel in buckets of about this many KiB (default "
-        "25600, 25 MiB; one bucket for strategies that decide on whole gradients)")
-    epochs: int = Field(3, description="passes over the training set")
-    batch_size: int = Field(64, description="global batch B; each worker takes B/N")
-    lr: float = Field(0.05, description="learning rate")
-    momentum: float = Field(0.9, description="SGD momentum")
-    async_momentum_correction: bool = Field(
-        True, description="asynchronous servers subtract the momentum asynchrony implies")
-    weight_decay: float = Field(1e-4, description="L2 weight decay")
-    lr_decay_every: int = Field(
-        0, description="multiply lr by lr_decay every this many epochs (0: never)")
-    lr_decay: float = Field(0.1, description="step learning-rate decay factor")
-    dataset: str = Field("mnist5k", description="data set (see README)")
-    data_path: str | None = Field(None, description="file or directory for cifar10/cifar100")
-    synthetic_shape: list[int] = Field([1, 8, 8], description="synthetic: sample shape (C H W)")
-    synthetic_classes: int = Field(10, description="synthetic: number of classes")
-    synthetic_size: int = Field(2000, description="synthetic: number of samples")
-    val_fraction: float = Field(0.1, description="share of the data held out for validation")
-    model: str = Field("cnn", description="model (cnn, mlp)")
-    seed: int = Field(0, description="fixes init, sharding and data order")
-    steps_per_epoch: int | None = Field(None, description="cap on steps per epoch (default: all)")
-    worker_delay_s: list[float] = Field(
-        [], description="extra seconds of emulated compute per step, one entry per worker"
-    )
-    threads: int | None = Field(None, description="torch threads per worker (default: cores/N)")
-    warmup_steps: int = Field(
-        5, description="first steps of each worker left out of throughput figures")
-    instrumentation: bool = Field(
-        True, description="record every iteration's spans, server events and ~1 Hz resource "
-        "samples in the store (off: totals only)")
-    out: str = Field("runs", description="directory that holds run records and the store")
+OPTIMIZER = (
+    Param("lr", float, "learning rate", 0.05, rule=positive()),
+    Param("momentum", float, "SGD momentum", 0.9, rule=within(0, 1, high_open=True)),
+    Param("async_momentum_correction", bool, "asynchronous servers subtract the momentum "
+          "asynchrony implies", True),
+    Param("weight_decay", float, "L2 weight decay", 1e-4, rule=at_least(0)),
+    Param("lr_decay_every", int, "multiply lr by lr_decay every this many epochs (0: never)",
+          0, rule=at_least(0)),
+    Param("lr_decay", float, "step learning-rate decay factor", 0.1),
+)
 
-    @model_validator(mode="after")
-    def _check(self) -> RunConfig:
-        from polyrhythm.data.datasets import DATASETS, PATH_DATASETS
-        from polyrhythm.models import MODELS
-        from polyrhythm.strategies import STRATEGIES
+# The sections that name a component, the registry it comes from, its default and the flat
+# key that names it (`dataset = "digits"` is [data] name = "digits").
+COMPONENTS: dict[str, tuple[Registry, str, str]] = {
+    "strategy": (STRATEGIES, "bsp", "strategy"),
+    "data": (DATASETS, "mnist5k", "dataset"),
+    "model": (MODELS, "cnn", "model"),
+}
+SECTIONS = (*COMPONENTS, "optimizer")
+_COMMON = {"data": (VAL_FRACTION,)}  # parameters every component of a section reads
 
-        _one_of("strategy", self.strategy, STRATEGIES)
-        _one_of("model", self.model, MODELS)
-        _one_of("dataset", self.dataset, DATASETS)
-        if self.data_path is not None and self.dataset not in PATH_DATASETS:
-            raise ValueError(f"dataset {self.dataset!r} takes no data path; "
-                             f"only {', '.join(sorted(PATH_DATASETS))} do")
-        spec = STRATEGIES[self.strategy]
-        settings = {field: getattr(self, field) for field in self.model_fields_set}
-        unread = unread_fields(settings)
-        for field in sorted(unread & STRATEGY_PARAMETERS):
-            takes = ", ".join("--" + p.replace("_", "-") for p in spec.parameters) or "none"
-            raise ValueError(f"strategy {self.strategy!r} takes no --{field.replace('_', '-')}"
-                             f" (its parameters: {takes})")
-        whole = spec.uses_servers and spec.whole_gradient(settings)
-        if "bucket_kb" in unread:
-            why = "it pushes whole gradients" if whole else "it uses no servers"
-            raise ValueError(f"strategy {self.strategy!r} takes no --bucket-kb ({why})")
-        if spec.uses_servers and not whole and self.bucket_kb is None:
-            object.__setattr__(self, "bucket_kb", DEFAULT_BUCKET_KB)
-        if whole and (self.servers or 1) != 1:
-            raise ValueError(f"strategy {self.strategy!r} decides on whole gradients, so it "
-                             f"runs with 1 server, got {self.servers}")
-        if self.servers is None:
-            object.__setattr__(self, "servers", 1 if spec.uses_servers else 0)
-        for field, default in spec.defaults(self).items():
-            if getattr(self, field) is None:
-                object.__setattr__(self, field, default)
-        _check_ranges(self, spec.uses_servers)
-        return self
+
+def owners() -> dict[str, str]:
+    """Every parameter's name -> its section ("" for the general settings)."""
+    found = {p.name: "" for p in GENERAL} | {p.name: "optimizer" for p in OPTIMIZER}
+    for section, (registry, _, _) in COMPONENTS.items():
+        for name in [p.name for p in _COMMON.get(section, ())] + registry.param_names():
+            if found.setdefault(name, section) != section:
+                raise ConfigError(f"parameter {name!r} is declared in two sections "
+                                  f"({found[name] or 'general'} and {section}): rename one")
+    return found
+
+
+def sectioned(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Flat keys, sections or both, as sections: {general keys..., "strategy": {...},
+    "data": {...}, "model": {...}, "optimizer": {...}}. A key given twice is an error."""
+    values = _from_release_0_1(values)
+    out: dict[str, Any] = {section: {} for section in SECTIONS}
+    found = owners()
+    names = {flat: section for section, (_, _, flat) in COMPONENTS.items()}
+
+    def put(section: str, key: str, value: Any) -> None:
+        target = out[section] if section else out
+        if key in target:
+            shown = f"{section}.{key}" if section else key
+            raise ConfigError(f"{shown} is given twice")
+        target[key] = value
+
+    for key, value in values.items():
+        if key in SECTIONS and isinstance(value, Mapping):
+            for k, v in value.items():
+                put(key, k, v)
+        elif key in names:
+            put(names[key], "name", value)
+        elif key in found:
+            put(found[key], key, value)
+        else:
+            raise ConfigError(f"unknown config key {key!r}")
+    return out
+
+
+def merged(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """Two sectioned configs, `over` winning key by key (within sections too)."""
+    out = {**base, **{k: v for k, v in over.items() if k not in SECTIONS}}
+    for section in SECTIONS:
+        out[section] = {**base.get(section, {}), **over.get(section, {})}
+    return out
+
+
+# polyrhythm 0.1 stored every field, the synthetic data set's included whatever the data set.
+_RELEASE_0_1 = {"strategy", "workers", "servers", "epochs", "batch_size", "lr", "momentum",
+                "async_momentum_correction", "weight_decay", "lr_decay_every", "lr_decay",
+                "dataset", "synthetic_shape", "synthetic_classes", "synthetic_size",
+                "val_fraction", "model", "seed", "worker_delay_s", "warmup_steps",
+                "instrumentation", "out"}
+
+
+def _from_release_0_1(values: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A config.toml of polyrhythm 0.1 without the settings its data set does not read."""
+    if not values.keys() >= _RELEASE_0_1 or values["dataset"] == "synthetic":
+        return values
+    return {k: v for k, v in values.items() if not k.startswith("synthetic_")}
+
+
+class RunConfig:
+    """Everything that defines a run, validated on creation: `RunConfig(**values)` with flat
+    keys, sections or both. The general settings read as attributes (`config.workers`); the
+    sections are `Settings` (`config.strategy.name`, `config.strategy.tau`,
+    `config.optimizer.lr`). Invalid values are one-line ConfigErrors."""
+
+    def __init__(self, **values: Any) -> None:
+        given = sectioned(values)
+        general = {p.name: p.resolve(given.get(p.name), None) for p in GENERAL}
+        run = Settings(general)
+        strategy = _component("strategy", given["strategy"], run)
+        general |= _topology(STRATEGIES[strategy.name], given, general)
+        run = Settings(general)
+        sections = {"strategy": strategy,
+                    "data": _component("data", given["data"], run),
+                    "model": _component("model", given["model"], run),
+                    "optimizer": _section("optimizer", OPTIMIZER, given["optimizer"], run)}
+        _check_run(run)
+        object.__setattr__(self, "_general", general)
+        object.__setattr__(self, "given", given)  # what was set: resolve_config starts here
+        for name, settings in sections.items():
+            object.__setattr__(self, name, settings)
+
+    def __getattr__(self, name: str) -> Any:
+        general = self.__dict__.get("_general", {})
+        if name in general:
+            return general[name]
+        raise AttributeError(name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("a RunConfig is read-only; build a new one")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RunConfig) and self.to_dict() == other.to_dict()
+
+    def __hash__(self) -> int:
+        return hash(self.to_toml())
+
+    def __repr__(self) -> str:
+        return f"RunConfig({self.to_dict()!r})"
 
     @property
     def world_size(self) -> int:
@@ -122,114 +202,148 @@ class RunConfig(BaseModel):
         return self.servers + self.workers
 
     def to_dict(self) -> dict[str, Any]:
-        """The resolved fields, without other strategies' parameters: loads back as is."""
-        from polyrhythm.strategies import STRATEGIES
-
-        foreign = STRATEGY_PARAMETERS - set(STRATEGIES[self.strategy].parameters)
-        return self.model_dump(exclude_none=True, exclude=foreign)
+        """The resolved config in sections, unset values left out: loads back as is."""
+        general = {k: v for k, v in self._general.items() if v is not None}
+        return general | {section: getattr(self, section).to_dict() for section in SECTIONS}
 
     def to_toml(self) -> str:
         return tomli_w.dumps(self.to_dict())
 
+    def columns(self) -> dict[str, Any]:
+        """The store's headline columns of a run (metrics/store.py RUN_COLUMNS)."""
+        return {"strategy": self.strategy.name, "workers": self.workers,
+                "servers": self.servers, "epochs": self.epochs, "dataset": self.data.name,
+                "model": self.model.name}
 
-DEFAULT_BUCKET_KB = 25600  # 25 MiB, as DDP's default bucket: one bucket for small models
+    def flat(self) -> dict[str, Any]:
+        """The resolved config as flat keys (as the flags name them)."""
+        out = {k: v for k, v in self.to_dict().items() if k not in SECTIONS}
+        for section in SECTIONS:
+            for key, value in getattr(self, section).to_dict().items():
+                out[COMPONENTS[section][2] if key == "name" else key] = value
+        return out
 
-# Fields that only some strategies read: setting one for another strategy is an error.
-STRATEGY_PARAMETERS = {"staleness", "value_bound", "quorum", "backup", "lr_floor",
-                       "push_every", "fetch_every", "tau", "alpha", "gossip_p"}
+
+def _component(section: str, values: Mapping[str, Any], run: Settings) -> Settings:
+    """A section that names a component: its name and the parameters it declares."""
+    registry, default, flat = COMPONENTS[section]
+    name = values.get("name", default)
+    if type(name) is not str:
+        raise ConfigError(f"{flat} must be a valid string, got {name!r}")
+    component = registry.lookup(name)
+    params = (*_COMMON.get(section, ()), *component.params)
+    for key in values:
+        if key != "name" and key not in {p.name for p in params}:
+            raise ConfigError(_not_read(section, component, key))
+    settings = _section(section, params, values, run, name=name)
+    if component.check is not None and (problem := component.check(settings, run)):
+        raise ConfigError(problem)
+    return settings
 
 
-def unread_fields(settings: Mapping[str, Any]) -> set[str]:
-    """Those of a run's `settings` (field -> value; fields left unset are absent) that its
-    strategy does not read: other strategies' parameters; servers and bucket_kb for a strategy
-    without servers; bucket_kb where the policy decides on whole gradients. RunConfig rejects
-    them (servers = 0 aside); a sweep drops them from a point. An unknown strategy reads all."""
-    from polyrhythm.strategies import STRATEGIES
+def _section(section: str, params: tuple[Param, ...], values: Mapping[str, Any],
+             run: Settings, name: str | None = None) -> Settings:
+    known = {p.name for p in params} | ({"name"} if name else set())
+    for key in values:
+        if key not in known:
+            raise ConfigError(_misplaced(section, key))
+    resolved = {p.name: p.resolve(values.get(p.name), run) for p in params}
+    return Settings({"name": name, **resolved} if name else resolved)
 
-    spec = STRATEGIES.get(settings.get("strategy", RunConfig.model_fields["strategy"].default))
-    if spec is None:
-        return set()  # validation names the unknown strategy
-    unread = STRATEGY_PARAMETERS - set(spec.parameters)
-    if not spec.uses_servers:
+
+def _not_read(section: str, component, key: str) -> str:
+    registry = COMPONENTS[section][0]
+    readers = sorted(c.name for c, _ in registry.declarations(key))
+    if not readers:
+        return _misplaced(section, key)
+    flag = "--" + key.replace("_", "-")
+    own = ", ".join(p.flag for p in component.params) or "none"
+    return (f"{registry.kind} {component.name!r} takes no {flag} (its parameters: {own}; "
+            f"{flag} is for {', '.join(readers)})")
+
+
+def _misplaced(section: str, key: str) -> str:
+    home = owners().get(key)
+    if home is None:
+        return f"unknown config key '{section}.{key}'"
+    return f"{key} belongs in {f'[{home}]' if home else 'the general settings'}, not [{section}]"
+
+
+def _topology(spec: StrategySpec, given: Mapping[str, Any], general: dict) -> dict:
+    """servers and bucket_kb, which depend on the strategy: servers only where it has them,
+    buckets only where its policy decides per bucket."""
+    servers, bucket_kb = general["servers"], general["bucket_kb"]
+    whole = spec.uses_servers and spec.whole_gradient(given["strategy"])
+    if bucket_kb is not None and (whole or not spec.uses_servers):
+        why = "it pushes whole gradients" if whole else "it uses no servers"
+        raise ConfigError(f"strategy {spec.name!r} takes no --bucket-kb ({why})")
+    if whole and (servers or 1) != 1:
+        raise ConfigError(f"strategy {spec.name!r} decides on whole gradients, so it runs "
+                          f"with 1 server, got {servers}")
+    if servers is None:
+        servers = 1 if spec.uses_servers else 0
+    if spec.uses_servers and servers < 1:
+        raise ConfigError(f"strategy {spec.name!r} needs at least 1 server, got {servers}")
+    if not spec.uses_servers and servers:
+        raise ConfigError(f"strategy {spec.name!r} uses no servers; drop --servers")
+    if spec.uses_servers and not whole and bucket_kb is None:
+        bucket_kb = DEFAULT_BUCKET_KB
+    return {"servers": servers, "bucket_kb": bucket_kb}
+
+
+def _check_run(run: Settings) -> None:
+    """Rules across the general settings."""
+    if run.batch_size < run.workers:
+        raise ConfigError(f"batch size {run.batch_size} is smaller than the worker count "
+                          f"{run.workers}")
+    if len(run.worker_delay_s) > run.workers:
+        raise ConfigError(f"worker_delay_s has {len(run.worker_delay_s)} entries for "
+                          f"{run.workers} workers")
+
+
+def unread_fields(fields: Mapping[str, Any]) -> set[str]:
+    """Those of a run's flat `fields` that it does not read: other strategies', data sets' or
+    models' parameters; servers and bucket_kb for a strategy without servers; bucket_kb where
+    the policy decides on whole gradients. RunConfig rejects them (servers = 0 aside); a sweep
+    drops them from a point. A section whose component is unknown reads all."""
+    given = sectioned(fields)
+    unread: set[str] = set()
+    for section, (registry, default, _) in COMPONENTS.items():
+        name = given[section].get("name", default)
+        if name not in registry:
+            continue
+        params = {p.name for p in (*_COMMON.get(section, ()), *registry[name].params)}
+        unread |= set(given[section]) - params - {"name"}
+    name = given["strategy"].get("name", COMPONENTS["strategy"][1])
+    spec = STRATEGIES.get(name)
+    if spec is not None and not spec.uses_servers:
         unread |= {"servers", "bucket_kb"}
-    elif spec.whole_gradient(settings):
+    elif spec is not None and spec.whole_gradient(given["strategy"]):
         unread.add("bucket_kb")
-    return unread & set(settings)
+    return unread & set(fields)
 
 
-def _one_of(field: str, value: str, valid: dict) -> None:
-    if value not in valid:
-        raise ValueError(f"unknown {field} {value!r}; valid: {', '.join(sorted(valid))}")
+def flat_keys() -> dict[str, Param | None]:
+    """Every flat key a config, a flag or a sweep may set -> its declaration (None for the
+    keys that name a component: strategy, dataset, model). Declarations shared by several
+    components (quorum) give the first."""
+    keys: dict[str, Param | None] = {flat: None for _, _, flat in COMPONENTS.values()}
+    for p in (*GENERAL, *OPTIMIZER, *_COMMON["data"]):
+        keys[p.name] = p
+    for registry, _, _ in COMPONENTS.values():
+        for name in registry.param_names():
+            keys.setdefault(name, registry.declarations(name)[0][1])
+    owners()  # a name declared in two sections is an error, not a silent shadow
+    return keys
 
 
-def _check_ranges(c: RunConfig, uses_servers: bool) -> None:
-    rules = [
-        (c.workers >= 1, f"workers must be at least 1, got {c.workers}"),
-        (c.servers >= 0, f"servers must be at least 0, got {c.servers}"),
-        (not uses_servers or c.servers >= 1,
-         f"strategy {c.strategy!r} needs at least 1 server, got {c.servers}"),
-        (uses_servers or c.servers == 0,
-         f"strategy {c.strategy!r} uses no servers; drop --servers"),
-        (c.staleness >= 0, f"staleness must be at least 0, got {c.staleness}"),
-        (c.value_bound is None or c.value_bound > 0,
-         f"value_bound must be positive, got {c.value_bound}"),
-        (c.quorum is None or 1 <= c.quorum <= c.workers,
-         f"quorum must be between 1 and the worker count {c.workers}, got {c.quorum}"),
-        (1 <= c.backup < c.workers or c.strategy != "backup",
-         f"backup must be at least 1 and below the worker count {c.workers}, got {c.backup}"),
-        (0 < c.lr_floor <= 1, f"lr_floor must be in (0, 1], got {c.lr_floor}"),
-        (c.push_every >= 1, f"push_every must be at least 1, got {c.push_every}"),
-        (c.fetch_every >= 1, f"fetch_every must be at least 1, got {c.fetch_every}"),
-        (c.tau >= 1, f"tau must be at least 1, got {c.tau}"),
-        (c.alpha is None or 0 < c.alpha <= 1, f"alpha must be in (0, 1], got {c.alpha}"),
-        (0 < c.gossip_p <= 1, f"gossip_p must be in (0, 1], got {c.gossip_p}"),
-        (c.bucket_kb is None or c.bucket_kb >= 1,
-         f"bucket_kb must be at least 1, got {c.bucket_kb}"),
-        (c.epochs >= 1, f"epochs must be at least 1, got {c.epochs}"),
-        (c.batch_size >= c.workers,
-         f"batch size {c.batch_size} is smaller than the worker count {c.workers}"),
-        (c.lr > 0, f"lr must be positive, got {c.lr}"),
-        (0 <= c.momentum < 1, f"momentum must be in [0, 1), got {c.momentum}"),
-        (c.weight_decay >= 0, f"weight decay must be at least 0, got {c.weight_decay}"),
-        (c.lr_decay_every >= 0, f"lr_decay_every must be at least 0, got {c.lr_decay_every}"),
-        (0 < c.val_fraction < 1, f"val_fraction must be in (0, 1), got {c.val_fraction}"),
-        (c.steps_per_epoch is None or c.steps_per_epoch >= 1,
-         f"steps_per_epoch must be at least 1, got {c.steps_per_epoch}"),
-        (all(d >= 0 for d in c.worker_delay_s), "worker_delay_s entries must be at least 0"),
-        (len(c.worker_delay_s) <= c.workers,
-         f"worker_delay_s has {len(c.worker_delay_s)} entries for {c.workers} workers"),
-        (c.threads is None or c.threads >= 1, f"threads must be at least 1, got {c.threads}"),
-        (c.warmup_steps >= 0, f"warmup_steps must be at least 0, got {c.warmup_steps}"),
-        (c.synthetic_classes >= 2, "synthetic_classes must be at least 2"),
-        (c.synthetic_size >= 2 * c.synthetic_classes,
-         "synthetic_size must be at least twice synthetic_classes"),
-        (len(c.synthetic_shape) in (1, 3) and all(s >= 1 for s in c.synthetic_shape),
-         "synthetic_shape must be [features] or [channels, height, width] of positive sizes"),
-    ]
-    for ok, message in rules:
-        if not ok:
-            raise ValueError(message)
-
-
-def make_config(values: dict[str, Any]) -> RunConfig:
-    """Build a RunConfig, turning pydantic's multi-line report into one ConfigError line."""
-    try:
-        return RunConfig(**values)
-    except ValidationError as exc:
-        raise ConfigError(_one_line(exc)) from None
-
-
-def _one_line(exc: ValidationError) -> str:
-    err = exc.errors()[0]
-    where = ".".join(str(p) for p in err["loc"])
-    msg = err["msg"].removeprefix("Value error, ")
-    if err["type"] == "extra_forbidden":
-        return f"unknown config key {where!r}"
-    return f"{where}: {msg}" if where else msg
+def make_config(values: Mapping[str, Any]) -> RunConfig:
+    """Build a RunConfig from flat keys, sections or both."""
+    return RunConfig(**values)
 
 
 def load_toml(path: str | os.PathLike) -> dict[str, Any]:
-    """Read a TOML config file into a dict of RunConfig fields."""
+    """Read a TOML config file into a dict (flat keys, sections or both)."""
     p = Path(path)
     try:
         text = p.read_bytes().decode("utf-8")  # TOML is UTF-8 whatever the locale says
@@ -246,5 +360,5 @@ def load_toml(path: str | os.PathLike) -> dict[str, Any]:
 def load_config(path: str | os.PathLike | None = None, **overrides: Any) -> RunConfig:
     """Config from an optional TOML file, with keyword overrides taking precedence."""
     values = load_toml(path) if path is not None else {}
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    return make_config(values)
+    over = {k: v for k, v in overrides.items() if v is not None}
+    return RunConfig(**merged(sectioned(values), sectioned(over)))

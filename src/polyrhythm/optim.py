@@ -1,11 +1,13 @@
-"""The optimizer every strategy shares: SGD with momentum, weight decay and step lr decay."""
+"""The optimizer every strategy shares: SGD with momentum, weight decay and step lr decay.
+
+`optimizer` below is the run's [optimizer] settings (lr, momentum, weight_decay, ...)."""
 
 from __future__ import annotations
 
 import torch
 
 
-def effective_momentum(config, concurrency: float = 1.0) -> float:
+def effective_momentum(optimizer, concurrency: float = 1.0) -> float:
     """The explicit momentum an optimizer should use.
 
     Asynchrony itself acts as momentum of about 1 - 1/C with C updates in flight (C = N
@@ -15,26 +17,26 @@ def effective_momentum(config, concurrency: float = 1.0) -> float:
     momentum 0.9: diverged in some runs). With `async_momentum_correction`, asynchronous
     servers subtract the implicit part.
     """
-    if not config.async_momentum_correction:
-        return config.momentum
-    return max(0.0, config.momentum - (1.0 - 1.0 / concurrency))
+    if not optimizer.async_momentum_correction:
+        return optimizer.momentum
+    return max(0.0, optimizer.momentum - (1.0 - 1.0 / concurrency))
 
 
-def lr_at(config, epoch: int) -> float:
+def lr_at(optimizer, epoch: int) -> float:
     """Step decay: lr x lr_decay^(epoch // lr_decay_every)."""
-    if config.lr_decay_every <= 0:
-        return config.lr
-    return config.lr * config.lr_decay ** (epoch // config.lr_decay_every)
+    if optimizer.lr_decay_every <= 0:
+        return optimizer.lr
+    return optimizer.lr * optimizer.lr_decay ** (epoch // optimizer.lr_decay_every)
 
 
 class FlatSGD:
     """torch.optim.SGD's update (momentum, weight decay, no dampening or Nesterov) on one flat
     tensor, without the per-call overhead of an Optimizer: servers step many small buckets."""
 
-    def __init__(self, weights: torch.Tensor, config, concurrency: float = 1.0) -> None:
+    def __init__(self, weights: torch.Tensor, optimizer, concurrency: float = 1.0) -> None:
         self.weights = weights
-        self.momentum = effective_momentum(config, concurrency)
-        self.weight_decay = config.weight_decay
+        self.momentum = effective_momentum(optimizer, concurrency)
+        self.weight_decay = optimizer.weight_decay
         self.buffer = torch.zeros_like(weights) if self.momentum else None
 
     @torch.no_grad()
@@ -44,3 +46,11 @@ class FlatSGD:
             # torch starts the buffer as a copy of d; 0 * momentum + d is exactly that.
             d = self.buffer.mul_(self.momentum).add_(d)
         self.weights.add_(d, alpha=-lr)
+
+    def state_dict(self) -> dict:
+        """The momentum buffer (the weights belong to whoever owns them)."""
+        return {"momentum_buffer": self.buffer}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.buffer is not None:
+            self.buffer.copy_(state["momentum_buffer"])

@@ -1,13 +1,25 @@
-"""The one place point-to-point messages leave and arrive, so bytes are counted once, here."""
+"""The one door to the wire: every message, collective and object gather of a job goes through
+a `Transport`, so bytes are counted once, here, and a latency or fault injector wraps one class.
+
+Only this package and the launchers import torch.distributed. Collectives run over a named
+group: WORLD (every rank of the job) or WORKERS (the workers only, so a job with servers can
+still average its workers' models).
+"""
 
 from __future__ import annotations
 
+import pickle
 import queue
 import threading
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
+
+WORLD, WORKERS = "world", "workers"
+NATIVE = "native"  # the engine's own all-reduce (Gloo); other algorithms: comm/collectives.py
 
 
 @dataclass
@@ -22,15 +34,45 @@ class TrafficCounters:
     # depends on Gloo's algorithm, so it is reported apart from the bytes counted above.
     native_collective_bytes: int = 0
 
+    def snapshot(self) -> dict[str, int]:
+        return asdict(self)
+
+    def moved(self) -> tuple[int, int]:
+        """Bytes sent and received so far, native collectives' payload included."""
+        native = self.native_collective_bytes
+        return self.bytes_sent + native, self.bytes_received + native
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
 
 class Transport:
-    """Point-to-point tensor messages over the default process group (Gloo)."""
+    """Point-to-point tensor messages, collectives over named groups and object gathers, on
+    the default process group (Gloo). `open` makes the groups once the process group is up."""
 
     def __init__(self) -> None:
         self.counters = TrafficCounters()
+        self.rank = 0
+        self._members: dict[str, list[int]] = {}
+        self._groups: dict[str, Any] = {}
+
+    def open(self, rank: int, world_size: int, workers: list[int]) -> None:
+        """Make the named groups. A collective: every rank of the job calls it, in order."""
+        self.rank = rank
+        self._members = {WORLD: list(range(world_size)), WORKERS: list(workers)}
+        # A group equal to the world is the default group: no second communicator to set up.
+        self._groups = {WORLD: None, WORKERS: None if len(workers) == world_size
+                        else dist.new_group(workers)}
+
+    def members(self, group: str) -> list[int]:
+        """The global ranks of a named group, in order."""
+        return self._members[group]
+
+    # --- point to point ------------------------------------------------------------------
 
     def isend(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> dist.Work:
-        self.counters.bytes_sent += tensor.numel() * tensor.element_size()
+        self.counters.bytes_sent += _nbytes(tensor)
         self.counters.messages_sent += 1
         return dist.isend(tensor, dst, tag=tag)
 
@@ -38,57 +80,99 @@ class Transport:
         self.count_received(tensor)
         return dist.irecv(tensor, src, tag=tag)
 
-    def count_collective(self, tensor: torch.Tensor) -> None:
-        self.counters.native_collective_bytes += tensor.numel() * tensor.element_size()
-
     def count_received(self, tensor: torch.Tensor) -> None:
-        self.counters.bytes_received += tensor.numel() * tensor.element_size()
+        self.counters.bytes_received += _nbytes(tensor)
         self.counters.messages_received += 1
 
+    def receiver(self, sources: list[int], numel: int, tag: int = 0, *, held: bool = True,
+                 last: Callable[[torch.Tensor], bool] | None = None) -> Receiver:
+        """Messages of `numel` float32 values from `sources`, in arrival order (see Receiver)."""
+        return Receiver(self, sources, numel, tag, held=held, last=last)
 
-class PushReceiver:
-    """Receives fixed-size messages from known ranks in arrival order, like a receive from any
-    rank, but with each rank's receive posted ahead of time.
+    # --- collectives ---------------------------------------------------------------------
 
-    Gloo's receive-from-any costs an extra round trip per message (the receiver must first
-    ask the sender); a receive posted for a known rank lets the data flow at once. One thread
-    per rank waits on its posted receive (the wait releases the GIL) and queues its rank when
-    the message is in; the rank's next receive is posted only once the caller has used the
-    buffer (`release`).
+    def all_reduce(self, tensor: torch.Tensor, group: str = WORKERS,
+                   algorithm: str = NATIVE) -> None:
+        """Sum `tensor` in place over a named group, by Gloo's own all-reduce (its payload
+        counted apart) or by a schedule of point-to-point messages (counted as messages)."""
+        if algorithm == NATIVE:
+            self.counters.native_collective_bytes += _nbytes(tensor)
+            dist.all_reduce(tensor, group=self._groups[group])
+            return
+        from polyrhythm.comm.collectives import all_reduce
+
+        all_reduce(self, tensor, self._members[group], self.rank, algorithm)
+
+    def gather_object(self, obj: Any, dst: int = 0) -> list[Any] | None:
+        """Every rank's `obj` on rank `dst` (a list by rank), None elsewhere."""
+        self.counters.native_collective_bytes += len(pickle.dumps(obj))
+        gathered = [None] * len(self._members[WORLD]) if self.rank == dst else None
+        dist.gather_object(obj, gathered, dst=dst)
+        return gathered
+
+    def barrier(self) -> None:
+        dist.barrier()
+
+
+class Receiver:
+    """Messages of a fixed size from known ranks in arrival order, like a receive from any
+    rank, but with each rank's receive posted ahead of time by a thread of its own.
+
+    Gloo's receive-from-any costs an extra round trip per message (the receiver must first ask
+    the sender); a receive posted for a known rank lets the data flow at once. Each thread
+    waits on its rank's posted receive (the wait releases the GIL) and queues the message.
+
+    - `held` (a server's pushes): one buffer per rank, whose next receive is posted only once
+      the caller has used it (`release`); the rank's last message is the one released with
+      `more=False`.
+    - not held (gossip): a fresh buffer per message and the next receive posted at once, so
+      a sender never waits for this process's loop to get round to its previous message (two
+      workers waiting for each other's loops would deadlock); a rank's last message is the
+      one `last(message)` is true of.
+
+    Bytes are counted when the caller takes a message, on one thread.
     """
 
-    def __init__(self, transport: Transport, sources: list[int], numel: int) -> None:
-        self.transport = transport
-        self.buffers = {s: torch.empty(numel) for s in sources}
-        self._arrived: queue.SimpleQueue[int | Exception] = queue.SimpleQueue()
+    def __init__(self, transport: Transport, sources: list[int], numel: int, tag: int = 0, *,
+                 held: bool = True, last: Callable[[torch.Tensor], bool] | None = None) -> None:
+        self.transport, self.numel, self.tag, self.held = transport, numel, tag, held
+        self.last = last or (lambda message: False)
+        self._arrived: queue.SimpleQueue[tuple[int, torch.Tensor] | Exception] = (
+            queue.SimpleQueue())
         self._go_on = {s: queue.SimpleQueue() for s in sources}
-        self._threads = [threading.Thread(target=self._receive, args=(s,), daemon=True,
-                                          name=f"recv-from-{s}") for s in sources]
-        for t in self._threads:
-            t.start()
+        for src in sources:
+            threading.Thread(target=self._receive, args=(src,), daemon=True,
+                             name=f"recv-from-{src}").start()
 
     def _receive(self, src: int) -> None:
+        buffer = torch.empty(self.numel)
         try:
             while True:
-                dist.irecv(self.buffers[src], src).wait()  # counted in next(), one thread
-                self._arrived.put(src)
-                if not self._go_on[src].get():
+                if not self.held:
+                    buffer = torch.empty(self.numel)
+                dist.irecv(buffer, src, tag=self.tag).wait()  # counted in take(), one thread
+                self._arrived.put((src, buffer))
+                if not (self._go_on[src].get() if self.held else not self.last(buffer)):
                     return
-        except Exception as exc:  # e.g. the peer died: the caller's next() raises it
+        except Exception as exc:  # e.g. the peer died: the caller's next take() raises it
             self._arrived.put(exc)
 
-    def next(self) -> tuple[int, torch.Tensor]:
-        """Block until some rank's message is in; return the rank and its buffer."""
-        src = self._arrived.get()
-        if isinstance(src, Exception):
-            raise src
-        self.transport.count_received(self.buffers[src])
-        return src, self.buffers[src]
+    def take(self, block: bool = True) -> tuple[int, torch.Tensor] | None:
+        """The next message as (rank, buffer); None if none is in and not `block`."""
+        try:
+            item = self._arrived.get(block=block)
+        except queue.Empty:
+            return None
+        if isinstance(item, Exception):
+            raise item
+        self.transport.count_received(item[1])
+        return item
 
     def waiting(self) -> int:
-        """Messages arrived and not yet taken: the server's queue."""
+        """Messages arrived and not yet taken: a server's queue."""
         return self._arrived.qsize()
 
     def release(self, src: int, more: bool = True) -> None:
-        """The buffer of `src` is free again; post its next receive unless it sends no more."""
+        """(held) The buffer of `src` is free again; post its next receive unless it sends no
+        more."""
         self._go_on[src].put(more)

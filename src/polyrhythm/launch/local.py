@@ -25,7 +25,7 @@ import torch.distributed as dist
 from polyrhythm.context import Topology
 from polyrhythm.errors import RunFailed
 from polyrhythm.launch.progress import ProgressBoard
-from polyrhythm.records import RunRecord, complete_run, fail_run, read_summary
+from polyrhythm.metrics.records import RunRecord, fail_run, read_summary
 
 HOST = "127.0.0.1"
 RENDEZVOUS_TIMEOUT = timedelta(seconds=120)
@@ -181,18 +181,18 @@ def _rank_main(config_values: dict, rank: int, port: int, record: RunRecord, eve
     _bind_to_parent(rank)
     _redirect_output(record.log_path(rank))
     from polyrhythm.config import RunConfig
-    from polyrhythm.job import run_rank
+    from polyrhythm.launch.rank import live_rank
 
     config = RunConfig(**config_values)
-    try:
+
+    def join() -> None:
         store = dist.TCPStore(HOST, port, None, False, timeout=RENDEZVOUS_TIMEOUT)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=config.world_size,
                                 timeout=timedelta(seconds=600))
-        result = run_rank(config, rank, progress=lambda e: _offer(events, e))
-        if rank == 0:
-            complete_run(record, result)
-        dist.barrier()  # leave together: a rank tearing down Gloo early can abort its peers
-        dist.destroy_process_group()
+
+    try:
+        live_rank(config, rank, join, record if rank == 0 else None,
+                  progress=lambda e: _offer(events, e))
         code = 0
     except KeyboardInterrupt:
         code = 130

@@ -8,21 +8,25 @@ the payload handed to native collectives), cumulative since the job started.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import psutil
-
-from polyrhythm.context import RankContext
 
 SAMPLE_INTERVAL_S = 1.0
 FIRST_SAMPLE_S = 0.25
 
 
 class ResourceSampler:
-    """Samples (rank, role, t, cpu %, rss bytes, bytes sent, bytes received) while in use."""
+    """Samples (rank, role, t, cpu %, rss bytes, bytes sent, bytes received) while in use.
 
-    def __init__(self, ctx: RankContext, interval_s: float = SAMPLE_INTERVAL_S) -> None:
-        self.ctx, self.interval_s = ctx, interval_s
-        self.role = ctx.topology.role(ctx.rank)
+    `now()` is the job's clock (seconds since it started); `moved()` the bytes this process
+    has sent and received so far."""
+
+    def __init__(self, rank: int, role: str, now: Callable[[], float],
+                 moved: Callable[[], tuple[int, int]],
+                 interval_s: float = SAMPLE_INTERVAL_S) -> None:
+        self.rank, self.role, self.now, self.moved = rank, role, now, moved
+        self.interval_s = interval_s
         self.samples: list[tuple] = []
         self._process = psutil.Process()
         self._stop = threading.Event()
@@ -47,8 +51,6 @@ class ResourceSampler:
             wait = self.interval_s
 
     def _sample(self) -> None:
-        traffic = self.ctx.transport.counters
-        native = traffic.native_collective_bytes
-        self.samples.append((self.ctx.rank, self.role, self.ctx.now(),
-                             self._process.cpu_percent(None), self._process.memory_info().rss,
-                             traffic.bytes_sent + native, traffic.bytes_received + native))
+        sent, received = self.moved()
+        self.samples.append((self.rank, self.role, self.now(), self._process.cpu_percent(None),
+                             self._process.memory_info().rss, sent, received))

@@ -108,6 +108,7 @@ SERIES = {
                   "bytes_received"),
 }
 
+RUN_COLUMNS = ("strategy", "workers", "servers", "epochs", "dataset", "model")
 EPOCH_COLUMNS = ("epoch", "train_loss", "val_loss", "val_accuracy", "samples_per_s", "wall_s")
 
 
@@ -147,13 +148,14 @@ class RunStore:
         if version < SCHEMA_VERSION:
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
-    def add_run(self, run_id: str, created: str, config, config_toml: str) -> None:
+    def add_run(self, run_id: str, created: str, columns: dict, config_toml: str) -> None:
+        """A 'running' row; `columns` holds strategy, workers, servers, epochs, dataset and
+        model (RunConfig.columns())."""
         with self._connect() as conn:
             conn.execute(
                 "INSERT INTO runs (run_id, created, status, strategy, workers, servers, epochs,"
                 " dataset, model, config) VALUES (?, ?, 'running', ?, ?, ?, ?, ?, ?, ?)",
-                (run_id, created, config.strategy, config.workers, config.servers,
-                 config.epochs, config.dataset, config.model, config_toml))
+                (run_id, created, *(columns[c] for c in RUN_COLUMNS), config_toml))
 
     def complete_run(self, run_id: str, summary: dict, epochs: list[dict],
                      series: dict[str, list[tuple]] | None = None) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from polyrhythm.errors import ConfigError, StoreError
+from polyrhythm.metrics.records import config_fields
 from polyrhythm.metrics.store import SERIES, RunStore
 
 # Fields that never tell groups apart: repeats differ in seed; the strategy leads the label.
@@ -98,8 +99,9 @@ def load_runs(store_path: str | Path, run_ids: list[str]) -> list[Run]:
 
 
 def _toml(text: str | None) -> dict:
+    """The stored config as flat fields (sectioned or, from polyrhythm 0.1, flat)."""
     try:
-        return tomllib.loads(text or "")
+        return config_fields(text or "")
     except tomllib.TOMLDecodeError:
         return {}
 

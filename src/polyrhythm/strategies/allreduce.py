@@ -7,13 +7,9 @@ schedules over point-to-point messages (comm/collectives.py): ring, tree, reduce
 
 from __future__ import annotations
 
-import torch.distributed as dist
-
-from polyrhythm.comm.collectives import all_reduce
+from polyrhythm.comm.transport import NATIVE, WORKERS
 from polyrhythm.optim import FlatSGD, lr_at
 from polyrhythm.strategies.base import Strategy
-
-NATIVE = "native"
 
 
 class AllReduceWorker(Strategy):
@@ -21,7 +17,7 @@ class AllReduceWorker(Strategy):
 
     def __init__(self, *args, algorithm: str = NATIVE, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.optimizer = FlatSGD(self.flat.data, self.ctx.config)
+        self.optimizer = FlatSGD(self.flat.data, self.ctx.config.optimizer)
         self.algorithm = algorithm
 
     def step(self, epoch: int) -> None:
@@ -29,11 +25,12 @@ class AllReduceWorker(Strategy):
             grad = self.flat.grad().mul_(self.batch_weight)
         # A collective sends, waits and receives at once: it all counts as waiting for peers.
         with self.ctx.spans("wait"):
-            if self.algorithm == NATIVE:
-                self.ctx.transport.count_collective(grad)
-                dist.all_reduce(grad)
-            else:
-                all_reduce(self.ctx.transport, grad, self.ctx.topology.worker_ranks,
-                           self.ctx.rank, self.algorithm)
+            self.ctx.transport.all_reduce(grad, WORKERS, self.algorithm)
         with self.ctx.spans("apply"):
-            self.optimizer.step(grad, lr_at(self.ctx.config, epoch))
+            self.optimizer.step(grad, lr_at(self.ctx.config.optimizer, epoch))
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])

@@ -65,6 +65,17 @@ class ConsistencyPolicy(ABC):
     def on_update(self, change: float) -> None:  # noqa: B027 - only value bounds need it
         """The last decided update changed the weights by `change` in max-norm."""
 
+    def state_dict(self) -> dict:
+        """Everything the policy holds (clocks, who waits, its settings) as plain values:
+        sets become sorted lists, so the state saves without pickling Python objects."""
+        return {name: sorted(v) if isinstance(v, set | tuple) else
+                (dict(v) if isinstance(v, dict) else v) for name, v in vars(self).items()}
+
+    def load_state_dict(self, state: dict) -> None:
+        for name, value in state.items():
+            kind = type(getattr(self, name))
+            setattr(self, name, kind(value) if kind in (set, tuple, dict) else value)
+
     def _release_if_quorum(self, members: set[int], quorum: int, accumulate: bool,
                            scale: float = 1.0) -> Decision:
         """One update that releases `members` once they number the quorum (or every active

@@ -15,6 +15,7 @@ import torch
 from polyrhythm.comm.messages import FETCH, GRADIENT
 from polyrhythm.optim import FlatSGD, lr_at
 from polyrhythm.strategies.base import Strategy
+from polyrhythm.strategies.cadence import Periodic
 from polyrhythm.strategies.ps import ServerLink
 
 
@@ -23,35 +24,42 @@ class ElasticAveragingWorker(Strategy):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        config = self.ctx.config
         self.link = ServerLink(self.ctx, len(self.flat), weight=1.0)  # d is added as it is
-        self.optimizer = FlatSGD(self.flat.data, config)
+        self.optimizer = FlatSGD(self.flat.data, self.ctx.config.optimizer)
         self.centre = torch.empty(len(self.flat))
-        self.alpha, self.tau = config.alpha, config.tau
-        self.steps = 0
+        self.alpha = self.settings.alpha
+        self.cadence = Periodic(self.settings.tau)
 
     def step(self, epoch: int) -> None:
         with self.ctx.spans("apply"):
-            self.optimizer.step(self.flat.grad(), lr_at(self.ctx.config, epoch))
-        self.steps += 1
-        if self.steps % self.tau == 0:
+            self.optimizer.step(self.flat.grad(), lr_at(self.ctx.config.optimizer, epoch))
+        if self.cadence.step():
             self._exchange()
 
     def _exchange(self) -> None:
-        link = self.link
+        link, steps = self.link, self.cadence.steps
         with self.ctx.spans("push"):
             link.expect_replies()
-            link.send_all(FETCH, self.steps)
+            link.send_all(FETCH, steps)
             link.wait_sends()
         link.wait_replies(self.centre)
         with self.ctx.spans("apply"):
             elastic = (self.flat.data - self.centre).mul_(self.alpha)
             self.flat.data.sub_(elastic)
         with self.ctx.spans("push"):
-            link.send_all(GRADIENT, self.steps, elastic)
+            link.send_all(GRADIENT, steps, elastic)
             link.wait_sends()
 
     def finish(self) -> None:
-        if self.steps % self.tau:  # the last steps' exploration reaches the centre too
+        if self.cadence.owed:  # the last steps' exploration reaches the centre too
             self._exchange()
         self.link.leave()
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "cadence": self.cadence.state_dict(),
+                "link": self.link.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.cadence.load_state_dict(state["cadence"])
+        self.link.load_state_dict(state["link"])

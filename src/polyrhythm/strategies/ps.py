@@ -19,6 +19,7 @@ from polyrhythm.context import RankContext
 from polyrhythm.flat import BucketLayout
 from polyrhythm.optim import lr_at
 from polyrhythm.strategies.base import Strategy
+from polyrhythm.strategies.cadence import PushFetch
 
 
 class ServerLink:
@@ -79,23 +80,29 @@ class ServerLink:
         self.send_all(DONE, clock=0)
         self.wait_sends()
 
+    def state_dict(self) -> dict:
+        """The server version each bucket was last pulled at, and whether training is over."""
+        return {"pulled": list(self.pulled), "over": self.over}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.pulled, self.over = list(state["pulled"]), state["over"]
+
 
 class ParameterServerWorker(Strategy):
     """Push gradient buckets to their servers as backward produces them; pull them back.
 
-    With Downpour's `push_every` / `fetch_every` (Dean et al., "Large Scale Distributed Deep
-    Networks", NIPS 2012), gradients accumulate locally for `push_every` steps and parameters
-    are fetched every `fetch_every` steps; between fetches the worker steps its own replica
-    with plain SGD on its own gradient, so the steps in between are not computed on the same
-    parameters again. Both 1 (the default) is the usual push-and-pull of every step.
+    When to push and when to fetch is the `PushFetch` cadence (strategies/cadence.py): every
+    step by default; Downpour's `push_every` / `fetch_every` (Dean et al., "Large Scale
+    Distributed Deep Networks", NIPS 2012) let gradients accumulate locally between pushes,
+    and between fetches the worker steps its own replica with plain SGD on its own gradient,
+    so the steps in between are not computed on the same parameters again.
     """
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        config, flat = self.ctx.config, self.flat
+        flat, s = self.flat, self.settings
         self.link = ServerLink(self.ctx, len(flat), self.batch_weight)
-        self.push_every, self.fetch_every = config.push_every, config.fetch_every
-        self.steps = self.clock = 0  # steps taken, pushes made
+        self.cadence = PushFetch(s.get("push_every", 1), s.get("fetch_every", 1))
         self.grad = torch.zeros(len(flat))  # gradients since the last push
         # Which buckets each parameter feeds, and how many parameters each bucket waits for.
         buckets = self.link.buckets
@@ -108,10 +115,7 @@ class ParameterServerWorker(Strategy):
             p.register_post_accumulate_grad_hook(partial(self._on_grad, i))
 
     def begin_step(self, epoch: int) -> None:
-        self.steps += 1
-        self.pushing = self.steps % self.push_every == 0
-        self.fetching = self.steps % self.fetch_every == 0
-        self.clock += self.pushing
+        self.pushing, self.fetching = self.cadence.step()
         self.missing = list(self.needs) if self.pushing else []
         if self.fetching:
             self.link.expect_replies()
@@ -130,7 +134,7 @@ class ParameterServerWorker(Strategy):
                 self._push(k)
 
     def _push(self, k: int) -> None:
-        self.link.send(k, PUSH if self.fetching else GRADIENT, self.clock, self.grad)
+        self.link.send(k, PUSH if self.fetching else GRADIENT, self.cadence.pushes, self.grad)
 
     def step(self, epoch: int) -> None:
         self.collecting = False
@@ -141,7 +145,7 @@ class ParameterServerWorker(Strategy):
                     if work is None:  # parameters that got no gradient
                         self._push(k)
             elif self.fetching:
-                link.send_all(FETCH, self.clock)
+                link.send_all(FETCH, self.cadence.pushes)
             if self.pushing or self.fetching:
                 link.wait_sends()
             if self.pushing:
@@ -150,15 +154,24 @@ class ParameterServerWorker(Strategy):
             link.wait_replies(self.flat.data)
         else:  # Downpour between fetches: step the local replica
             with self.ctx.spans("apply"):
-                self.flat.data.add_(self.flat.grad(), alpha=-lr_at(self.ctx.config, epoch))
+                self.flat.data.add_(self.flat.grad(),
+                                    alpha=-lr_at(self.ctx.config.optimizer, epoch))
 
     @property
     def stopped(self) -> bool:
         return self.link.over
 
     def finish(self) -> None:
-        if self.steps % self.push_every:  # Downpour: gradients of the last steps, not pushed
-            self.clock += 1
-            self.link.send_all(GRADIENT, self.clock, self.grad)
+        if self.cadence.final_push():  # Downpour: gradients of the last steps, not pushed
+            self.link.send_all(GRADIENT, self.cadence.pushes, self.grad)
             self.link.wait_sends()
         self.link.leave()
+
+    def state_dict(self) -> dict:
+        return {"cadence": self.cadence.state_dict(), "link": self.link.state_dict(),
+                "accumulated": self.grad.clone()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.cadence.load_state_dict(state["cadence"])
+        self.link.load_state_dict(state["link"])
+        self.grad.copy_(state["accumulated"])

@@ -11,8 +11,8 @@ import torch
 from polyrhythm.data.datasets import Dataset
 from polyrhythm.flat import FlatParameters
 from polyrhythm.metrics.recorder import SPAN_NAMES, StalenessLog
-from polyrhythm.models import build_model
-from polyrhythm.worker import evaluate
+from polyrhythm.models.build import build_model
+from polyrhythm.runtime.worker import evaluate
 
 
 @dataclass
@@ -36,7 +36,7 @@ def summarise(config, reports: list[dict], val: Dataset, wall_s: float) -> RunRe
     final = evaluate(model, val)
     summary = {
         "status": "completed",
-        "strategy": config.strategy,
+        "strategy": config.strategy.name,
         "workers": config.workers,
         "servers": config.servers,
         "epochs": config.epochs,
@@ -49,7 +49,7 @@ def summarise(config, reports: list[dict], val: Dataset, wall_s: float) -> RunRe
         "weight_updates": _weight_updates(servers, workers),
         "weight_updates_per_server": [s["weight_updates"] for s in servers],
         "update_s_per_server": [s["update_s"] for s in servers],
-        "server_momentum": servers[0]["momentum"] if servers else config.momentum,
+        "server_momentum": servers[0]["momentum"] if servers else config.optimizer.momentum,
         **StalenessLog.summarise(staleness),
         "per_worker": [_worker_times(w) for w in workers],
         "traffic_per_rank": [{"rank": r["rank"], **r["traffic"]} for r in reports],

@@ -1,20 +1,23 @@
-"""A run's record: its directory (config.toml, summary.json, model.pt, logs/) and store rows."""
+"""A run's record: its directory (config.toml, summary.json, model.pt, logs/) and store rows.
+
+Torch-free, like the store: listing and reporting runs loads no runtime.
+"""
 
 from __future__ import annotations
 
 import json
 import secrets
+import tomllib
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-
-import torch
+from typing import Any
 
 from polyrhythm.errors import StoreError
 from polyrhythm.metrics.store import RunStore
-from polyrhythm.summary import RunResult
 
 STORE_NAME = "polyrhythm.db"
+MODEL_NAME = "model.pt"
 
 
 @dataclass(frozen=True)
@@ -35,11 +38,19 @@ class RunRecord:
     def log_path(self, rank: int) -> Path:
         return self.dir / "logs" / f"rank{rank}.log"
 
+    @property
+    def model_path(self) -> Path:
+        return self.dir / MODEL_NAME
+
 
 def start_run(config) -> RunRecord:
-    """Create the run's directory and its 'running' row, before any process starts."""
+    """Create the run's directory and its 'running' row, before any process starts.
+
+    `config` is the RunConfig: its `out`, `columns()` (the store's headline columns) and
+    `to_toml()` are what the record needs."""
     now = datetime.now(UTC)
-    run_id = f"{now:%Y%m%d-%H%M%S}-{config.strategy}-{secrets.token_hex(3)}"
+    columns = config.columns()
+    run_id = f"{now:%Y%m%d-%H%M%S}-{columns['strategy']}-{secrets.token_hex(3)}"
     record = RunRecord(Path(config.out), run_id)
     toml = config.to_toml()
     try:
@@ -48,17 +59,18 @@ def start_run(config) -> RunRecord:
     except OSError as exc:
         raise StoreError(f"cannot write run directory {str(record.dir)!r}: "
                          f"{exc.strerror}") from None
-    record.store.add_run(run_id, now.isoformat(timespec="seconds"), config, toml)
+    record.store.add_run(run_id, now.isoformat(timespec="seconds"), columns, toml)
     return record
 
 
-def complete_run(record: RunRecord, result: RunResult) -> dict:
-    """Write summary.json and model.pt, mark the run completed; return the full summary."""
-    summary = {"run_id": record.run_id, **result.summary, "run_dir": str(record.dir)}
-    torch.save(result.state_dict, record.dir / "model.pt")
-    summary["epoch_metrics"] = result.epochs
+def complete_run(record: RunRecord, summary: dict, epochs: list[dict],
+                 series: dict[str, list[tuple]]) -> dict:
+    """Write summary.json, mark the run completed with its epochs and event series (the model
+    is written beside it by whoever holds it); return the full summary."""
+    summary = {"run_id": record.run_id, **summary, "run_dir": str(record.dir),
+               "epoch_metrics": epochs}
     (record.dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    record.store.complete_run(record.run_id, summary, result.epochs, result.series)
+    record.store.complete_run(record.run_id, summary, epochs, series)
     return summary
 
 
@@ -79,3 +91,21 @@ def summary_json_line(summary: dict) -> str:
 
 def read_summary(record: RunRecord) -> dict:
     return json.loads((record.dir / "summary.json").read_text())
+
+
+# The sections of a config.toml and the flat key that names each section's component.
+_NAMED_SECTIONS = {"strategy": "strategy", "data": "dataset", "model": "model",
+                   "optimizer": None}
+
+
+def config_fields(config_toml: str) -> dict[str, Any]:
+    """A stored config as flat fields (`strategy`, `dataset`, `tau`, `lr`, ...), whether it
+    was written in sections or flat (polyrhythm 0.1)."""
+    fields: dict[str, Any] = {}
+    for key, value in tomllib.loads(config_toml).items():
+        if key in _NAMED_SECTIONS and isinstance(value, dict):
+            for k, v in value.items():
+                fields[_NAMED_SECTIONS[key] if k == "name" else k] = v
+        else:
+            fields[key] = value
+    return fields

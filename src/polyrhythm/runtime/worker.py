@@ -6,13 +6,14 @@ import math
 import time
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from polyrhythm.comm.transport import WORKERS
 from polyrhythm.context import RankContext
 from polyrhythm.data.datasets import Dataset
 from polyrhythm.data.sharding import (
+    DataPosition,
     batch_slice,
     epoch_order,
     random_shards,
@@ -21,7 +22,7 @@ from polyrhythm.data.sharding import (
 )
 from polyrhythm.flat import FlatParameters
 from polyrhythm.metrics.recorder import SPAN_NAMES
-from polyrhythm.models import build_model
+from polyrhythm.models.build import build_model
 from polyrhythm.strategies import STRATEGIES
 
 PROGRESS_INTERVAL_S = 0.25
@@ -59,8 +60,9 @@ class Worker:
         self.shard = random_shards(len(train), c.workers, c.seed)[i]
         self.steps = steps_per_epoch(len(train), c.batch_size, c.steps_per_epoch)
         self.delay = c.worker_delay_s[i] if i < len(c.worker_delay_s) else 0.0
-        self.spec = STRATEGIES[c.strategy]
-        self.strategy = self.spec.worker(ctx, self.flat, self.batch / c.batch_size)
+        self.strategy = STRATEGIES[c.strategy.name].build_worker(
+            ctx, self.flat, self.batch / c.batch_size, c.strategy)
+        self.position = DataPosition()
         self._last_progress = 0.0
         # The model validated at each epoch end: the first worker's, or where workers hold
         # different models, their consensus (each snapshot pre-multiplied by its weight).
@@ -69,11 +71,26 @@ class Worker:
         self.snapshot_weights: list[float] = []
         # Per iteration: (worker, step, epoch, t, compute, push, wait, pull, apply, total).
         self.iterations: list[tuple] = []
-        self.global_step = 0
+
+    def state_dict(self) -> dict:
+        """The model (parameters and buffers), the strategy's worker side, the data position
+        and the random state: what this worker needs to carry on."""
+        return {"model": self.model.state_dict(), "strategy": self.strategy.state_dict(),
+                "position": self.position.state_dict(), "rng": torch.get_rng_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.strategy.load_state_dict(state["strategy"])
+        self.position.load_state_dict(state["position"])
+        torch.set_rng_state(state["rng"])
 
     def run(self) -> dict:
         """Train for the configured epochs; return this worker's report."""
-        epochs = [self._epoch(e) for e in range(self.ctx.config.epochs)]
+        self.strategy.start()
+        epochs = []
+        while self.position.epoch < self.ctx.config.epochs:
+            epochs.append(self._epoch(self.position.epoch))
+            self.position.next_epoch()
         self.strategy.finish()  # decentralised strategies may agree on a final model here
         final = self.flat.data.clone()
         if self.consensus:
@@ -87,12 +104,12 @@ class Worker:
             "rank": self.ctx.rank,
             "worker": self.ctx.worker_index,
             "epochs": epochs,
-            "steps": self.global_step,
+            "steps": self.position.taken,
             "spans": dict(self.ctx.spans.totals),
-            "traffic": vars(self.ctx.transport.counters),
+            "traffic": self.ctx.transport.counters.snapshot(),
             "iterations": self.iterations,
         }
-        if self.ctx.worker_index == 0 and not self.spec.uses_servers:  # no server holds it
+        if self.ctx.worker_index == 0 and not self.ctx.topology.servers:  # no server holds it
             report["shard"] = (0, len(self.flat), final)
         return report
 
@@ -101,11 +118,13 @@ class Worker:
         order = epoch_order(self.shard, epoch, config.seed, ctx.worker_index)
         t0, loss_sum, taken = time.perf_counter(), 0.0, 0
         measured_from = None  # when this epoch's first step after the warm-up began
-        for step in range(self.steps):
+        position = self.position
+        while position.step < self.steps:
             if self.strategy.stopped:
                 break  # the servers ended the run (k-BSP: its rounds are done)
+            step = position.step
             began = time.perf_counter()
-            if measured_from is None and self.global_step >= config.warmup_steps:
+            if measured_from is None and position.taken >= config.warmup_steps:
                 measured_from = began
             with ctx.spans("compute"):
                 idx = torch.from_numpy(batch_slice(order, self.batch, step))
@@ -118,9 +137,9 @@ class Worker:
             spans = ctx.spans.take()
             if config.instrumentation:
                 self.iterations.append((
-                    ctx.worker_index, self.global_step, epoch, began - ctx.started,
+                    ctx.worker_index, position.taken, epoch, began - ctx.started,
                     *(spans.get(name, 0.0) for name in SPAN_NAMES), ended - began))
-            self.global_step += 1
+            position.advance()
             taken += 1
             loss_sum += loss
             self._progress(epoch, step + 1, loss, (step + 1) * self.batch / (ended - t0))
@@ -130,7 +149,7 @@ class Worker:
                   "wall_s": ended - ctx.started}
         # Throughput leaves out the warm-up steps (first iterations pay for lazy set-up).
         if measured_from is not None:
-            measured_steps = min(taken, self.global_step - config.warmup_steps)
+            measured_steps = min(taken, position.taken - config.warmup_steps)
             record["measured_samples"] = measured_steps * self.batch
             record["measured_seconds"] = ended - measured_from
         else:
@@ -146,15 +165,15 @@ class Worker:
         return record
 
     def _agree_on_snapshots(self) -> None:
-        """Each epoch's snapshot becomes the weighted mean of every worker's (one all-reduce).
+        """Each epoch's snapshot becomes the weighted mean of every worker's (one all-reduce
+        among the workers).
 
         Dividing by the summed weights also covers weights that do not sum to 1 at an epoch
         end (gossip weight in flight)."""
-        assert not self.spec.uses_servers, "the all-reduce spans workers only: no servers"
         models = torch.stack(self.snapshots)
         weights = torch.tensor(self.snapshot_weights, dtype=torch.float64)
-        dist.all_reduce(models)
-        dist.all_reduce(weights)
+        self.ctx.transport.all_reduce(models, WORKERS)
+        self.ctx.transport.all_reduce(weights, WORKERS)
         self.snapshots = list(models.div_(weights.unsqueeze(1).float()))
 
     def _progress(self, epoch: int, step: int, loss: float, samples_per_s: float) -> None:

@@ -16,7 +16,6 @@ from dataclasses import replace
 import torch
 
 from polyrhythm.comm.messages import DONE, GRADIENT, PUSH_HEADER, REPLY, REPLY_HEADER
-from polyrhythm.comm.transport import PushReceiver
 from polyrhythm.context import RankContext
 from polyrhythm.metrics.recorder import StalenessLog
 from polyrhythm.optim import FlatSGD, lr_at
@@ -27,14 +26,14 @@ class Bucket:
     """Parameters [start, stop) of the flat model, their optimizer state and their policy."""
 
     def __init__(self, initial: torch.Tensor, start: int, stop: int, policy: ConsistencyPolicy,
-                 config) -> None:
+                 optimizer) -> None:
         self.start, self.stop = start, stop
         # The reply is [version, over, weights ...]: the weights live inside it, so answering
         # a worker sends this buffer as it is, with no copy.
         self.outbox = torch.cat([torch.zeros(REPLY_HEADER), initial[start:stop]])
         self.weights = self.outbox[REPLY_HEADER:]
         # An elastic centre adds what it gets; every other policy steps an optimizer.
-        self.optimizer = None if policy.elastic else FlatSGD(self.weights, config,
+        self.optimizer = None if policy.elastic else FlatSGD(self.weights, optimizer,
                                                              policy.concurrency)
         self.policy = policy
         self.pending = torch.zeros_like(self.weights)
@@ -55,7 +54,8 @@ class Bucket:
         self.pending.add_(grad[:self.stop - self.start], alpha=weight * scale)
         self.pending_weight += weight
 
-    def apply(self, config, steps_per_epoch: int) -> None:
+    def apply(self, optimizer, steps_per_epoch: int) -> None:
+        """Apply the pending update (`optimizer`: the run's optimizer settings)."""
         policy = self.policy
         before = self.weights.clone() if policy.tracks_change else None
         if policy.elastic:
@@ -65,7 +65,7 @@ class Bucket:
                 self.pending.div_(self.pending_weight)
             # Small tolerance: weights like 1/3 do not sum to exact integers in floating point.
             epoch = math.floor(self.progress / steps_per_epoch + 1e-6)
-            self.optimizer.step(self.pending, lr_at(config, epoch))
+            self.optimizer.step(self.pending, lr_at(optimizer, epoch))
         if before is not None:
             policy.on_update(float((self.weights - before).abs().max()))
         self.pending.zero_()
@@ -73,6 +73,23 @@ class Bucket:
         self.pending_weight = 0.0
         self.version += 1
         self.outbox[0] = self.version
+
+    def state_dict(self) -> dict:
+        """Weights, optimizer momentum, version, progress, the pending update and the policy:
+        everything the bucket holds."""
+        return {"outbox": self.outbox.clone(), "pending": self.pending.clone(),
+                "pending_weight": self.pending_weight, "version": self.version,
+                "progress": self.progress, "policy": self.policy.state_dict(),
+                "optimizer": self.optimizer.state_dict() if self.optimizer else None}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.outbox.copy_(state["outbox"])  # the weights are a view into it
+        self.pending.copy_(state["pending"])
+        self.pending_weight, self.version = state["pending_weight"], state["version"]
+        self.progress = state["progress"]
+        self.policy.load_state_dict(state["policy"])
+        if self.optimizer is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
 
 
 class ParameterServerShard:
@@ -82,7 +99,7 @@ class ParameterServerShard:
                  buckets: dict[int, tuple[int, int]], capacity: int, make_policy,
                  steps_per_epoch: int) -> None:
         self.ctx = ctx
-        self.buckets = {k: Bucket(initial, a, b, make_policy(), ctx.config)
+        self.buckets = {k: Bucket(initial, a, b, make_policy(), ctx.config.optimizer)
                         for k, (a, b) in buckets.items()}
         self.capacity = capacity  # elements in the largest bucket: pushes are padded to it
         self.steps_per_epoch = steps_per_epoch
@@ -95,11 +112,10 @@ class ParameterServerShard:
     def run(self) -> dict:
         """Serve until every worker has said it is done for every bucket; return a report."""
         topology = self.ctx.topology
-        pushes = PushReceiver(self.ctx.transport, topology.worker_ranks,
-                              PUSH_HEADER + self.capacity)
+        pushes = self.ctx.transport.receiver(topology.worker_ranks, PUSH_HEADER + self.capacity)
         unfinished = dict.fromkeys(topology.worker_ranks, len(self.buckets))
         while unfinished:
-            src, inbox = pushes.next()
+            src, inbox = pushes.take()
             worker = topology.worker_index(src)
             kind, clock, pulled, weight, key = inbox[:PUSH_HEADER].tolist()
             kind, bucket = int(kind), self.buckets[int(key)]
@@ -133,7 +149,7 @@ class ParameterServerShard:
         if decision.update and bucket.pending_weight > 0:
             began = self.ctx.now()
             with self.ctx.spans("update"):
-                bucket.apply(self.ctx.config, self.steps_per_epoch)
+                bucket.apply(self.ctx.config.optimizer, self.steps_per_epoch)
             if self.record:
                 self.updates.append((self.ctx.rank, began, self.ctx.now() - began))
             if bucket.policy.fixed_rounds and bucket.version >= self.rounds:
@@ -141,6 +157,14 @@ class ParameterServerShard:
         ranks = [self.ctx.topology.worker_ranks[w] for w in decision.release]
         for work in [self.ctx.transport.isend(bucket.outbox, r, tag=key) for r in ranks]:
             work.wait()
+
+    def state_dict(self) -> dict:
+        """Every bucket's state, by bucket id."""
+        return {"buckets": {k: b.state_dict() for k, b in self.buckets.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        for k, bucket in self.buckets.items():
+            bucket.load_state_dict(state["buckets"][k])
 
     def _report(self) -> dict:
         buckets = list(self.buckets.values())
@@ -154,7 +178,7 @@ class ParameterServerShard:
             "momentum": buckets[0].optimizer.momentum if buckets[0].optimizer else None,
             "update_s": self.ctx.spans.totals["update"],
             "staleness_histogram": dict(self.staleness.histogram),
-            "traffic": vars(self.ctx.transport.counters),
+            "traffic": self.ctx.transport.counters.snapshot(),
             "pushes": self.pushes,
             "updates": self.updates,
             "finished_at": time.time(),

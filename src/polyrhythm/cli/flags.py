@@ -1,0 +1,81 @@
+"""Command-line flags of a run, made from the declarations alone: one flag per general and
+optimizer setting, one per component (--strategy, --dataset, --model) and one per parameter
+some strategy, data set or model declares (--tau for localsgd and easgd)."""
+
+from __future__ import annotations
+
+import argparse
+import typing
+from typing import Any
+
+from polyrhythm.config import COMPONENTS, GENERAL, OPTIMIZER, flat_keys
+from polyrhythm.data import VAL_FRACTION
+from polyrhythm.settings import Param
+
+_SUMMARIES = {"strategy": "consistency strategy (see `polyrhythm strategies`)",
+              "data": "data set (see `polyrhythm datasets`)",
+              "model": "model (see `polyrhythm models`)"}
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error in one line and exits with 2."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def metavar(p: Param) -> str:
+    kind = p.item if p.kind is list else p.kind
+    return p.metavar or {int: "N", float: "X", str: "NAME"}.get(kind, "VALUE")
+
+
+def default_text(p: Param) -> str:
+    text = p.default_text()
+    return f" (default: {text})" if text else ""
+
+
+def _add(parser: argparse.ArgumentParser, p: Param, help_text: str) -> None:
+    if p.kind is bool:
+        parser.add_argument(p.flag, dest=p.name, default=None,
+                            action=argparse.BooleanOptionalAction, help=help_text)
+        return
+    kwargs: dict[str, Any] = {"dest": p.name, "default": None, "metavar": metavar(p),
+                              "type": p.item if p.kind is list else p.kind, "help": help_text}
+    if p.kind is list:
+        kwargs["nargs"] = "+"
+    parser.add_argument(p.flag, **kwargs)
+
+
+def _component_flags(parser: argparse.ArgumentParser, section: str, exclude: tuple) -> None:
+    registry, default, flat = COMPONENTS[section]
+    if flat not in exclude:
+        parser.add_argument(f"--{flat}", dest=flat, default=None, metavar="NAME",
+                            help=f"{_SUMMARIES[section]} (default: {default})")
+    for name in registry.param_names():
+        declared = registry.declarations(name)
+        first = declared[0][1]
+        owners = ", ".join(c.name for c, _ in declared)
+        defaults = {p.default_text() for _, p in declared}
+        if len(defaults) > 1:  # per-component defaults: quorum
+            shown = ", ".join(f"{p.default_text()} for {c.name}" for c, p in declared)
+            help_text = f"{owners}: {first.help} (default: {shown})"
+        else:
+            help_text = f"{owners}: {first.help}{default_text(first)}"
+        _add(parser, first, help_text)
+
+
+def add_config_flags(parser: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) -> None:
+    """One flag per flat config key (--batch-size for batch_size), typed from its declaration."""
+    _component_flags(parser, "strategy", exclude)
+    for p in (*GENERAL, *OPTIMIZER):
+        if p.name not in exclude:
+            _add(parser, p, p.help + default_text(p))
+    _component_flags(parser, "data", exclude)
+    _add(parser, VAL_FRACTION, VAL_FRACTION.help + default_text(VAL_FRACTION))
+    _component_flags(parser, "model", exclude)
+
+
+def config_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The config keys given as flags (those a command has and the user set)."""
+    return {key: value for key in flat_keys()
+            if (value := getattr(args, key, None)) is not None}

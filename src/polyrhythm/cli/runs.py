@@ -1,0 +1,36 @@
+"""`polyrhythm runs`: list the stored runs. Reads the store only: no runtime, no torch."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from polyrhythm.metrics.records import STORE_NAME
+from polyrhythm.metrics.store import RunStore
+
+
+def add_parser(commands) -> None:
+    runs = commands.add_parser("runs", help="list stored runs")
+    runs.add_argument("--out", default="runs", help="runs directory (default: runs)")
+    runs.add_argument("--json", action="store_true", help="one JSON object per run")
+
+
+def run(args: argparse.Namespace) -> int:
+    rows = RunStore(Path(args.out) / STORE_NAME).runs()
+    if args.json:
+        for r in rows:
+            print(json.dumps({k: v for k, v in r.items() if k not in ("config", "summary")}))
+        return 0
+    if not rows:
+        print(f"no runs stored in {args.out}")
+        return 0
+    print(f"{'run id':<36} {'status':<10} {'strategy':<16} {'N':>3} {'S':>3} {'ep':>3} "
+          f"{'val acc':>8} {'samples/s':>10} {'wall s':>8}")
+    for r in rows:
+        acc = f"{r['final_val_accuracy']:.4f}" if r["final_val_accuracy"] is not None else "-"
+        sps = f"{r['samples_per_s']:.0f}" if r["samples_per_s"] is not None else "-"
+        wall = f"{r['wall_s']:.1f}" if r["wall_s"] is not None else "-"
+        print(f"{r['run_id']:<36} {r['status']:<10} {r['strategy']:<16} {r['workers']:>3} "
+              f"{r['servers']:>3} {r['epochs']:>3} {acc:>8} {sps:>10} {wall:>8}")
+    return 0

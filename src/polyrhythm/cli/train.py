@@ -1,0 +1,46 @@
+"""`polyrhythm train`: train one job on this machine."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from polyrhythm.cli.flags import add_config_flags, config_flags
+from polyrhythm.config import load_config
+from polyrhythm.metrics.records import summary_json_line
+from polyrhythm.sweep import count
+
+
+def add_parser(commands) -> None:
+    train = commands.add_parser("train", help="train one job on this machine")
+    train.add_argument("--config", metavar="FILE.toml", help="config file; flags override it")
+    train.add_argument("--json", action="store_true",
+                       help="print the summary as one JSON object on the last line")
+    add_config_flags(train)
+
+
+def run(args: argparse.Namespace) -> int:
+    config = load_config(args.config, **config_flags(args))  # bad input fails before torch
+    from polyrhythm.api import train
+
+    summary = train(config, show_progress=sys.stderr.isatty())
+    print(summary_json_line(summary) if args.json else format_summary(summary))
+    return 0
+
+
+def format_summary(s: dict) -> str:
+    """A few human lines about a finished run."""
+    lines = [f"run {s['run_id']}: {s['status']}  ({s['strategy']}, "
+             f"{count(s['workers'], 'worker')}, {count(s['servers'], 'server')}, "
+             f"{count(s['epochs'], 'epoch')})"]
+    for e in s.get("epoch_metrics", []):
+        lines.append(f"  epoch {e['epoch'] + 1}: train loss {e['train_loss']:.4f}  "
+                     f"val loss {e['val_loss']:.4f}  val acc {e['val_accuracy']:.4f}  "
+                     f"{e['samples_per_s']:.0f} samples/s")
+    lines.append(f"  final validation accuracy {s['final_val_accuracy']:.4f}, loss "
+                 f"{s['final_val_loss']:.4f}; {s['samples_per_s']:.0f} samples/s; "
+                 f"{s['wall_s']:.1f} s")
+    lines.append(f"  weight updates {s['weight_updates']}; staleness mean "
+                 f"{s['staleness_mean']:.2f}, max {s['staleness_max']}")
+    lines.append(f"  stored in {s['run_dir']}")
+    return "\n".join(lines)

@@ -1,0 +1,38 @@
+"""The life of one rank, whoever started it (the local launcher or torchrun): join the job's
+process group, open the transport, play the role the topology gives this rank, record the
+run on rank 0, and leave together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from polyrhythm.comm.transport import Transport
+from polyrhythm.context import ProgressSink, RankContext, Topology, no_progress
+from polyrhythm.metrics.records import RunRecord, complete_run
+from polyrhythm.runtime.job import run_rank
+
+JoinGroup = Callable[[], None]  # initialises the default process group (Gloo)
+
+
+def live_rank(config, rank: int, join: JoinGroup, record: RunRecord | None,
+              progress: ProgressSink = no_progress,
+              local_workers: int | None = None) -> dict | None:
+    """Run this rank of the job; rank 0 completes the run's record (given as `record`) and
+    returns the summary. Raises whatever ended the rank early."""
+    join()
+    topology = Topology(config.servers, config.workers)
+    transport = Transport()
+    transport.open(rank, topology.world_size, topology.worker_ranks)
+    ctx = RankContext(config, rank, topology, transport, progress=progress)
+    result = run_rank(ctx, local_workers)
+    summary = None
+    if result is not None and record is not None:
+        torch.save(result.state_dict, record.model_path)
+        summary = complete_run(record, result.summary, result.epochs, result.series)
+    transport.barrier()  # leave together: a rank tearing down Gloo early can abort its peers
+    dist.destroy_process_group()
+    return summary

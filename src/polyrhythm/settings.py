@@ -1,0 +1,239 @@
+"""Declared settings: every setting of a run is a `Param`, declared by the piece that reads it.
+
+A strategy, a data set and a model each declare their own parameters (`Component.params`);
+the run's general settings are declared in config.py. From the declarations alone come the
+command-line flags, the type and range checks with their one-line errors, the "strategy X
+takes no --y" errors, the listings (`polyrhythm strategies`) and the README's table check.
+
+A `Registry` holds the components of one kind by name. A component's code may be named
+lazily as "package.module:attribute", so that declaring it (and listing it, or checking a
+config against it) imports neither torch nor the module that implements it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from polyrhythm.errors import ConfigError
+
+_KIND_NAMES = {int: "integer", float: "number", bool: "boolean (true or false)", str: "string"}
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A range rule: `holds(value, run)` is true for valid values; `text(run)` completes
+    '<name> must ...' in the error and the listings ('be at least 1')."""
+
+    holds: Callable[[Any, Any], bool]
+    text: Callable[[Any], str]
+
+    def describe(self, run: Any = None) -> str:
+        return self.text(run)
+
+
+def at_least(low: float) -> Rule:
+    return Rule(lambda v, run: v >= low, lambda run: f"be at least {low}")
+
+
+def positive() -> Rule:
+    return Rule(lambda v, run: v > 0, lambda run: "be positive")
+
+
+def within(low: float, high: float, *, low_open: bool = False,
+           high_open: bool = False) -> Rule:
+    """low <= v <= high, either end open: 'be in (0, 1]'."""
+    def holds(v, run) -> bool:
+        return (v > low if low_open else v >= low) and (v < high if high_open else v <= high)
+    text = f"be in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+    return Rule(holds, lambda run: text)
+
+
+@dataclass(frozen=True)
+class Param:
+    """One setting: its name (the config key; the flag is --name-with-dashes), its type, a
+    one-line help, a default (or `derive(run)`, a default that depends on the run, shown as
+    `derived` in listings) and an optional range rule. `kind` is int, float, bool, str or
+    list (of `item`). A default of None with no `derive` means "not set" (optional)."""
+
+    name: str
+    kind: type
+    help: str
+    default: Any = None
+    derive: Callable[[Any], Any] | None = None
+    derived: str = ""
+    rule: Rule | None = None
+    item: type | None = None
+    metavar: str | None = None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def parse(self, value: Any) -> Any:
+        """The value, type-checked strictly (an int is a number, a bool is not an integer)."""
+        if value is None:
+            return None
+        if self.kind is list:
+            if not isinstance(value, list):
+                raise ConfigError(f"{self.name} must be a list of {_KIND_NAMES[self.item]}s, "
+                                  f"got {value!r}")
+            return [_scalar(self.name, self.item, v) for v in value]
+        return _scalar(self.name, self.kind, value)
+
+    def resolve(self, value: Any, run: Any) -> Any:
+        """The value given (parsed and checked) or its default for this run."""
+        value = self.parse(value)
+        if value is None:
+            value = self.derive(run) if self.derive else self.default
+        elif self.rule is not None and not self.rule.holds(value, run):
+            raise ConfigError(f"{self.name} must {self.rule.text(run)}, got {value!r}")
+        return value
+
+    def default_text(self) -> str:
+        """How the default reads in listings and help ('' when there is none)."""
+        if self.derive is not None:
+            return self.derived
+        if self.default is None or self.default == []:
+            return ""
+        if self.kind is list:
+            return " ".join(str(v) for v in self.default)
+        return str(self.default).lower() if self.kind is bool else str(self.default)
+
+
+def _scalar(name: str, kind: type, value: Any) -> Any:
+    if kind is float and type(value) in (int, float):
+        return float(value)
+    if type(value) is kind:
+        return value
+    raise ConfigError(f"{name} must be a valid {_KIND_NAMES[kind]}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Component:
+    """Something a run names and configures: a strategy, a data set or a model. `source` is
+    the paper (or project) it comes from; `params` are the settings it reads; `check(settings,
+    run)` returns what is wrong with a combination of them (one line), or None."""
+
+    name: str
+    summary: str
+    params: tuple[Param, ...] = ()
+    source: str = ""
+    check: Callable[[Any, Any], str | None] | None = None
+
+    def param(self, name: str) -> Param | None:
+        return next((p for p in self.params if p.name == name), None)
+
+
+C = TypeVar("C", bound=Component)
+
+
+class Registry(Generic[C]):
+    """The components of one kind ("strategy", "dataset", "model") by name. A new one is
+    one `register` call; nothing else needs to know of it."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._entries: dict[str, C] = {}
+
+    def register(self, component: C) -> C:
+        if component.name in self._entries:
+            raise ValueError(f"{self.kind} {component.name!r} is already registered")
+        names = [p.name for p in component.params]
+        if len(names) != len(set(names)):
+            raise ValueError(f"{self.kind} {component.name!r} declares a parameter twice")
+        for p in component.params:
+            for other, q in self.declarations(p.name):
+                if (q.kind, q.item) != (p.kind, p.item):
+                    raise ValueError(f"{self.kind} {component.name!r} declares {p.name} as "
+                                     f"{p.kind.__name__}, {other.name!r} as {q.kind.__name__}")
+        self._entries[component.name] = component
+        return component
+
+    def unregister(self, name: str) -> None:
+        del self._entries[name]
+
+    def lookup(self, name: str) -> C:
+        """The component, or a one-line ConfigError listing the valid names."""
+        if name not in self._entries:
+            raise ConfigError(f"unknown {self.kind} {name!r}; valid: {', '.join(sorted(self))}")
+        return self._entries[name]
+
+    def get(self, name: str, default: C | None = None) -> C | None:
+        return self._entries.get(name, default)
+
+    def __getitem__(self, name: str) -> C:
+        return self._entries[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def values(self) -> list[C]:
+        return list(self._entries.values())
+
+    def declarations(self, name: str) -> list[tuple[C, Param]]:
+        """Every (component, its declaration) of the parameter `name`."""
+        return [(c, p) for c in self._entries.values() for p in c.params if p.name == name]
+
+    def param_names(self) -> list[str]:
+        """Every parameter some component declares, in registration order."""
+        return list(dict.fromkeys(p.name for c in self._entries.values() for p in c.params))
+
+
+class Settings(Mapping[str, Any]):
+    """Validated values of one section (a strategy's, the optimizer's, ...), read as
+    attributes: `settings.tau`. A component's section also has its `name`."""
+
+    def __init__(self, values: Mapping[str, Any]) -> None:
+        object.__setattr__(self, "_values", dict(values))
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._values[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("settings are read-only")
+
+    def __getitem__(self, key: str) -> Any:
+        return self._values[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        return f"Settings({self._values!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Mapping) and dict(self.items()) == dict(other.items())
+
+    def __hash__(self) -> int:
+        return hash(repr(sorted(self._values.items(), key=lambda kv: kv[0])))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values, unset ones (None) left out, nested settings as tables."""
+        return {k: v.to_dict() if isinstance(v, Settings) else v
+                for k, v in self._values.items() if v is not None}
+
+
+def load_object(ref: str | Callable[..., Any]) -> Any:
+    """The object a reference names: "package.module:attribute", or the object itself."""
+    if not isinstance(ref, str):
+        return ref
+    module, _, attribute = ref.partition(":")
+    try:
+        return getattr(importlib.import_module(module), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"cannot load {ref!r}: {exc}") from None

@@ -1,0 +1,28 @@
+"""The collective strategies: no servers; workers sum their batch-weighted gradients and each
+steps an identical optimizer copy (all-reduce SGD, as DDP and Horovod). They differ in how the
+sum travels (strategies/allreduce.py, comm/collectives.py)."""
+
+from __future__ import annotations
+
+from polyrhythm.strategies.spec import COLLECTIVE, StrategySpec
+
+WORKER = "polyrhythm.strategies.allreduce:AllReduceWorker"
+
+ALLREDUCE = StrategySpec(
+    "allreduce", "synchronous all-reduce (Gloo) with an optimizer copy per worker",
+    source="the engine's native collective", family=COLLECTIVE, worker=WORKER)
+
+RING = StrategySpec(
+    "ring", "synchronous all-reduce as a ring over point-to-point messages (reduce-scatter + "
+    "all-gather)", source="Patarasuk and Yuan, JPDC 2009; Baidu, Horovod", family=COLLECTIVE,
+    worker=WORKER, worker_args={"algorithm": "ring"})
+
+REDUCE_BROADCAST = StrategySpec(
+    "reduce-broadcast", "synchronous all-reduce through worker 0, which sums every gradient "
+    "and sends the sum back", source="TensorFlow's \"pscpu\" all-reduce", family=COLLECTIVE,
+    worker=WORKER, worker_args={"algorithm": "reduce-broadcast"})
+
+TREE = StrategySpec(
+    "tree", "synchronous all-reduce as a binomial-tree reduce and broadcast",
+    source="Thakur, Rabenseifner and Gropp, IJHPCA 2005", family=COLLECTIVE, worker=WORKER,
+    worker_args={"algorithm": "tree"})

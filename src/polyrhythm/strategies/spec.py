@@ -1,0 +1,58 @@
+"""What a strategy is to the rest of polyrhythm: its declaration, registered by name.
+
+A declaration is torch-free: its worker side is named lazily ("package.module:Class"), so
+listing strategies or checking a config imports neither torch nor the worker's module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from polyrhythm.settings import Component, Registry, load_object
+from polyrhythm.strategies.consistency import ConsistencyPolicy
+
+PARAMETER_SERVER, COLLECTIVE, DECENTRALISED = "parameter server", "collective", "decentralised"
+
+
+def never(settings: Mapping[str, Any]) -> bool:
+    return False
+
+
+def always(settings: Mapping[str, Any]) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class StrategySpec(Component):
+    """A registered strategy: its worker side and, for parameter-server strategies, the
+    consistency policy of its servers.
+
+    - `worker`: the worker-side class (a `Strategy`) or "package.module:Class"; built as
+      `worker(ctx, flat, batch_weight, settings, **worker_args)`.
+    - `policy(settings, workers)`: the policy of each server bucket; None for strategies
+      without servers.
+    - `whole_gradient(settings)` (the strategy's settings as given, a mapping): its policy
+      decides on a worker's whole gradient (quorums, value bounds), so the model travels as
+      one bucket to one server. Policies are per bucket and a worker waits for all its
+      buckets: quorums decided per bucket could each wait for a worker that another bucket
+      holds (deadlock), or apply a gradient on one bucket and drop it on another.
+    """
+
+    family: str = PARAMETER_SERVER
+    worker: str | Callable[..., Any] = ""
+    worker_args: Mapping[str, Any] = field(default_factory=dict)
+    policy: Callable[..., ConsistencyPolicy] | None = None
+    whole_gradient: Callable[[Mapping[str, Any]], bool] = never
+
+    @property
+    def uses_servers(self) -> bool:
+        return self.policy is not None
+
+    def build_worker(self, ctx: Any, flat: Any, batch_weight: float, settings: Any) -> Any:
+        """The worker side of this strategy for one worker."""
+        return load_object(self.worker)(ctx, flat, batch_weight, settings, **self.worker_args)
+
+
+STRATEGIES: Registry[StrategySpec] = Registry("strategy")
