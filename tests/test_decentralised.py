@@ -125,6 +125,12 @@ def model_bytes(summary) -> int:
     return summary["parameters"] * 4  # float32
 
 
+def consensus_bytes(summary) -> int:
+    """The all-reduce that makes each epoch's validated model the workers' weighted mean:
+    every epoch's model and its float64 weight."""
+    return summary["epochs"] * (model_bytes(summary) + 8)
+
+
 def assert_no_rank_left():
     ranks = [p for p in psutil.Process().children(recursive=True)
              if p.name().startswith("polyrhythm-r")]
@@ -156,7 +162,8 @@ def test_localsgd_learns_and_averages_every_tau_steps(tmp_path):
     summary = learned(tmp_path, "localsgd", epochs=1, tau=4)
     averagings = math.ceil(summary["per_worker"][0]["steps"] / 4)  # the rest's in finish()
     for rank in summary["traffic_per_rank"]:
-        assert rank["native_collective_bytes"] == averagings * model_bytes(summary)
+        assert rank["native_collective_bytes"] == (averagings * model_bytes(summary)
+                                                   + consensus_bytes(summary))
         assert rank["bytes_sent"] == 0
 
 
@@ -166,7 +173,8 @@ def test_dpsgd_learns_and_sends_its_model_to_both_ring_neighbours_each_step(tmp_
     for rank in summary["traffic_per_rank"]:
         assert rank["bytes_sent"] == rank["bytes_received"] == 2 * model_bytes(summary) * steps
         assert rank["messages_sent"] == 2 * steps
-        assert rank["native_collective_bytes"] == model_bytes(summary)  # the final consensus
+        # the final average, then the epochs' consensus
+        assert rank["native_collective_bytes"] == model_bytes(summary) + consensus_bytes(summary)
     assert all(w["wait_s"] > 0 for w in summary["per_worker"])
     # Epochs are validated on the workers' mean model, as the stored one: the last matches.
     last = summary["epoch_metrics"][-1]

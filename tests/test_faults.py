@@ -23,7 +23,7 @@ def rank_processes(launcher: subprocess.Popen, count: int, timeout: float = 60) 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         ranks = {int(p.name().removeprefix("polyrhythm-r")): p
-                 for p in psutil.Process(launcher.pid).children()
+                 for p in psutil.Process(launcher.pid).children(recursive=True)
                  if p.name().startswith("polyrhythm-r")}
         if len(ranks) == count:
             return ranks
@@ -91,14 +91,14 @@ def test_ranks_die_with_a_sigkilled_launcher(tmp_path):
 
 
 def test_ranks_still_starting_leave_when_the_launcher_is_sigkilled(tmp_path):
-    # Killed while its ranks are still importing torch (before they can arm the death
-    # signal): they notice at once that their launcher is gone instead of retrying the
-    # rendezvous for minutes.
+    # Killed as soon as it has started a process (the forkserver, still importing torch, or
+    # ranks that cannot have armed the death signal yet): every process it started leaves
+    # instead of retrying the rendezvous for minutes.
     launcher = start_cli(tmp_path, *LONG_RUN)
     deadline = time.monotonic() + 60
     children = []
     while not children and time.monotonic() < deadline:
-        children = psutil.Process(launcher.pid).children()
+        children = psutil.Process(launcher.pid).children(recursive=True)
         time.sleep(0.01)
     assert children, "the launcher started no process"
     launcher.kill()

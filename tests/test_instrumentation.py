@@ -6,6 +6,7 @@ import pytest
 
 import polyrhythm
 from helpers import small_config
+from polyrhythm.flat import shard_ranges
 from polyrhythm.metrics.records import STORE_NAME
 from polyrhythm.metrics.store import SCHEMA_VERSION, SERIES, RunStore
 
@@ -125,3 +126,36 @@ def test_even_a_short_run_has_resource_samples_enough_for_rates(tmp_path):
         samples = [r for r in resources if r["rank"] == rank]
         assert len(samples) >= 2  # one soon after the start, one at the end
         assert samples[0]["t"] < samples[-1]["t"]
+
+
+def ring_bytes(numel: int, n: int, member: int) -> int:
+    """What ring member i sends per all-reduce: reduce-scatter sends every chunk but chunk
+    i+1, all-gather every chunk but chunk i+2 (chunks as the schedule cuts them); under
+    2(N-1)/N of the model each way, whatever N."""
+    chunks = [b - a for a, b in shard_ranges(numel, n)]
+    return 4 * (2 * numel - chunks[(member + 1) % n] - chunks[(member + 2) % n])
+
+
+@pytest.mark.parametrize("strategy", ["allreduce", "ring", "localsgd"])
+def test_every_collective_byte_is_counted(tmp_path, strategy):
+    # 2 epochs of 10 steps, 3 workers. Gloo's own collectives are counted as their payload
+    # (native_collective_bytes), polyrhythm's ring as the messages it sends.
+    summary = polyrhythm.train(small_config(tmp_path, strategy=strategy, workers=3,
+                                            batch_size=60, **({"tau": 3} if strategy ==
+                                                              "localsgd" else {})))
+    numel, steps = summary["parameters"], 20
+    model = 4 * numel
+    for member, rank in enumerate(summary["traffic_per_rank"]):
+        if strategy == "allreduce":  # one all-reduce of the gradient per step
+            assert rank["native_collective_bytes"] == steps * model
+            assert rank["bytes_sent"] == 0
+        elif strategy == "ring":
+            assert rank["bytes_sent"] == steps * ring_bytes(numel, 3, member)
+            # what its left neighbour sends
+            assert rank["bytes_received"] == steps * ring_bytes(numel, 3, (member - 1) % 3)
+            assert rank["messages_sent"] == steps * 2 * (3 - 1)
+            assert rank["native_collective_bytes"] == 0
+        else:  # an average every 3 steps, one after the last 2 steps, and each epoch's
+            # validated model is the workers' consensus: 2 models and their float64 weights
+            assert rank["native_collective_bytes"] == (7 * model) + 2 * (model + 8)
+            assert rank["bytes_sent"] == 0
