@@ -84,10 +84,13 @@ def test_interrupting_the_launcher_stops_every_process(tmp_path, sig):
 
 def test_ranks_die_with_a_sigkilled_launcher(tmp_path):
     launcher = start_cli(tmp_path, *LONG_RUN)
-    ranks = rank_processes(launcher, 3)
+    rank_processes(launcher, 3)
+    # The ranks and every helper process (the forkserver they fork from, multiprocessing's
+    # resource tracker): none may outlive the launcher.
+    descendants = psutil.Process(launcher.pid).children(recursive=True)
     launcher.kill()
     launcher.wait(timeout=10)
-    assert_all_gone(ranks.values())
+    assert_all_gone(descendants)
 
 
 def test_ranks_still_starting_leave_when_the_launcher_is_sigkilled(tmp_path):

@@ -262,7 +262,7 @@ def completed_rows(out: Path, sweep_id: str) -> list[dict]:
 def live_ranks(proc: subprocess.Popen) -> list[psutil.Process]:
     """The rank processes of a run the process is running (named once bound to it)."""
     ranks = []
-    for child in psutil.Process(proc.pid).children():
+    for child in psutil.Process(proc.pid).children(recursive=True):
         with contextlib.suppress(psutil.NoSuchProcess):
             if child.name().startswith("polyrhythm-r"):
                 ranks.append(child)
@@ -270,9 +270,12 @@ def live_ranks(proc: subprocess.Popen) -> list[psutil.Process]:
 
 
 def test_a_killed_sweep_restarts_with_only_the_missing_runs(tmp_path):
+    # Each run trains for 1.2 s (3 steps of 0.4 s emulated compute): long enough to be
+    # killed in, since a rank starts in milliseconds.
+    slow = {**QUICK, "worker_delay_s": [0.4]}
     path = write_sweep(tmp_path / "resume.toml", "\n".join(
         ['name = "resume"', "repeats = 2", "[base]", *(f"{k} = {json.dumps(v)}"
-                                                      for k, v in QUICK.items()),
+                                                      for k, v in slow.items()),
          "[grid]", 'strategy = ["allreduce", "localsgd"]', ""]))
     out = tmp_path / "runs"
     first = cli("sweep", str(path), "--out", str(out))

@@ -7,9 +7,9 @@ forks from a process that has run no torch operation, so no OpenMP pool or Gloo 
 copied.
 
 The launcher hosts the rendezvous store on a free port, so there is no port race. Any rank
-failing, Ctrl-C or SIGTERM ends every process; ranks also die with the launcher (they die
-with the forkserver by PR_SET_PDEATHSIG, and it exits when the launcher does), so no process
-outlives the run.
+failing, Ctrl-C or SIGTERM ends every process; ranks also leave the moment the launcher is
+gone (they watch a pipe only the launcher holds), and then the forkserver exits too, so no
+process outlives the run.
 """
 
 from __future__ import annotations
@@ -236,6 +236,11 @@ def _offer(events, event: dict) -> None:
         events.put_nowait(event)
 
 
+def _leave_with_launcher(alive) -> None:
+    alive.poll(None)  # returns at end-of-file: the launcher is gone
+    os._exit(1)
+
+
 def _redirect_output(path) -> None:
     """Send everything the rank prints, Python or C++ (Gloo), to its log file: the terminal
     belongs to the launcher, which reports one line per failure."""
@@ -246,17 +251,18 @@ def _redirect_output(path) -> None:
 
 
 def _bind_to_parent(rank: int, alive) -> None:
-    """Die with the forkserver (which exits with the launcher), and show a recognisable
-    process name."""
+    """Die with the launcher, and show a recognisable process name.
+
+    The launcher holds the other end of `alive` and never writes into it: end-of-file means
+    it is gone, even killed by SIGKILL, and a thread then ends this rank whatever it is doing
+    (a rank also holds the forkserver's own liveness pipe open, so the forkserver cannot be
+    relied on to exit first). PR_SET_PDEATHSIG ends it if the forkserver is killed."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
         libc.prctl(_PR_SET_NAME, process_name(rank).encode())
     except (OSError, AttributeError):
-        pass  # not Linux: the supervisor's teardown still applies
-    # A launcher killed while this process was starting died before the death signal was
-    # armed: nobody is left to wait for, so leave now rather than retry the rendezvous for
-    # minutes. Its end of `alive` is then closed, and polling reads end-of-file.
-    if alive.poll(0):
-        os._exit(1)
+        pass  # not Linux: the watch below and the supervisor's teardown still apply
+    threading.Thread(target=_leave_with_launcher, args=(alive,), daemon=True,
+                     name="launcher-watch").start()
     signal.signal(signal.SIGINT, signal.default_int_handler)
