@@ -25,13 +25,31 @@ def small_config(tmp_path, **fields):
     return make_config(values)
 
 
-def reference_parameters(config) -> torch.Tensor:
-    """Train in one process on the union of the workers' batches; return flat parameters.
+def equivalence_config(tmp_path, **fields):
+    """A quick run whose workers each use one thread, as reference_parameters does: the
+    same operations in the same order, whatever the machine's core count."""
+    return small_config(tmp_path, threads=1, **fields)
 
-    The mean loss over the union of the per-worker batches equals the batch-weighted mean of
-    the workers' mean losses, which is what the distributed strategies apply.
+
+def worker_gradient(model, x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
+    """One worker's gradient: the mean loss over its own batch, as a worker computes it."""
+    model.zero_grad(set_to_none=True)
+    F.cross_entropy(model(x), y).backward()
+    return [p.grad for p in model.parameters()]
+
+
+def reference_parameters(config) -> torch.Tensor:
+    """Train in one process with the global batch; return the flat parameters.
+
+    Every step takes each worker's batch, computes its gradient as a worker does (with the
+    workers' thread count, one by one) and applies the batch-weighted sum, sum_i (b_i/B) g_i,
+    with torch.optim.SGD. The distributed strategies must take exactly these steps: the
+    computation is the same, so the difference is a few rounding errors, not the ones a
+    different summation order (a union batch, another thread count) lets grow over the
+    steps. That the weighted sum is the gradient of the mean loss over the union of the
+    batches is test_equivalence.py::test_weighted_worker_gradients_are_the_global_gradient.
     """
-    torch.set_num_threads(2)
+    torch.set_num_threads(config.threads)
     train, _ = prepare_data(config)
     model = build_model(config.model, train.shape, train.classes, config.seed)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.optimizer.lr,
@@ -45,10 +63,14 @@ def reference_parameters(config) -> torch.Tensor:
         orders = [epoch_order(s, epoch, config.seed, i) for i, s in enumerate(shards)]
         for step in range(steps_per_epoch(len(train), config.batch_size,
                                           config.steps_per_epoch)):
-            idx = torch.cat([torch.from_numpy(batch_slice(o, b, step))
-                             for o, b in zip(orders, sizes, strict=True)])
-            optimizer.zero_grad()
-            F.cross_entropy(model(train.x[idx]), train.y[idx]).backward()
+            total = [torch.zeros_like(p) for p in model.parameters()]
+            for order, size in zip(orders, sizes, strict=True):
+                idx = torch.from_numpy(batch_slice(order, size, step))
+                grads = worker_gradient(model, train.x[idx], train.y[idx])
+                for t, g in zip(total, grads, strict=True):
+                    t.add_(g, alpha=size / config.batch_size)
+            for p, t in zip(model.parameters(), total, strict=True):
+                p.grad = t
             optimizer.step()
     return flat(model.state_dict())
 

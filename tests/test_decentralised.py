@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import polyrhythm
-from helpers import small_config, stored_parameters
+from helpers import equivalence_config, small_config, stored_parameters
 from polyrhythm.strategies.averaging import (
     DONE,
     GOSSIP_HEADER,
@@ -151,8 +151,9 @@ def test_localsgd_with_tau_1_equals_allreduce(tmp_path):
     # 3 workers share 64 as 22 + 21 + 21, lr decays each epoch: averaging the models after
     # every local step is all-reduce SGD (the step is linear in gradient and momentum).
     common = {"workers": 3, "batch_size": 64, "seed": 7}
-    allreduce = polyrhythm.train(small_config(tmp_path, strategy="allreduce", **common))
-    localsgd = polyrhythm.train(small_config(tmp_path, strategy="localsgd", tau=1, **common))
+    allreduce = polyrhythm.train(equivalence_config(tmp_path, strategy="allreduce", **common))
+    localsgd = polyrhythm.train(equivalence_config(tmp_path, strategy="localsgd", tau=1,
+                                                   **common))
     assert (stored_parameters(localsgd) - stored_parameters(allreduce)).abs().max() <= 1e-4
     assert localsgd["weight_updates"] == 20
     assert_no_rank_left()

@@ -1,17 +1,57 @@
-"""Distributed strategies against single-process training and against each other."""
+"""Distributed strategies against single-process training and against each other.
+
+The reference computes each worker's gradient as that worker does (tests/helpers.py) and the
+workers use one thread each, as it does: the same operations in the same order on any
+machine, so the runs agree to rounding (about 1e-7 here) and 1e-5 holds with room. (With a
+union-batch reference and the machine's thread counts, the rounding differences of another
+summation order grew over 20 steps to 1.5e-4 on some machines.)
+"""
 
 import pytest
+import torch
+import torch.nn.functional as F
 
 import polyrhythm
-from helpers import reference_parameters, small_config, stored_parameters
+from helpers import (
+    equivalence_config,
+    reference_parameters,
+    stored_parameters,
+    worker_gradient,
+)
+from polyrhythm.data.sharding import worker_batch_sizes
+from polyrhythm.models.build import build_model
+from polyrhythm.runtime.job import prepare_data
 
 
 def max_diff(a, b) -> float:
     return (a - b).abs().max().item()
 
 
+def test_weighted_worker_gradients_are_the_global_gradient(tmp_path):
+    # In float64, one step: sum_i (b_i/B) g_i is the gradient of the mean loss over the
+    # union of the workers' batches, for an uneven split (22 + 21 + 21 of 64).
+    config = equivalence_config(tmp_path, workers=3, batch_size=64)
+    train, _ = prepare_data(config)
+    model = build_model(config.model, train.shape, train.classes, config.seed).double()
+    x, y = train.x[:64].double(), train.y[:64]
+    sizes = worker_batch_sizes(64, 3)
+    weighted = [torch.zeros_like(p) for p in model.parameters()]
+    start = 0
+    for size in sizes:
+        grads = worker_gradient(model, x[start:start + size], y[start:start + size])
+        for w, g in zip(weighted, grads, strict=True):
+            w.add_(g, alpha=size / 64)
+        start += size
+    model.zero_grad()
+    F.cross_entropy(model(x), y).backward()
+    for w, p in zip(weighted, model.parameters(), strict=True):
+        assert torch.allclose(w, p.grad, rtol=0, atol=1e-12)
+    # Unweighted (each worker's gradient counted alike) would be another step.
+    assert sizes == [22, 21, 21]
+
+
 def test_bsp_one_worker_equals_plain_sgd_loop(tmp_path):
-    config = small_config(tmp_path, strategy="bsp", workers=1, servers=1)
+    config = equivalence_config(tmp_path, strategy="bsp", workers=1, servers=1)
     summary = polyrhythm.train(config)
     assert summary["weight_updates"] == 20
     assert max_diff(stored_parameters(summary), reference_parameters(config)) <= 1e-5
@@ -19,7 +59,7 @@ def test_bsp_one_worker_equals_plain_sgd_loop(tmp_path):
 
 @pytest.mark.parametrize("servers", [1, 2])
 def test_bsp_two_workers_equals_single_process_with_global_batch(tmp_path, servers):
-    config = small_config(tmp_path, strategy="bsp", workers=2, servers=servers)
+    config = equivalence_config(tmp_path, strategy="bsp", workers=2, servers=servers)
     summary = polyrhythm.train(config)
     assert summary["weight_updates_per_server"] == [20] * servers
     assert max_diff(stored_parameters(summary), reference_parameters(config)) <= 1e-5
@@ -27,14 +67,14 @@ def test_bsp_two_workers_equals_single_process_with_global_batch(tmp_path, serve
 
 def test_bsp_and_allreduce_end_with_the_same_parameters(tmp_path):
     common = {"workers": 3, "batch_size": 60, "seed": 7}
-    bsp = polyrhythm.train(small_config(tmp_path, strategy="bsp", **common))
-    allreduce = polyrhythm.train(small_config(tmp_path, strategy="allreduce", **common))
+    bsp = polyrhythm.train(equivalence_config(tmp_path, strategy="bsp", **common))
+    allreduce = polyrhythm.train(equivalence_config(tmp_path, strategy="allreduce", **common))
     assert max_diff(stored_parameters(bsp), stored_parameters(allreduce)) <= 1e-4
 
 
 def test_uneven_batch_split_still_equals_global_batch(tmp_path):
     # 3 workers share a batch of 64 as 22 + 21 + 21: gradients are weighted by batch share.
-    config = small_config(tmp_path, strategy="allreduce", workers=3, batch_size=64)
+    config = equivalence_config(tmp_path, strategy="allreduce", workers=3, batch_size=64)
     summary = polyrhythm.train(config)
     assert max_diff(stored_parameters(summary), reference_parameters(config)) <= 1e-5
 
@@ -42,7 +82,7 @@ def test_uneven_batch_split_still_equals_global_batch(tmp_path):
 def test_bsp_with_many_buckets_equals_single_process(tmp_path):
     # 8 KiB buckets: the model travels as dozens of buckets over 2 servers, pushed from
     # gradient hooks while backward still runs, each updated on its own.
-    config = small_config(tmp_path, strategy="bsp", workers=2, servers=2, bucket_kb=8)
+    config = equivalence_config(tmp_path, strategy="bsp", workers=2, servers=2, bucket_kb=8)
     summary = polyrhythm.train(config)
     assert summary["weight_updates"] == 20
     assert max_diff(stored_parameters(summary), reference_parameters(config)) <= 1e-5
