@@ -42,8 +42,8 @@ def reference_parameters(config) -> torch.Tensor:
     """Train in one process with the global batch; return the flat parameters.
 
     Every step takes each worker's batch, computes its gradient as a worker does (with the
-    workers' thread count, one by one) and applies the batch-weighted sum, sum_i (b_i/B) g_i,
-    with torch.optim.SGD. The distributed strategies must take exactly these steps: the
+    workers' thread count, one by one) and applies the batch-weighted sum, sum_i (b_i/B) g_i
+    (added in float64 and rounded once, as a server does), with torch.optim.SGD. The distributed strategies must take exactly these steps: the
     computation is the same, so the difference is a few rounding errors, not the ones a
     different summation order (a union batch, another thread count) lets grow over the
     steps. That the weighted sum is the gradient of the mean loss over the union of the
@@ -63,14 +63,14 @@ def reference_parameters(config) -> torch.Tensor:
         orders = [epoch_order(s, epoch, config.seed, i) for i, s in enumerate(shards)]
         for step in range(steps_per_epoch(len(train), config.batch_size,
                                           config.steps_per_epoch)):
-            total = [torch.zeros_like(p) for p in model.parameters()]
+            total = [torch.zeros_like(p, dtype=torch.float64) for p in model.parameters()]
             for order, size in zip(orders, sizes, strict=True):
                 idx = torch.from_numpy(batch_slice(order, size, step))
                 grads = worker_gradient(model, train.x[idx], train.y[idx])
                 for t, g in zip(total, grads, strict=True):
                     t.add_(g, alpha=size / config.batch_size)
             for p, t in zip(model.parameters(), total, strict=True):
-                p.grad = t
+                p.grad = t.float()
             optimizer.step()
     return flat(model.state_dict())
 
