@@ -43,11 +43,12 @@ def reference_parameters(config) -> torch.Tensor:
 
     Every step takes each worker's batch, computes its gradient as a worker does (with the
     workers' thread count, one by one) and applies the batch-weighted sum, sum_i (b_i/B) g_i
-    (added in float64 and rounded once, as a server does), with torch.optim.SGD. The distributed strategies must take exactly these steps: the
-    computation is the same, so the difference is a few rounding errors, not the ones a
-    different summation order (a union batch, another thread count) lets grow over the
-    steps. That the weighted sum is the gradient of the mean loss over the union of the
-    batches is test_equivalence.py::test_weighted_worker_gradients_are_the_global_gradient.
+    (added in float64 and rounded once, as a server does), with torch.optim.SGD. The
+    distributed strategies must take exactly these steps: the computation is the same, so
+    the difference is a few rounding errors, not the ones a different summation order (a
+    union batch, another thread count) lets grow over the steps. That the weighted sum is
+    the gradient of the mean loss over the union of the batches is
+    test_equivalence.py::test_weighted_worker_gradients_are_the_global_gradient.
     """
     torch.set_num_threads(config.threads)
     train, _ = prepare_data(config)

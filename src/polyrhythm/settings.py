@@ -100,7 +100,9 @@ class Param:
             return ""
         if self.kind is list:
             return " ".join(str(v) for v in self.default)
-        return str(self.default).lower() if self.kind is bool else str(self.default)
+        if self.kind is bool:
+            return "on" if self.default else "off"
+        return str(self.default)
 
 
 def _scalar(name: str, kind: type, value: Any) -> Any:

@@ -14,7 +14,7 @@ ALLREDUCE = StrategySpec(
 
 RING = StrategySpec(
     "ring", "synchronous all-reduce as a ring over point-to-point messages (reduce-scatter + "
-    "all-gather)", source="Patarasuk and Yuan, JPDC 2009; Baidu, Horovod", family=COLLECTIVE,
+    "all-gather)", source="Patarasuk and Yuan 2009; Baidu, Horovod", family=COLLECTIVE,
     worker=WORKER, worker_args={"algorithm": "ring"})
 
 REDUCE_BROADCAST = StrategySpec(
@@ -24,5 +24,5 @@ REDUCE_BROADCAST = StrategySpec(
 
 TREE = StrategySpec(
     "tree", "synchronous all-reduce as a binomial-tree reduce and broadcast",
-    source="Thakur, Rabenseifner and Gropp, IJHPCA 2005", family=COLLECTIVE, worker=WORKER,
+    source="Thakur, Rabenseifner and Gropp 2005", family=COLLECTIVE, worker=WORKER,
     worker_args={"algorithm": "tree"})

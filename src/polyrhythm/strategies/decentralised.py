@@ -30,17 +30,17 @@ WORKERS = "polyrhythm.strategies.averaging"
 
 LOCALSGD = StrategySpec(
     "localsgd", "local SGD: tau local steps, then the models are averaged (batch-weighted "
-    "all-reduce)", source="SparkNet, Moritz et al., ICLR 2016; Lin et al., ICLR 2020",
+    "all-reduce)", source="SparkNet, Moritz et al. 2016; Lin et al. 2020",
     family=DECENTRALISED, worker=f"{WORKERS}:LocalSGDWorker", params=(TAU,))
 
 DPSGD = StrategySpec(
     "dpsgd", "D-PSGD: every step each worker averages its model with its ring neighbours'",
-    source="Lian et al., NIPS 2017", family=DECENTRALISED,
+    source="D-PSGD, Lian et al., NIPS 2017", family=DECENTRALISED,
     worker=f"{WORKERS}:RingExchangeWorker")
 
 GOSSIP = StrategySpec(
     "gossip", "GoSGD: after a step, with probability p, send the model and half its weight "
-    "to a random peer", source="Blot, Picard, Cord and Thome, 2016", family=DECENTRALISED,
+    "to a random peer", source="GoSGD, Blot et al. 2016", family=DECENTRALISED,
     worker=f"{WORKERS}:GossipWorker", params=(
         Param("gossip_p", float, "probability of sending the model to a random peer after a "
               "step", 0.2, rule=within(0, 1, low_open=True)),))

@@ -30,17 +30,18 @@ def _quorum(default: str, derive) -> Param:
 
 BSP = StrategySpec(
     "bsp", "synchronous parameter server: one update per round of N pushes",
-    source="bulk synchronous parallel (Valiant 1990)", worker=PS_WORKER,
+    source="bulk synchronous parallel", worker=PS_WORKER,
     policy=lambda s, n: BulkSynchronousPolicy(n))
 
 ASP = StrategySpec(
     "asp", "asynchronous parameter server: every push is applied at once",
-    source="Hogwild!, Recht et al., NIPS 2011; Downpour SGD, Dean et al., NIPS 2012",
+    source="Hogwild!, Downpour SGD",
     worker=PS_WORKER, policy=lambda s, n: AsynchronousPolicy(n))
 
 SSP = StrategySpec(
     "ssp", "stale-synchronous parameter server: at most s clocks ahead, optionally a value "
-    "bound", source="Ho et al., NIPS 2013; value bound after Wei et al. (Bösen), SoCC 2015",
+    "bound",
+    source="Ho et al., NIPS 2013; after Bösen's value-bounded model, Wei et al., SoCC 2015",
     worker=PS_WORKER, params=(
         Param("staleness", int, "clocks a worker may run ahead of the slowest", 3,
               rule=at_least(0)),
@@ -51,19 +52,19 @@ SSP = StrategySpec(
 
 KBSP = StrategySpec(
     "kbsp", "k-BSP: one update from the first k workers of a round, the late gradients "
-    "dropped", source="Dutta et al., AISTATS 2018", worker=PS_WORKER,
+    "dropped", source="k-BSP, Dutta et al., AISTATS 2018", worker=PS_WORKER,
     params=(_quorum("N-1", lambda run: max(1, run.workers - 1)),),
     policy=lambda s, n: QuorumSynchronousPolicy(n, s.quorum), whole_gradient=always)
 
 KASP = StrategySpec(
     "kasp", "k-ASP: one update per k gradients, late ones count toward the next",
-    source="Dutta et al., AISTATS 2018", worker=PS_WORKER,
+    source="k-ASP, Dutta et al., AISTATS 2018", worker=PS_WORKER,
     params=(_quorum("N/2", lambda run: max(1, run.workers // 2)),),
     policy=lambda s, n: QuorumAsynchronousPolicy(n, s.quorum), whole_gradient=always)
 
 BACKUP = StrategySpec(
     "backup", "backup workers: of N workers, the first N-b gradients of a round count",
-    source="Chen et al., 2016", worker=PS_WORKER, params=(
+    source="backup workers, Chen et al. 2016", worker=PS_WORKER, params=(
         Param("backup", int, "spare workers b; the first N-b gradients of a round count", 1,
               rule=Rule(lambda b, run: 1 <= b < run.workers,
                         lambda run: f"be at least 1 and below the worker count {run.workers}")),

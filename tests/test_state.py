@@ -1,0 +1,206 @@
+"""Every piece of a run has a state that saves and loads: after a real two-worker run of k
+steps, each rank's role (server shard or worker) saves its state, a freshly built role loads
+it, and saves the same tensors and counters again."""
+
+from __future__ import annotations
+
+import io
+import math
+import multiprocessing as mp
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from polyrhythm.comm.transport import Transport
+from polyrhythm.config import RunConfig, make_config
+from polyrhythm.context import RankContext, Topology
+from polyrhythm.launch.local import PRELOAD
+from polyrhythm.models import MODELS, ModelSpec
+from polyrhythm.runtime.job import build_role, prepare_data
+
+STEPS = 5
+
+
+def assert_same(a, b, where: str = "state") -> None:
+    """Equal tensors (same values, dtype and shape) and equal plain values, all the way down."""
+    assert type(a) is type(b), f"{where}: {type(a).__name__} != {type(b).__name__}"
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), f"{where}: {sorted(a)} != {sorted(b)}"
+        for key in a:
+            assert_same(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_same(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def _bytes(state: dict) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getvalue()
+
+
+def _load(data: bytes) -> dict:
+    return torch.load(io.BytesIO(data), weights_only=True)
+
+
+def _round_trip(rank: int, values: dict, store: str, results) -> None:
+    """One rank: play k steps of the job, then save, rebuild, load and save again."""
+    try:
+        config = RunConfig(**values)
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
+                                world_size=config.world_size)
+        topology = Topology(config.servers, config.workers)
+        transport = Transport()
+        transport.open(rank, topology.world_size, topology.worker_ranks)
+        ctx = RankContext(config, rank, topology, transport)
+        torch.set_num_threads(1)
+        train, val = prepare_data(config)
+        role = build_role(ctx, train, val)
+        transport.barrier()
+        role.run()
+        saved = role.state_dict()
+        fresh = build_role(ctx, train, val)
+        fresh.load_state_dict(saved)
+        transport.barrier()
+        dist.destroy_process_group()
+        # As bytes: the states must save with torch.save and load with weights_only=True.
+        results.put((rank, topology.role(rank), _bytes(saved), _bytes(fresh.state_dict())))
+    except BaseException as exc:  # the test process reports it
+        results.put((rank, "error", repr(exc), None))
+
+
+def run_job(tmp_path: Path, strategy: str, **fields) -> dict[int, tuple]:
+    config = make_config({"strategy": strategy, "workers": 2, "epochs": 1, "dataset": "digits",
+                          "steps_per_epoch": STEPS, "out": str(tmp_path), **fields})
+    ctx = mp.get_context("forkserver")  # as the launcher: torch imported once
+    ctx.set_forkserver_preload(PRELOAD)
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_round_trip, args=(rank, config.to_dict(),
+                                                   str(tmp_path / "store"), results))
+             for rank in range(config.world_size)]
+    for p in procs:
+        p.start()
+    got = {}
+    for _ in procs:
+        rank, role, saved, loaded = results.get(timeout=120)
+        assert role != "error", f"rank {rank}: {saved}"
+        got[rank] = (role, _load(saved), _load(loaded))
+    for p in procs:
+        p.join(timeout=30)
+    return got
+
+
+def check_round_trip(got: dict) -> tuple[list[dict], list[dict]]:
+    """Every rank's state loads into a fresh role as it was; (servers', workers') states."""
+    for rank, (_, saved, loaded) in got.items():
+        assert_same(saved, loaded, f"rank {rank}")
+    servers = [saved for role, saved, _ in got.values() if role == "server"]
+    workers = [saved for role, saved, _ in got.values() if role == "worker"]
+    for w in workers:
+        assert w["position"] == {"epoch": 1, "step": 0, "taken": STEPS}
+        assert w["model"].keys() and all(isinstance(t, torch.Tensor)
+                                         for t in w["model"].values())
+    return servers, workers
+
+
+def bucket(server: dict) -> dict:
+    (only,) = server["buckets"].values()
+    return only
+
+
+def test_bsp_state_round_trip(tmp_path):
+    (server,), workers = check_round_trip(run_job(tmp_path, "bsp"))
+    b = bucket(server)
+    assert b["version"] == STEPS and b["progress"] == pytest.approx(STEPS)
+    assert b["policy"]["clocks"] == {0: STEPS, 1: STEPS} and b["policy"]["active"] == []
+    assert b["optimizer"]["momentum_buffer"].abs().max() > 0
+    assert b["pending"].dtype == torch.float64 and b["pending_weight"] == 0.0
+    for w in workers:
+        assert w["strategy"]["link"]["pulled"] == [STEPS]
+        assert w["strategy"]["cadence"]["pushes"] == STEPS
+
+
+def test_asp_state_round_trip(tmp_path):
+    (server,), _ = check_round_trip(run_job(tmp_path, "asp"))
+    assert bucket(server)["version"] == 2 * STEPS  # every push an update
+
+
+def test_easgd_state_round_trip(tmp_path):
+    (server,), workers = check_round_trip(run_job(tmp_path, "easgd", tau=2))
+    # Exchanges after steps 2 and 4, and one for the last step: 3 per worker.
+    assert bucket(server)["version"] == 2 * 3
+    assert bucket(server)["optimizer"] is None  # the centre is added to, not stepped
+    for w in workers:
+        assert w["strategy"]["cadence"] == {"steps": STEPS}
+        assert w["strategy"]["optimizer"]["momentum_buffer"].abs().max() > 0
+
+
+def test_downpour_state_round_trip(tmp_path):
+    (server,), workers = check_round_trip(run_job(tmp_path, "downpour", push_every=2,
+                                                  fetch_every=3))
+    for w in workers:
+        cadence = w["strategy"]["cadence"]
+        assert cadence["push"] == cadence["fetch"] == {"steps": STEPS}
+        assert cadence["pushes"] == 3  # after steps 2 and 4, and the last step's gradient
+        assert w["strategy"]["link"]["pulled"] != [0]  # fetched after step 3
+    assert bucket(server)["version"] == 2 * 3
+
+
+def test_localsgd_state_round_trip(tmp_path):
+    servers, workers = check_round_trip(run_job(tmp_path, "localsgd", tau=2))
+    assert servers == []
+    models = [torch.cat([t.reshape(-1) for t in w["model"].values()]) for w in workers]
+    assert torch.equal(models[0], models[1])  # averaged at the end: one consensus
+    for w in workers:
+        assert w["strategy"]["cadence"] == {"steps": STEPS}
+        assert w["strategy"]["optimizer"]["momentum_buffer"].abs().max() > 0
+
+
+def test_gossip_state_round_trip(tmp_path):
+    servers, workers = check_round_trip(run_job(tmp_path, "gossip", gossip_p=0.6))
+    assert servers == []
+    alphas = [w["strategy"]["alpha"] for w in workers]
+    assert math.isclose(sum(alphas), 1.0)  # every message merged: the weights are home
+    for w in workers:
+        assert w["strategy"]["cadence"]["rng"]["bit_generator"] == "PCG64"
+
+
+class _WithBatchNorm(nn.Module):
+    def __init__(self, shape, classes) -> None:
+        super().__init__()
+        self.norm = nn.BatchNorm1d(math.prod(shape))
+        self.head = nn.Linear(math.prod(shape), classes)
+
+    def forward(self, x):
+        return self.head(self.norm(x.flatten(1)))
+
+
+def test_a_workers_state_holds_the_models_buffers(tmp_path):
+    # Built in this process (building does no I/O): BatchNorm's running statistics are part
+    # of the worker's state, and a trained-looking value survives the round trip.
+    MODELS.register(ModelSpec("bn-toy", "a linear model behind BatchNorm",
+                              builder=_WithBatchNorm))
+    try:
+        config = make_config({"strategy": "allreduce", "workers": 1, "model": "bn-toy",
+                              "dataset": "digits", "out": str(tmp_path)})
+        ctx = RankContext(config, 0, Topology(0, 1), Transport())
+        train, val = prepare_data(config)
+        worker = build_role(ctx, train, val)
+        worker.model.norm.running_mean.fill_(0.5)
+        state = worker.state_dict()
+        assert {"norm.running_mean", "norm.running_var", "norm.num_batches_tracked"} <= set(
+            state["model"])
+        fresh = build_role(ctx, train, val)
+        fresh.load_state_dict(state)
+        assert torch.equal(fresh.model.norm.running_mean, torch.full((64,), 0.5))
+        assert_same(fresh.state_dict(), state)
+    finally:
+        MODELS.unregister("bn-toy")
