@@ -27,6 +27,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/overhead.py
 	$(BIN)/python benchmarks/collectives.py
 	$(BIN)/python benchmarks/instrumentation.py
+	$(BIN)/python benchmarks/face.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

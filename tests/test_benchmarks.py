@@ -37,3 +37,13 @@ def test_instrumentation_benchmark_smoke_prints_the_ratio():
                     r"\(target >= 0\.97\) (PASS|MISS) ", done.stdout, re.MULTILINE)
     assert row, done.stdout
     assert float(row.group(1)) > 0
+
+
+def test_face_benchmark_smoke_prints_the_time():
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "face.py"), "--quick"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    row = re.search(r"^polyrhythm runs, 50 runs: (\d+\.\d+) s \(target < 1\.5 s\) "
+                    r"(PASS|MISS); bare interpreter (\d+\.\d+) s", done.stdout, re.MULTILINE)
+    assert row, done.stdout
+    assert float(row.group(1)) > float(row.group(3)) > 0

@@ -3,6 +3,8 @@ and listings follow from the declaration, with no other file edited."""
 
 from __future__ import annotations
 
+import tomllib
+
 import pytest
 
 from polyrhythm.cli import main
@@ -68,7 +70,7 @@ def test_a_registered_strategy_gets_a_flag_checks_errors_and_a_listing(toys, cap
     lines = out.splitlines()
     at = lines.index(next(line for line in lines if line.startswith("toy ")))
     assert "a toy asynchronous parameter server [this test]" in lines[at]
-    assert lines[at + 1].split() [:2] == ["--toy-damping", "X"]
+    assert lines[at + 1].split()[:2] == ["--toy-damping", "X"]
     assert lines[at + 1].endswith("(default: 0.25)")
 
     config = make_config({"strategy": "toy", "toy_damping": 0.5, "workers": 2})
@@ -109,3 +111,38 @@ def test_a_parameter_named_as_a_setting_of_another_section_is_an_error(capsys):
             make_config({})
     finally:
         STRATEGIES.unregister("lr-toy")
+
+
+TOY_SWITCH = StrategySpec(
+    "toy-switch", "one strategy, then another", worker="x:y",
+    policy=lambda settings, workers: AsynchronousPolicy(workers),
+    params=(Param("toy_first", str, "the first phase's strategy", "allreduce",
+                  section="strategy"),
+            Param("toy_then", str, "the second phase's strategy", "asp", section="strategy")))
+
+
+def test_a_strategys_settings_may_hold_other_strategies_settings(tmp_path):
+    STRATEGIES.register(TOY_SWITCH)
+    try:
+        config = make_config({"strategy": {"name": "toy-switch",
+                                           "toy_then": {"name": "ssp", "staleness": 2}},
+                              "workers": 4})
+        first, then = config.strategy.toy_first, config.strategy.toy_then
+        assert (first.name, then.name, then.staleness) == ("allreduce", "ssp", 2)
+        assert then.value_bound is None
+        # Saved as nested tables, loaded back to the same run; a flat key names a half.
+        assert "[strategy.toy_then]" in config.to_toml()
+        assert make_config(tomllib.loads(config.to_toml())) == config
+        flat = make_config({"strategy": "toy-switch", "toy_first": "ring", "workers": 4})
+        assert flat.strategy.toy_first.name == "ring"
+        # A half's settings are checked as its own strategy's.
+        with pytest.raises(ConfigError, match="strategy 'ssp' takes no --tau"):
+            make_config({"strategy": {"name": "toy-switch",
+                                      "toy_then": {"name": "ssp", "tau": 2}}})
+        with pytest.raises(ConfigError, match="staleness must be at least 0, got -1"):
+            make_config({"strategy": {"name": "toy-switch",
+                                      "toy_then": {"name": "ssp", "staleness": -1}}})
+        with pytest.raises(ConfigError, match="unknown strategy 'nope'"):
+            make_config({"strategy": "toy-switch", "toy_then": "nope"})
+    finally:
+        STRATEGIES.unregister("toy-switch")

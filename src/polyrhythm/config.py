@@ -248,6 +248,11 @@ def _section(section: str, params: tuple[Param, ...], values: Mapping[str, Any],
         if key not in known:
             raise ConfigError(_misplaced(section, key))
     resolved = {p.name: p.resolve(values.get(p.name), run) for p in params}
+    for p in params:
+        if p.section is not None:  # another component inside this one: its own settings
+            value = resolved[p.name]
+            resolved[p.name] = _component(p.section, {"name": value} if isinstance(
+                value, str) else value, run)
     return Settings({"name": name, **resolved} if name else resolved)
 
 

@@ -56,7 +56,11 @@ class Param:
     """One setting: its name (the config key; the flag is --name-with-dashes), its type, a
     one-line help, a default (or `derive(run)`, a default that depends on the run, shown as
     `derived` in listings) and an optional range rule. `kind` is int, float, bool, str or
-    list (of `item`). A default of None with no `derive` means "not set" (optional)."""
+    list (of `item`). A default of None with no `derive` means "not set" (optional).
+
+    With `section` ("strategy", ...), the value is a component of that section with settings
+    of its own: its name, or a table of its name and parameters (a composed strategy's
+    halves); the config resolves it as it does the section itself."""
 
     name: str
     kind: type
@@ -67,6 +71,7 @@ class Param:
     rule: Rule | None = None
     item: type | None = None
     metavar: str | None = None
+    section: str | None = None
 
     @property
     def flag(self) -> str:
@@ -76,6 +81,11 @@ class Param:
         """The value, type-checked strictly (an int is a number, a bool is not an integer)."""
         if value is None:
             return None
+        if self.section is not None:
+            if not isinstance(value, str | dict):
+                raise ConfigError(f"{self.name} must be a {self.section} name or a table of "
+                                  f"its settings, got {value!r}")
+            return value
         if self.kind is list:
             if not isinstance(value, list):
                 raise ConfigError(f"{self.name} must be a list of {_KIND_NAMES[self.item]}s, "
