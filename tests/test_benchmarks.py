@@ -8,42 +8,42 @@ from pathlib import Path
 BENCHMARKS = Path(__file__).parent.parent / "benchmarks"
 
 
-def test_overhead_benchmark_smoke_prints_both_ratios():
-    done = subprocess.run([sys.executable, str(BENCHMARKS / "overhead.py"), "--quick"],
+def smoke(name: str) -> str:
+    """A benchmark's --quick run; its output."""
+    done = subprocess.run([sys.executable, str(BENCHMARKS / name), "--quick"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def test_overhead_benchmark_smoke_prints_both_ratios():
+    out = smoke("overhead.py")
     for label in ("bsp, 1 worker + 1 server", "allreduce, 2 workers"):
         row = re.search(rf"^{re.escape(label)} .* (\d+\.\d+)\s+0\.9\d\s+(PASS|BELOW)$",
-                        done.stdout, re.MULTILINE)
-        assert row, f"no result row for {label}:\n{done.stdout}"
+                        out, re.MULTILINE)
+        assert row, f"no result row for {label}:\n{out}"
         assert float(row.group(1)) > 0
 
 
 def test_collectives_benchmark_smoke_prints_ring_ratios():
-    done = subprocess.run([sys.executable, str(BENCHMARKS / "collectives.py"), "--quick"],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
+    out = smoke("collectives.py")
     ratios = re.findall(r"^ring/native (\d+ KiB): (\d+\.\d+) \(target <= 1\.50\) (PASS|MISS) ",
-                        done.stdout, re.MULTILINE)
-    assert [size for size, _, _ in ratios] == ["4 KiB", "64 KiB"], done.stdout
+                        out, re.MULTILINE)
+    assert [size for size, _, _ in ratios] == ["4 KiB", "64 KiB"], out
     assert all(float(ratio) > 0 for _, ratio, _ in ratios)
 
 
 def test_instrumentation_benchmark_smoke_prints_the_ratio():
-    done = subprocess.run([sys.executable, str(BENCHMARKS / "instrumentation.py"), "--quick"],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
+    out = smoke("instrumentation.py")
     row = re.search(r"^instrumentation on/off \(bsp, 2 workers\): (\d+\.\d+) "
-                    r"\(target >= 0\.97\) (PASS|MISS) ", done.stdout, re.MULTILINE)
-    assert row, done.stdout
+                    r"\(target >= 0\.97\) (PASS|MISS) ", out, re.MULTILINE)
+    assert row, out
     assert float(row.group(1)) > 0
 
 
 def test_face_benchmark_smoke_prints_the_time():
-    done = subprocess.run([sys.executable, str(BENCHMARKS / "face.py"), "--quick"],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
+    out = smoke("face.py")
     row = re.search(r"^polyrhythm runs, 50 runs: (\d+\.\d+) s \(target < 1\.5 s\) "
-                    r"(PASS|MISS); bare interpreter (\d+\.\d+) s", done.stdout, re.MULTILINE)
-    assert row, done.stdout
+                    r"(PASS|MISS); bare interpreter (\d+\.\d+) s", out, re.MULTILINE)
+    assert row, out
     assert float(row.group(1)) > float(row.group(3)) > 0
