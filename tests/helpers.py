@@ -38,7 +38,7 @@ def worker_gradient(model, x: torch.Tensor, y: torch.Tensor) -> list[torch.Tenso
     return [p.grad for p in model.parameters()]
 
 
-def reference_parameters(config) -> torch.Tensor:
+def reference_parameters(config, weights: list[float] | None = None) -> torch.Tensor:
     """Train in one process with the global batch; return the flat parameters.
 
     Every step takes each worker's batch, computes its gradient as a worker does (with the
@@ -48,7 +48,8 @@ def reference_parameters(config) -> torch.Tensor:
     the difference is a few rounding errors, not the ones a different summation order (a
     union batch, another thread count) lets grow over the steps. That the weighted sum is
     the gradient of the mean loss over the union of the batches is
-    test_equivalence.py::test_weighted_worker_gradients_are_the_global_gradient.
+    test_equivalence.py::test_weighted_worker_gradients_are_the_global_gradient. Other
+    `weights` (one per worker) make the reference of a wrongly weighted sum.
     """
     torch.set_num_threads(config.threads)
     train, _ = prepare_data(config)
@@ -58,6 +59,7 @@ def reference_parameters(config) -> torch.Tensor:
                                 weight_decay=config.optimizer.weight_decay)
     shards = random_shards(len(train), config.workers, config.seed)
     sizes = worker_batch_sizes(config.batch_size, config.workers)
+    weights = weights or [size / config.batch_size for size in sizes]
     for epoch in range(config.epochs):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(config.optimizer, epoch)
@@ -65,11 +67,11 @@ def reference_parameters(config) -> torch.Tensor:
         for step in range(steps_per_epoch(len(train), config.batch_size,
                                           config.steps_per_epoch)):
             total = [torch.zeros_like(p, dtype=torch.float64) for p in model.parameters()]
-            for order, size in zip(orders, sizes, strict=True):
+            for order, size, weight in zip(orders, sizes, weights, strict=True):
                 idx = torch.from_numpy(batch_slice(order, size, step))
                 grads = worker_gradient(model, train.x[idx], train.y[idx])
                 for t, g in zip(total, grads, strict=True):
-                    t.add_(g, alpha=size / config.batch_size)
+                    t.add_(g, alpha=weight)
             for p, t in zip(model.parameters(), total, strict=True):
                 p.grad = t.float()
             optimizer.step()

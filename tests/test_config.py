@@ -1,11 +1,15 @@
 """RunConfig: strategy parameters resolve per strategy and a stored config loads back as is."""
 
+import copy
+import pickle
 import tomllib
 
 import pytest
+import tomli_w
 
-from polyrhythm.config import flat_keys, make_config, unread_fields
+from polyrhythm.config import flat_config, flat_keys, make_config, unread_fields
 from polyrhythm.errors import ConfigError
+from polyrhythm.metrics.records import config_fields
 from polyrhythm.strategies import STRATEGIES
 
 
@@ -57,8 +61,10 @@ def test_flat_keys_sections_and_both_give_the_same_config():
 
 @pytest.mark.parametrize(("values", "message"), [
     ({"dataset": "mnist5k", "synthetic_size": 100},
-     "dataset 'mnist5k' takes no --synthetic-size (its parameters: none; --synthetic-size is "
-     "for synthetic)"),
+     "dataset 'mnist5k' takes no --synthetic-size (its parameters: --val-fraction; "
+     "--synthetic-size is for synthetic)"),
+    ({"data": "digits"}, "data must be a table ([data]); or dataset = ..., got 'digits'"),
+    ({"seed": -1}, "seed must be at least 0, got -1"),
     ({"strategy": {"name": "bsp", "lr": 0.1}}, "lr belongs in [optimizer], not [strategy]"),
     ({"strategy": {"name": "bsp", "nme": 1}}, "unknown config key 'strategy.nme'"),
     ({"tau": 2, "strategy": {"name": "localsgd", "tau": 3}}, "strategy.tau is given twice"),
@@ -73,13 +79,16 @@ def test_bad_values_are_one_line_errors(values, message):
     assert message in str(info.value) and "\n" not in str(info.value)
 
 
+RELEASE_0_1 = {"strategy": "bsp", "workers": 2, "servers": 1, "epochs": 2, "batch_size": 64,
+               "lr": 0.05, "momentum": 0.9, "async_momentum_correction": True,
+               "weight_decay": 1e-4, "lr_decay_every": 0, "lr_decay": 0.1, "dataset": "digits",
+               "synthetic_shape": [1, 8, 8], "synthetic_classes": 10, "synthetic_size": 2000,
+               "val_fraction": 0.1, "model": "cnn", "seed": 0, "worker_delay_s": [],
+               "warmup_steps": 5, "instrumentation": True, "out": "runs", "bucket_kb": 25600}
+
+
 def test_a_config_written_by_release_0_1_loads_without_its_unread_synthetic_fields():
-    old = {"strategy": "bsp", "workers": 2, "servers": 1, "epochs": 2, "batch_size": 64,
-           "lr": 0.05, "momentum": 0.9, "async_momentum_correction": True,
-           "weight_decay": 1e-4, "lr_decay_every": 0, "lr_decay": 0.1, "dataset": "digits",
-           "synthetic_shape": [1, 8, 8], "synthetic_classes": 10, "synthetic_size": 2000,
-           "val_fraction": 0.1, "model": "cnn", "seed": 0, "worker_delay_s": [],
-           "warmup_steps": 5, "instrumentation": True, "out": "runs", "bucket_kb": 25600}
+    old = RELEASE_0_1
     config = make_config(old)
     assert config.data.to_dict() == {"name": "digits", "val_fraction": 0.1}
     # Not a whole 0.1 record: the unread field is an error as for any hand-written config.
@@ -95,3 +104,25 @@ def test_a_sweep_drops_what_a_point_does_not_read():
     assert unread_fields({**fields, "strategy": "allreduce"}) == {
         "tau", "synthetic_size", "servers", "bucket_kb"}
     assert set(flat_keys()) >= {"strategy", "dataset", "model", "tau", "lr", "workers"}
+
+
+def test_a_config_pickles_and_copies_to_the_same_run():
+    config = make_config({"strategy": "kbsp", "workers": 4, "lr": 0.1})
+    again = pickle.loads(pickle.dumps(config))
+    assert again == config and again.given == config.given
+    assert copy.deepcopy(config.strategy) == config.strategy
+
+
+def test_a_stored_0_1_config_reads_as_the_same_fields_as_its_rerun():
+    # So a report of old and new runs of the same job groups them together.
+    old = tomli_w.dumps(RELEASE_0_1)
+    new = make_config(RELEASE_0_1).to_toml()
+    assert config_fields(old) == config_fields(new)
+
+
+def test_sweeps_take_a_base_in_sections_and_flags_win_over_a_file():
+    base = flat_config({"workers": 2, "strategy": {"name": "localsgd", "tau": 2},
+                        "optimizer": {"lr": 0.1}}, {"lr": 0.2, "tau": 3})
+    assert base == {"workers": 2, "strategy": "localsgd", "tau": 3, "lr": 0.2}
+    with pytest.raises(ConfigError, match="tau is given twice"):
+        flat_config({"tau": 2, "strategy": {"name": "localsgd", "tau": 3}})

@@ -27,10 +27,10 @@ def test_readme_documents_every_config_key_with_its_declared_defaults():
     rows = flag_rows()
     for key in flat_keys():
         assert f"`--{key.replace('_', '-')}` / `{key}`" in README, key
-    for section, (registry, default, flat) in COMPONENTS.items():
-        assert f"`{default}`" in rows[flat][0], (flat, rows[flat][0])
-        for name in registry.param_names():
-            for component, param in registry.declarations(name):
+    for kind in COMPONENTS.values():
+        assert f"`{kind.default}`" in rows[kind.name_key][0], kind.name_key
+        for name in kind.registry.param_names():
+            for component, param in kind.registry.declarations(name):
                 assert param.default_text() in rows[name][0], (name, component.name)
                 assert f"`{component.name}`" in " ".join(rows[name]), (name, component.name)
     for key, param in flat_keys().items():

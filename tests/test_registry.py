@@ -107,7 +107,7 @@ def test_a_parameter_named_as_a_setting_of_another_section_is_an_error(capsys):
         Param("lr", float, "a second learning rate"),))
     STRATEGIES.register(lr)
     try:
-        with pytest.raises(ConfigError, match="'lr' is declared in two sections"):
+        with pytest.raises(ValueError, match="'lr' is declared in two sections"):
             make_config({})
     finally:
         STRATEGIES.unregister("lr-toy")
@@ -144,5 +144,9 @@ def test_a_strategys_settings_may_hold_other_strategies_settings(tmp_path):
                                       "toy_then": {"name": "ssp", "staleness": -1}}})
         with pytest.raises(ConfigError, match="unknown strategy 'nope'"):
             make_config({"strategy": "toy-switch", "toy_then": "nope"})
+        with pytest.raises(ConfigError, match="toy_then needs the name of a strategy"):
+            make_config({"strategy": {"name": "toy-switch", "toy_then": {"staleness": 2}}})
+        with pytest.raises(ConfigError, match="inside another strategy, cannot hold toy_first"):
+            make_config({"strategy": "toy-switch", "toy_then": "toy-switch"})
     finally:
         STRATEGIES.unregister("toy-switch")

@@ -92,6 +92,20 @@ def test_point_keys_do_not_depend_on_field_order_and_repeats_shift_the_seed(tmp_
     assert all(r.config.out == str(tmp_path) for r in a.plan())
 
 
+def test_a_base_in_sections_is_read_as_flat_fields(tmp_path):
+    # A stored config.toml (in sections) can be a sweep's base.
+    base = {"epochs": 1, "strategy": {"name": "localsgd", "tau": 2}, "data": {"name": "digits"}}
+    sweep = parse_sweep({"base": base, "grid": {"seed": [1, 2]}}, out=str(tmp_path))
+    assert [p.fields for p in sweep.points] == [
+        {"epochs": 1, "strategy": "localsgd", "tau": 2, "dataset": "digits", "seed": s}
+        for s in (1, 2)]
+
+
+def test_a_grid_of_lists_as_strategy_names_is_one_line(tmp_path):
+    with pytest.raises(ConfigError, match="strategy must be a valid string"):
+        parse_sweep({"grid": {"strategy": [["bsp"]]}}, out=str(tmp_path))
+
+
 def test_sweep_id_is_the_slug_of_the_name(tmp_path):
     sweep = parse_sweep({"name": "Sync vs. Async!", "grid": {"lr": [0.1]}})
     assert sweep.sweep_id == "sync-vs-async"

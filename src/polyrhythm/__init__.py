@@ -1,7 +1,8 @@
 """polyrhythm: distributed data-parallel training with every consistency strategy.
 
-`polyrhythm.train` and `polyrhythm.RunConfig` load the runtime (and torch) when first used,
-so that importing the package, or a part of it such as the run store, stays light.
+`polyrhythm.train` loads the launcher and runtime (and torch), and `polyrhythm.RunConfig` the
+declarations, when first used: importing the package, or a part of it such as the run store,
+stays light.
 """
 
 from typing import Any

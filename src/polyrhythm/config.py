@@ -17,8 +17,8 @@ A config has general settings at the top and four sections:
 Each strategy, data set and model declares its parameters (settings.py); the general and
 optimizer settings are declared here. A parameter's name is unique across sections, so every
 setting is also a flat key (`strategy = "ssp"`, `staleness = 2`, `dataset = "mnist5k"`,
-`lr = 0.05`), as the command-line flags are. Files written by polyrhythm 0.1 (flat, every
-field) load as they are.
+`lr = 0.05`), as the command-line flags are. A run's config.toml written by polyrhythm 0.1
+(flat, every field) loads as it is. How configs are stored is metrics/records.py's.
 """
 
 from __future__ import annotations
@@ -27,12 +27,13 @@ import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import tomli_w
 
 from polyrhythm.data import DATASETS, VAL_FRACTION
 from polyrhythm.errors import ConfigError
+from polyrhythm.metrics.records import NAME_KEYS, SECTIONS, flatten, from_release_0_1
 from polyrhythm.models import MODELS
 from polyrhythm.settings import Param, Registry, Rule, Settings, at_least, positive, within
 from polyrhythm.strategies import STRATEGIES
@@ -52,18 +53,18 @@ GENERAL = (
     Param("servers", int, "parameter-server shards", derived="1 for PS strategies, 0 "
           "otherwise", rule=at_least(0)),
     Param("bucket_kb", int, "PS strategies: gradients and parameters travel in buckets of "
-          "about this many KiB", derived=f"{DEFAULT_BUCKET_KB} (25 MiB); one bucket for "
-          "whole-gradient strategies", rule=at_least(1)),
+          "about this many KiB (whole-gradient strategies: one bucket)",
+          derived=f"{DEFAULT_BUCKET_KB} (25 MiB)", rule=at_least(1)),
     Param("epochs", int, "passes over the training set", 3, rule=at_least(1)),
     Param("batch_size", int, "global batch B; each worker takes B/N", 64),
     Param("seed", int, "fixes initial weights, the validation split, sharding and data order",
-          0),
-    Param("steps_per_epoch", int, "cap on steps per epoch (default: all)", rule=at_least(1)),
+          0, rule=at_least(0)),
+    Param("steps_per_epoch", int, "cap on steps per epoch", derived="all", rule=at_least(1)),
     Param("worker_delay_s", list, "extra seconds of emulated compute per step, one entry per "
           "worker", [], item=float, rule=Rule(lambda v, run: min(v, default=0) >= 0,
                                               lambda run: "have entries of at least 0")),
-    Param("threads", int, "torch threads per worker (default: cores / workers on the host)",
-          rule=at_least(1)),
+    Param("threads", int, "torch threads per worker (servers use 1)",
+          derived="cores / workers on the host", rule=at_least(1)),
     Param("warmup_steps", int, "first steps of each worker left out of throughput figures", 5,
           rule=at_least(0)),
     Param("instrumentation", bool, "record every iteration's spans, server events and ~1 Hz "
@@ -82,35 +83,46 @@ OPTIMIZER = (
     Param("lr_decay", float, "step learning-rate decay factor", 0.1),
 )
 
-# The sections that name a component, the registry it comes from, its default and the flat
-# key that names it (`dataset = "digits"` is [data] name = "digits").
-COMPONENTS: dict[str, tuple[Registry, str, str]] = {
-    "strategy": (STRATEGIES, "bsp", "strategy"),
-    "data": (DATASETS, "mnist5k", "dataset"),
-    "model": (MODELS, "cnn", "model"),
+class Kind(NamedTuple):
+    """A section that names a component: where its components are registered, which one a
+    config gets by default, the flat key that names it, and the parameters all of them read."""
+
+    registry: Registry
+    default: str
+    name_key: str
+    shared: tuple[Param, ...] = ()
+
+    def params(self, name: str) -> tuple[Param, ...]:
+        """What the component `name` reads: the shared parameters and its own."""
+        return (*self.shared, *self.registry[name].params)
+
+
+COMPONENTS = {
+    "strategy": Kind(STRATEGIES, "bsp", NAME_KEYS["strategy"]),
+    "data": Kind(DATASETS, "mnist5k", NAME_KEYS["data"], (VAL_FRACTION,)),
+    "model": Kind(MODELS, "cnn", NAME_KEYS["model"]),
 }
-SECTIONS = (*COMPONENTS, "optimizer")
-_COMMON = {"data": (VAL_FRACTION,)}  # parameters every component of a section reads
 
 
 def owners() -> dict[str, str]:
-    """Every parameter's name -> its section ("" for the general settings)."""
+    """Every parameter's name -> its section ("" for the general settings). A name declared
+    in two sections is a programming error (their flags would collide)."""
     found = {p.name: "" for p in GENERAL} | {p.name: "optimizer" for p in OPTIMIZER}
-    for section, (registry, _, _) in COMPONENTS.items():
-        for name in [p.name for p in _COMMON.get(section, ())] + registry.param_names():
+    for section, kind in COMPONENTS.items():
+        for name in [p.name for p in kind.shared] + kind.registry.param_names():
             if found.setdefault(name, section) != section:
-                raise ConfigError(f"parameter {name!r} is declared in two sections "
-                                  f"({found[name] or 'general'} and {section}): rename one")
+                raise ValueError(f"parameter {name!r} is declared in two sections "
+                                 f"({found[name] or 'general'} and {section}): rename one")
     return found
 
 
 def sectioned(values: Mapping[str, Any]) -> dict[str, Any]:
     """Flat keys, sections or both, as sections: {general keys..., "strategy": {...},
     "data": {...}, "model": {...}, "optimizer": {...}}. A key given twice is an error."""
-    values = _from_release_0_1(values)
+    values = from_release_0_1(dict(values))
     out: dict[str, Any] = {section: {} for section in SECTIONS}
     found = owners()
-    names = {flat: section for section, (_, _, flat) in COMPONENTS.items()}
+    names = {name_key: section for section, name_key in NAME_KEYS.items()}
 
     def put(section: str, key: str, value: Any) -> None:
         target = out[section] if section else out
@@ -127,6 +139,9 @@ def sectioned(values: Mapping[str, Any]) -> dict[str, Any]:
             put(names[key], "name", value)
         elif key in found:
             put(found[key], key, value)
+        elif key in SECTIONS:
+            hint = f"; or {NAME_KEYS[key]} = ..." if key in NAME_KEYS else ""
+            raise ConfigError(f"{key} must be a table ([{key}]){hint}, got {value!r}")
         else:
             raise ConfigError(f"unknown config key {key!r}")
     return out
@@ -138,21 +153,6 @@ def merged(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     for section in SECTIONS:
         out[section] = {**base.get(section, {}), **over.get(section, {})}
     return out
-
-
-# polyrhythm 0.1 stored every field, the synthetic data set's included whatever the data set.
-_RELEASE_0_1 = {"strategy", "workers", "servers", "epochs", "batch_size", "lr", "momentum",
-                "async_momentum_correction", "weight_decay", "lr_decay_every", "lr_decay",
-                "dataset", "synthetic_shape", "synthetic_classes", "synthetic_size",
-                "val_fraction", "model", "seed", "worker_delay_s", "warmup_steps",
-                "instrumentation", "out"}
-
-
-def _from_release_0_1(values: Mapping[str, Any]) -> Mapping[str, Any]:
-    """A config.toml of polyrhythm 0.1 without the settings its data set does not read."""
-    if not values.keys() >= _RELEASE_0_1 or values["dataset"] == "synthetic":
-        return values
-    return {k: v for k, v in values.items() if not k.startswith("synthetic_")}
 
 
 class RunConfig:
@@ -187,6 +187,9 @@ class RunConfig:
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("a RunConfig is read-only; build a new one")
 
+    def __reduce__(self) -> tuple:
+        return _rebuild, (self.to_dict(), self.given)
+
     def __eq__(self, other: object) -> bool:
         return isinstance(other, RunConfig) and self.to_dict() == other.to_dict()
 
@@ -215,55 +218,69 @@ class RunConfig:
                 "servers": self.servers, "epochs": self.epochs, "dataset": self.data.name,
                 "model": self.model.name}
 
-    def flat(self) -> dict[str, Any]:
-        """The resolved config as flat keys (as the flags name them)."""
-        out = {k: v for k, v in self.to_dict().items() if k not in SECTIONS}
-        for section in SECTIONS:
-            for key, value in getattr(self, section).to_dict().items():
-                out[COMPONENTS[section][2] if key == "name" else key] = value
-        return out
+
+def _rebuild(resolved: dict[str, Any], given: dict[str, Any]) -> RunConfig:
+    """Unpickling: the same resolved config (defaults as they were resolved, not as this
+    machine would), remembering what was set."""
+    config = RunConfig(**resolved)
+    object.__setattr__(config, "given", given)
+    return config
 
 
-def _component(section: str, values: Mapping[str, Any], run: Settings) -> Settings:
-    """A section that names a component: its name and the parameters it declares."""
-    registry, default, flat = COMPONENTS[section]
-    name = values.get("name", default)
+def _component(section: str, values: Mapping[str, Any], run: Settings,
+               inside: str | None = None) -> Settings:
+    """A section that names a component: its name and the parameters it reads. `inside`
+    names the parameter that holds it when it is part of another component."""
+    kind = COMPONENTS[section]
+    label = inside or kind.name_key
+    if inside is not None and "name" not in values:
+        raise ConfigError(f"{inside} needs the name of a {kind.registry.kind}")
+    name = values.get("name", kind.default)
     if type(name) is not str:
-        raise ConfigError(f"{flat} must be a valid string, got {name!r}")
-    component = registry.lookup(name)
-    params = (*_COMMON.get(section, ()), *component.params)
+        raise ConfigError(f"{label} must be a valid string, got {name!r}")
+    component = kind.registry.lookup(name)
+    params = kind.params(name)
     for key in values:
         if key != "name" and key not in {p.name for p in params}:
             raise ConfigError(_not_read(section, component, key))
-    settings = _section(section, params, values, run, name=name)
+    settings = _section(section, params, values, run, name=name, nested=inside is not None)
     if component.check is not None and (problem := component.check(settings, run)):
         raise ConfigError(problem)
     return settings
 
 
 def _section(section: str, params: tuple[Param, ...], values: Mapping[str, Any],
-             run: Settings, name: str | None = None) -> Settings:
+             run: Settings, name: str | None = None, nested: bool = False) -> Settings:
     known = {p.name for p in params} | ({"name"} if name else set())
     for key in values:
         if key not in known:
             raise ConfigError(_misplaced(section, key))
     resolved = {p.name: p.resolve(values.get(p.name), run) for p in params}
     for p in params:
-        if p.section is not None:  # another component inside this one: its own settings
-            value = resolved[p.name]
-            resolved[p.name] = _component(p.section, {"name": value} if isinstance(
-                value, str) else value, run)
+        if p.section is None:
+            continue
+        # Another component inside this one (a composed strategy's half), with its own
+        # settings; one level deep, so a component cannot hold itself.
+        value = resolved[p.name]
+        if value is None:
+            raise ConfigError(f"{name} needs --{p.name.replace('_', '-')} (a "
+                              f"{COMPONENTS[p.section].registry.kind})")
+        if nested:
+            raise ConfigError(f"{name}, inside another {section}, cannot hold "
+                              f"{p.name} in turn")
+        resolved[p.name] = _component(p.section, {"name": value} if isinstance(value, str)
+                                      else value, run, inside=p.name)
     return Settings({"name": name, **resolved} if name else resolved)
 
 
 def _not_read(section: str, component, key: str) -> str:
-    registry = COMPONENTS[section][0]
-    readers = sorted(c.name for c, _ in registry.declarations(key))
+    kind = COMPONENTS[section]
+    readers = sorted(c.name for c, _ in kind.registry.declarations(key))
     if not readers:
         return _misplaced(section, key)
     flag = "--" + key.replace("_", "-")
-    own = ", ".join(p.flag for p in component.params) or "none"
-    return (f"{registry.kind} {component.name!r} takes no {flag} (its parameters: {own}; "
+    own = ", ".join(p.flag for p in kind.params(component.name)) or "none"
+    return (f"{kind.registry.kind} {component.name!r} takes no {flag} (its parameters: {own}; "
             f"{flag} is for {', '.join(readers)})")
 
 
@@ -310,17 +327,17 @@ def unread_fields(fields: Mapping[str, Any]) -> set[str]:
     """Those of a run's flat `fields` that it does not read: other strategies', data sets' or
     models' parameters; servers and bucket_kb for a strategy without servers; bucket_kb where
     the policy decides on whole gradients. RunConfig rejects them (servers = 0 aside); a sweep
-    drops them from a point. A section whose component is unknown reads all."""
+    drops them from a point. A section whose component is not a known name reads all (the
+    config's validation then says what is wrong with it)."""
     given = sectioned(fields)
     unread: set[str] = set()
-    for section, (registry, default, _) in COMPONENTS.items():
-        name = given[section].get("name", default)
-        if name not in registry:
-            continue
-        params = {p.name for p in (*_COMMON.get(section, ()), *registry[name].params)}
-        unread |= set(given[section]) - params - {"name"}
-    name = given["strategy"].get("name", COMPONENTS["strategy"][1])
-    spec = STRATEGIES.get(name)
+    for section, kind in COMPONENTS.items():
+        name = given[section].get("name", kind.default)
+        if isinstance(name, str) and name in kind.registry:
+            params = {p.name for p in kind.params(name)}
+            unread |= set(given[section]) - params - {"name"}
+    name = given["strategy"].get("name", COMPONENTS["strategy"].default)
+    spec = STRATEGIES.get(name) if isinstance(name, str) else None
     if spec is not None and not spec.uses_servers:
         unread |= {"servers", "bucket_kb"}
     elif spec is not None and spec.whole_gradient(given["strategy"]):
@@ -332,14 +349,24 @@ def flat_keys() -> dict[str, Param | None]:
     """Every flat key a config, a flag or a sweep may set -> its declaration (None for the
     keys that name a component: strategy, dataset, model). Declarations shared by several
     components (quorum) give the first."""
-    keys: dict[str, Param | None] = {flat: None for _, _, flat in COMPONENTS.values()}
-    for p in (*GENERAL, *OPTIMIZER, *_COMMON["data"]):
+    owners()  # no name in two sections: one key, one meaning
+    keys: dict[str, Param | None] = dict.fromkeys(NAME_KEYS.values())
+    for p in (*GENERAL, *OPTIMIZER, *(p for kind in COMPONENTS.values() for p in kind.shared)):
         keys[p.name] = p
-    for registry, _, _ in COMPONENTS.values():
-        for name in registry.param_names():
-            keys.setdefault(name, registry.declarations(name)[0][1])
-    owners()  # a name declared in two sections is an error, not a silent shadow
+    for kind in COMPONENTS.values():
+        for name in kind.registry.param_names():
+            keys.setdefault(name, kind.registry.declarations(name)[0][1])
     return keys
+
+
+def flat_config(*layers: Mapping[str, Any]) -> dict[str, Any]:
+    """Configs in sections, flat or both, the later ones winning key by key, as one config of
+    flat keys (as sweeps and comparisons combine them). A key given twice within one layer is
+    an error."""
+    combined: dict[str, Any] = {}
+    for layer in layers:
+        combined = merged(combined, sectioned(layer))
+    return flatten(combined)
 
 
 def make_config(values: Mapping[str, Any]) -> RunConfig:

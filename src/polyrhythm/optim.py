@@ -48,9 +48,16 @@ class FlatSGD:
         self.weights.add_(d, alpha=-lr)
 
     def state_dict(self) -> dict:
-        """The momentum buffer (the weights belong to whoever owns them)."""
-        return {"momentum_buffer": self.buffer}
+        """A copy of the momentum buffer (the weights belong to whoever owns them); None
+        without momentum."""
+        return {"momentum_buffer": None if self.buffer is None else self.buffer.clone()}
 
     def load_state_dict(self, state: dict) -> None:
-        if self.buffer is not None:
-            self.buffer.copy_(state["momentum_buffer"])
+        """A buffer saved without momentum (None) starts from zero, as torch's SGD does."""
+        saved = state["momentum_buffer"]
+        if self.buffer is None:
+            return
+        if saved is None:
+            self.buffer.zero_()
+        else:
+            self.buffer.copy_(saved)

@@ -30,9 +30,6 @@ class Rule:
     holds: Callable[[Any, Any], bool]
     text: Callable[[Any], str]
 
-    def describe(self, run: Any = None) -> str:
-        return self.text(run)
-
 
 def at_least(low: float) -> Rule:
     return Rule(lambda v, run: v >= low, lambda run: f"be at least {low}")
@@ -55,7 +52,8 @@ def within(low: float, high: float, *, low_open: bool = False,
 class Param:
     """One setting: its name (the config key; the flag is --name-with-dashes), its type, a
     one-line help, a default (or `derive(run)`, a default that depends on the run, shown as
-    `derived` in listings) and an optional range rule. `kind` is int, float, bool, str or
+    `derived` in listings; `derived` alone describes a default the config resolves itself)
+    and an optional range rule. `kind` is int, float, bool, str or
     list (of `item`). A default of None with no `derive` means "not set" (optional).
 
     With `section` ("strategy", ...), the value is a component of that section with settings
@@ -104,7 +102,7 @@ class Param:
 
     def default_text(self) -> str:
         """How the default reads in listings and help ('' when there is none)."""
-        if self.derive is not None:
+        if self.derive is not None or self.derived:
             return self.derived
         if self.default is None or self.default == []:
             return ""
@@ -134,9 +132,6 @@ class Component:
     params: tuple[Param, ...] = ()
     source: str = ""
     check: Callable[[Any, Any], str | None] | None = None
-
-    def param(self, name: str) -> Param | None:
-        return next((p for p in self.params if p.name == name), None)
 
 
 C = TypeVar("C", bound=Component)
@@ -208,13 +203,17 @@ class Settings(Mapping[str, Any]):
         object.__setattr__(self, "_values", dict(values))
 
     def __getattr__(self, name: str) -> Any:
-        try:
-            return self._values[name]
-        except KeyError:
-            raise AttributeError(name) from None
+        # Through __dict__: while unpickling or copying, _values does not exist yet.
+        values = self.__dict__.get("_values", {})
+        if name in values:
+            return values[name]
+        raise AttributeError(name)
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("settings are read-only")
+
+    def __reduce__(self) -> tuple:
+        return Settings, (self._values,)
 
     def __getitem__(self, key: str) -> Any:
         return self._values[key]

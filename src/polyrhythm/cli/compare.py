@@ -6,7 +6,7 @@ import argparse
 
 from polyrhythm.cli.flags import add_config_flags, config_flags
 from polyrhythm.cli.sweep import run_and_report
-from polyrhythm.config import load_toml
+from polyrhythm.config import flat_config, load_toml
 from polyrhythm.sweep import COMPARE_EPOCHS, COMPARE_STRATEGIES, compare_sweep
 
 
@@ -32,7 +32,7 @@ def add_parser(commands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    base = (load_toml(args.config) if args.config else {}) | config_flags(args)
+    base = flat_config(load_toml(args.config) if args.config else {}, config_flags(args))
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     sweep = compare_sweep(base, strategies, repeats=args.repeats, sweep_id=args.sweep_id)
     return run_and_report(sweep, args.json)

@@ -9,7 +9,6 @@ import typing
 from typing import Any
 
 from polyrhythm.config import COMPONENTS, GENERAL, OPTIMIZER, flat_keys
-from polyrhythm.data import VAL_FRACTION
 from polyrhythm.settings import Param
 
 _SUMMARIES = {"strategy": "consistency strategy (see `polyrhythm strategies`)",
@@ -47,10 +46,13 @@ def _add(parser: argparse.ArgumentParser, p: Param, help_text: str) -> None:
 
 
 def _component_flags(parser: argparse.ArgumentParser, section: str, exclude: tuple) -> None:
-    registry, default, flat = COMPONENTS[section]
+    kind = COMPONENTS[section]
+    registry, flat = kind.registry, kind.name_key
     if flat not in exclude:
         parser.add_argument(f"--{flat}", dest=flat, default=None, metavar="NAME",
-                            help=f"{_SUMMARIES[section]} (default: {default})")
+                            help=f"{_SUMMARIES[section]} (default: {kind.default})")
+    for p in kind.shared:
+        _add(parser, p, p.help + default_text(p))
     for name in registry.param_names():
         declared = registry.declarations(name)
         first = declared[0][1]
@@ -71,7 +73,6 @@ def add_config_flags(parser: argparse.ArgumentParser, exclude: tuple[str, ...] =
         if p.name not in exclude:
             _add(parser, p, p.help + default_text(p))
     _component_flags(parser, "data", exclude)
-    _add(parser, VAL_FRACTION, VAL_FRACTION.help + default_text(VAL_FRACTION))
     _component_flags(parser, "model", exclude)
 
 

@@ -13,18 +13,20 @@ COMMANDS = {"strategies": "strategy", "datasets": "data", "models": "model"}
 
 def add_parser(commands) -> None:
     for command, section in COMMANDS.items():
-        kind = COMPONENTS[section][0].kind
+        kind = COMPONENTS[section].registry.kind
         commands.add_parser(command, help=f"list the {command} and their parameters",
                             description=f"Every registered {kind}, its source and its "
                             "parameters with their defaults.")
 
 
 def run(args: argparse.Namespace) -> int:
-    registry = COMPONENTS[COMMANDS[args.command]][0]
+    registry = COMPONENTS[COMMANDS[args.command]].registry
+    width = max([20, *(len(f"{p.flag} {metavar(p)}") for c in registry.values()
+                       for p in c.params)])
     for component in registry.values():
         source = f" [{component.source}]" if component.source else ""
         print(f"{component.name:<17} {component.summary}{source}")
         for p in component.params:
             flag = f"{p.flag} {metavar(p)}"
-            print(f"    {flag:<20} {p.help}{default_text(p)}")
+            print(f"    {flag:<{width}} {p.help}{default_text(p)}")
     return 0

@@ -8,7 +8,6 @@ still average its workers' models).
 
 from __future__ import annotations
 
-import pickle
 import queue
 import threading
 from collections.abc import Callable
@@ -49,7 +48,7 @@ def _nbytes(tensor: torch.Tensor) -> int:
 
 class Transport:
     """Point-to-point tensor messages, collectives over named groups and object gathers, on
-    the default process group (Gloo). `open` makes the groups once the process group is up."""
+    the default process group (Gloo). `open` names the groups once the process group is up."""
 
     def __init__(self) -> None:
         self.counters = TrafficCounters()
@@ -58,16 +57,22 @@ class Transport:
         self._groups: dict[str, Any] = {}
 
     def open(self, rank: int, world_size: int, workers: list[int]) -> None:
-        """Make the named groups. A collective: every rank of the job calls it, in order."""
+        """Name the groups: WORLD, every rank, and WORKERS, the given ranks."""
         self.rank = rank
         self._members = {WORLD: list(range(world_size)), WORKERS: list(workers)}
-        # A group equal to the world is the default group: no second communicator to set up.
-        self._groups = {WORLD: None, WORKERS: None if len(workers) == world_size
-                        else dist.new_group(workers)}
+        # A group equal to the world is the default group: no second communicator. Another
+        # is made when its members first use it (below), so a job whose workers never meet
+        # in a collective (a parameter server's) sets up no communicator it does not use.
+        self._groups = {name: None for name, ranks in self._members.items()
+                        if len(ranks) == world_size}
 
-    def members(self, group: str) -> list[int]:
-        """The global ranks of a named group, in order."""
-        return self._members[group]
+    def _group(self, name: str) -> Any:
+        if name not in self._groups:
+            # Only the members call this, at their first collective of the group, which all
+            # of them reach in the same order.
+            self._groups[name] = dist.new_group(self._members[name],
+                                                use_local_synchronization=True)
+        return self._groups[name]
 
     # --- point to point ------------------------------------------------------------------
 
@@ -84,10 +89,10 @@ class Transport:
         self.counters.bytes_received += _nbytes(tensor)
         self.counters.messages_received += 1
 
-    def receiver(self, sources: list[int], numel: int, tag: int = 0, *, held: bool = True,
+    def receiver(self, sources: list[int], numel: int, tag: int = 0, *,
                  last: Callable[[torch.Tensor], bool] | None = None) -> Receiver:
         """Messages of `numel` float32 values from `sources`, in arrival order (see Receiver)."""
-        return Receiver(self, sources, numel, tag, held=held, last=last)
+        return Receiver(self, sources, numel, tag, last=last)
 
     # --- collectives ---------------------------------------------------------------------
 
@@ -97,15 +102,15 @@ class Transport:
         counted apart) or by a schedule of point-to-point messages (counted as messages)."""
         if algorithm == NATIVE:
             self.counters.native_collective_bytes += _nbytes(tensor)
-            dist.all_reduce(tensor, group=self._groups[group])
+            dist.all_reduce(tensor, group=self._group(group))
             return
         from polyrhythm.comm.collectives import all_reduce
 
         all_reduce(self, tensor, self._members[group], self.rank, algorithm)
 
     def gather_object(self, obj: Any, dst: int = 0) -> list[Any] | None:
-        """Every rank's `obj` on rank `dst` (a list by rank), None elsewhere."""
-        self.counters.native_collective_bytes += len(pickle.dumps(obj))
+        """Every rank's `obj` on rank `dst` (a list by rank), None elsewhere. Used for the
+        reports at the end of a run, once their traffic figures are taken: not counted."""
         gathered = [None] * len(self._members[WORLD]) if self.rank == dst else None
         dist.gather_object(obj, gathered, dst=dst)
         return gathered
@@ -121,25 +126,25 @@ class Receiver:
     Gloo's receive-from-any costs an extra round trip per message (the receiver must first ask
     the sender); a receive posted for a known rank lets the data flow at once. Each thread
     waits on its rank's posted receive (the wait releases the GIL) and queues the message.
+    Two ways to go on:
 
-    - `held` (a server's pushes): one buffer per rank, whose next receive is posted only once
-      the caller has used it (`release`); the rank's last message is the one released with
-      `more=False`.
-    - not held (gossip): a fresh buffer per message and the next receive posted at once, so
-      a sender never waits for this process's loop to get round to its previous message (two
-      workers waiting for each other's loops would deadlock); a rank's last message is the
-      one `last(message)` is true of.
+    - without `last` (a server's pushes): one buffer per rank, whose next receive is posted
+      once the caller has used it (`release`); a rank's last message is the one released
+      with `more=False`;
+    - with `last` (gossip): a fresh buffer per message and the next receive posted at once,
+      so a sender never waits for this process's loop to get round to its previous message
+      (two workers waiting for each other's loops would deadlock); a rank's last message is
+      the one `last(message)` is true of.
 
     Bytes are counted when the caller takes a message, on one thread.
     """
 
     def __init__(self, transport: Transport, sources: list[int], numel: int, tag: int = 0, *,
-                 held: bool = True, last: Callable[[torch.Tensor], bool] | None = None) -> None:
-        self.transport, self.numel, self.tag, self.held = transport, numel, tag, held
-        self.last = last or (lambda message: False)
+                 last: Callable[[torch.Tensor], bool] | None = None) -> None:
+        self.transport, self.numel, self.tag, self.last = transport, numel, tag, last
         self._arrived: queue.SimpleQueue[tuple[int, torch.Tensor] | Exception] = (
             queue.SimpleQueue())
-        self._go_on = {s: queue.SimpleQueue() for s in sources}
+        self._go_on = {s: queue.SimpleQueue() for s in sources} if last is None else {}
         for src in sources:
             threading.Thread(target=self._receive, args=(src,), daemon=True,
                              name=f"recv-from-{src}").start()
@@ -148,12 +153,15 @@ class Receiver:
         buffer = torch.empty(self.numel)
         try:
             while True:
-                if not self.held:
-                    buffer = torch.empty(self.numel)
                 dist.irecv(buffer, src, tag=self.tag).wait()  # counted in take(), one thread
                 self._arrived.put((src, buffer))
-                if not (self._go_on[src].get() if self.held else not self.last(buffer)):
+                if self.last is None:
+                    if not self._go_on[src].get():  # released, with more to come or not
+                        return
+                elif self.last(buffer):
                     return
+                else:
+                    buffer = torch.empty(self.numel)
         except Exception as exc:  # e.g. the peer died: the caller's next take() raises it
             self._arrived.put(exc)
 
@@ -173,6 +181,6 @@ class Receiver:
         return self._arrived.qsize()
 
     def release(self, src: int, more: bool = True) -> None:
-        """(held) The buffer of `src` is free again; post its next receive unless it sends no
-        more."""
+        """(Without `last`.) The buffer of `src` is free again; post its next receive unless
+        it sends no more."""
         self._go_on[src].put(more)

@@ -122,7 +122,8 @@ def _child_environment() -> Iterator[None]:
     during push/pull (measured on 2 cores: push 1.9 ms -> 0.3 ms per step). Passive waiting
     (no spin) slows compute instead (+10 % per step), as threads sleep between operators; a
     short spin keeps them warm within a step and asleep between steps. A value the user set
-    is kept.
+    is kept. Ranks fork from the forkserver, so they get the environment it was started
+    with, by the first run of this process: later changes do not reach them.
     """
     added = {k: v for k, v in CHILD_ENVIRONMENT.items() if k not in os.environ}
     os.environ.update(added)
@@ -199,7 +200,7 @@ def _rank_main(config_values: dict, rank: int, port: int, record: RunRecord, eve
     _bind_to_parent(rank, alive)
     _redirect_output(record.log_path(rank))
     from polyrhythm.config import RunConfig
-    from polyrhythm.launch.rank import live_rank
+    from polyrhythm.launch.rank import lifecycle
 
     config = RunConfig(**config_values)
 
@@ -209,7 +210,7 @@ def _rank_main(config_values: dict, rank: int, port: int, record: RunRecord, eve
                                 timeout=timedelta(seconds=600))
 
     try:
-        live_rank(config, rank, join, record if rank == 0 else None,
+        lifecycle(config, rank, join, record if rank == 0 else None,
                   progress=lambda e: _offer(events, e))
         code = 0
     except KeyboardInterrupt:

@@ -18,7 +18,7 @@ from polyrhythm.runtime.job import run_rank
 JoinGroup = Callable[[], None]  # initialises the default process group (Gloo)
 
 
-def live_rank(config, rank: int, join: JoinGroup, record: RunRecord | None,
+def lifecycle(config, rank: int, join: JoinGroup, record: RunRecord | None,
               progress: ProgressSink = no_progress,
               local_workers: int | None = None) -> dict | None:
     """Run this rank of the job; rank 0 completes the run's record (given as `record`) and

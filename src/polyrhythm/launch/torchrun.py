@@ -3,7 +3,8 @@
     torchrun --nnodes 2 --nproc-per-node 3 --rdzv-endpoint HOST:PORT -m polyrhythm.node run.toml
 
 Every rank reads the same config and takes its role from its rank (servers first, then
-workers). Rank 0 writes the run record under the config's `out` directory on its host.
+workers). Rank 0 creates the run record under the config's `out` directory on its host as it
+starts (before the rendezvous, so a job that never gathers is recorded as failed too).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch.distributed as dist
 from polyrhythm.config import load_config
 from polyrhythm.context import Topology
 from polyrhythm.errors import ConfigError, PolyrhythmError
-from polyrhythm.launch.rank import live_rank
+from polyrhythm.launch.rank import lifecycle
 from polyrhythm.metrics.records import fail_run, start_run, summary_json_line
 
 
@@ -60,7 +61,7 @@ def run_node(config_path: str) -> dict | None:
     # torchrun stops the surviving ranks with SIGTERM when one fails: let rank 0 record it.
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
-        return live_rank(config, rank,
+        return lifecycle(config, rank,
                          lambda: dist.init_process_group("gloo", timeout=timedelta(seconds=600)),
                          record, progress=_log_progress,
                          local_workers=_local_workers(rank, config.servers))

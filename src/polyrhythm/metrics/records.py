@@ -93,19 +93,42 @@ def read_summary(record: RunRecord) -> dict:
     return json.loads((record.dir / "summary.json").read_text())
 
 
-# The sections of a config.toml and the flat key that names each section's component.
-_NAMED_SECTIONS = {"strategy": "strategy", "data": "dataset", "model": "model",
-                   "optimizer": None}
+# How a run's config is stored: general settings at the top, then sections; the sections
+# that name a component, and the flat key that names it (`dataset = "digits"` is
+# [data] name = "digits").
+NAME_KEYS = {"strategy": "strategy", "data": "dataset", "model": "model"}
+SECTIONS = (*NAME_KEYS, "optimizer")
+
+# polyrhythm 0.1 stored every field flat, the synthetic data set's included whatever the data
+# set was.
+_RELEASE_0_1 = {"strategy", "workers", "servers", "epochs", "batch_size", "lr", "momentum",
+                "async_momentum_correction", "weight_decay", "lr_decay_every", "lr_decay",
+                "dataset", "synthetic_shape", "synthetic_classes", "synthetic_size",
+                "val_fraction", "model", "seed", "worker_delay_s", "warmup_steps",
+                "instrumentation", "out"}
+
+
+def from_release_0_1(values: dict[str, Any]) -> dict[str, Any]:
+    """A config.toml written by polyrhythm 0.1 (every field, flat) without the settings its
+    data set does not read; any other config as it is."""
+    if not values.keys() >= _RELEASE_0_1 or values["dataset"] == "synthetic":
+        return values
+    return {k: v for k, v in values.items() if not k.startswith("synthetic_")}
+
+
+def flatten(values: dict[str, Any]) -> dict[str, Any]:
+    """A config in sections (or flat, or both) as flat keys: `strategy`, `dataset`, `tau`,
+    `lr`, ... A component inside another (a composed strategy's half) stays a table."""
+    fields: dict[str, Any] = {}
+    for key, value in values.items():
+        if key in SECTIONS and isinstance(value, dict):
+            for k, v in value.items():
+                fields[NAME_KEYS[key] if k == "name" else k] = v
+        else:
+            fields[key] = value
+    return from_release_0_1(fields)
 
 
 def config_fields(config_toml: str) -> dict[str, Any]:
-    """A stored config as flat fields (`strategy`, `dataset`, `tau`, `lr`, ...), whether it
-    was written in sections or flat (polyrhythm 0.1)."""
-    fields: dict[str, Any] = {}
-    for key, value in tomllib.loads(config_toml).items():
-        if key in _NAMED_SECTIONS and isinstance(value, dict):
-            for k, v in value.items():
-                fields[_NAMED_SECTIONS[key] if k == "name" else k] = v
-        else:
-            fields[key] = value
-    return fields
+    """A stored config as flat fields, whether written in sections or by polyrhythm 0.1."""
+    return flatten(tomllib.loads(config_toml))

@@ -36,12 +36,13 @@ class Bucket:
         self.optimizer = None if policy.elastic else FlatSGD(self.weights, optimizer,
                                                              policy.concurrency)
         self.policy = policy
-        # The pushes of an update add up in float64 and are rounded to float32 once: the sum
-        # then does not depend on the order in which pushes arrive, so a synchronous run is
-        # the same whatever the timing (in float32, 3 workers' gradients summed in another
-        # order moved a 20-step bsp run by 1.6e-5).
-        self.pending = torch.zeros_like(self.weights, dtype=torch.float64)
-        self.update = torch.empty_like(self.weights)
+        # Where an update sums several pushes, they add up in float64 and are rounded to
+        # float32 once: the sum then does not depend on the order the pushes arrive in, so a
+        # synchronous run is the same whatever the timing (in float32, 3 workers' gradients
+        # summed in another order moved a 20-step bsp run by 1.6e-5).
+        wide = torch.float64 if policy.combines else torch.float32
+        self.pending = torch.zeros_like(self.weights, dtype=wide)
+        self.update = torch.empty_like(self.weights) if policy.combines else self.pending
         self.pending_weight = 0.0
         self.version = 0  # weight updates applied so far
         self.progress = 0.0  # global batches' worth of gradient applied (drives lr decay)
@@ -65,7 +66,8 @@ class Bucket:
         before = self.weights.clone() if policy.tracks_change else None
         if policy.averages:  # the (batch-weighted) mean of the gradients received
             self.pending.div_(self.pending_weight)
-        self.update.copy_(self.pending)
+        if self.update is not self.pending:
+            self.update.copy_(self.pending)
         if policy.elastic:
             self.weights.add_(self.update)
         else:

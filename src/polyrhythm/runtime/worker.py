@@ -74,8 +74,10 @@ class Worker:
 
     def state_dict(self) -> dict:
         """The model (parameters and buffers), the strategy's worker side, the data position
-        and the random state: what this worker needs to carry on."""
-        return {"model": self.model.state_dict(), "strategy": self.strategy.state_dict(),
+        and the random state: what this worker needs to carry on. Copies, as every piece's
+        state is: training on does not change a state taken."""
+        model = {k: v.clone() for k, v in self.model.state_dict().items()}
+        return {"model": model, "strategy": self.strategy.state_dict(),
                 "position": self.position.state_dict(), "rng": torch.get_rng_state()}
 
     def load_state_dict(self, state: dict) -> None:

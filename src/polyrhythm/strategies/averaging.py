@@ -181,7 +181,6 @@ class GossipWorker(DecentralisedWorker):
 
     def start(self) -> None:
         self.inbox = self.ctx.transport.receiver(self.peers, len(self.outbox), GOSSIP_TAG,
-                                                 held=False,
                                                  last=lambda message: message[0] == DONE)
 
     def step(self, epoch: int) -> None:

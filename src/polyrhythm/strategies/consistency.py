@@ -34,6 +34,9 @@ class ConsistencyPolicy(ABC):
     - `elastic`: add the pending values to the weights (EASGD's centre variable) instead of
       taking an optimizer step;
     - `tracks_change`: call `on_update` with the max-norm of every applied change;
+    - `combines`: an update may sum several pushes (the server then adds them in float64, so
+      the sum does not depend on the order they arrive in); false where every push is an
+      update of its own;
     - `fixed_rounds`: the run is as many updates as BSP would make (steps per epoch x
       epochs), after which the server ends training and workers still computing stop, as in
       k-BSP and backup workers, where a straggler's work is cancelled. Without it a straggler
@@ -45,6 +48,7 @@ class ConsistencyPolicy(ABC):
     averages = False
     elastic = False
     tracks_change = False
+    combines = True
     fixed_rounds = False
 
     def __init__(self, workers: int) -> None:
@@ -65,16 +69,20 @@ class ConsistencyPolicy(ABC):
     def on_update(self, change: float) -> None:  # noqa: B027 - only value bounds need it
         """The last decided update changed the weights by `change` in max-norm."""
 
+    # What the policy has learnt of the run (its settings come from the config instead).
+    STATE: tuple[str, ...] = ("active", "clocks")
+
     def state_dict(self) -> dict:
-        """Everything the policy holds (clocks, who waits, its settings) as plain values:
-        sets become sorted lists, so the state saves without pickling Python objects."""
+        """The run's state as plain values (sets as sorted lists), so it saves without
+        pickling Python objects."""
         return {name: sorted(v) if isinstance(v, set | tuple) else
-                (dict(v) if isinstance(v, dict) else v) for name, v in vars(self).items()}
+                (dict(v) if isinstance(v, dict) else v)
+                for name, v in ((name, getattr(self, name)) for name in self.STATE)}
 
     def load_state_dict(self, state: dict) -> None:
-        for name, value in state.items():
+        for name in self.STATE:
             kind = type(getattr(self, name))
-            setattr(self, name, kind(value) if kind in (set, tuple, dict) else value)
+            setattr(self, name, kind(state[name]))
 
     def _release_if_quorum(self, members: set[int], quorum: int, accumulate: bool,
                            scale: float = 1.0) -> Decision:
@@ -99,6 +107,8 @@ class BulkSynchronousPolicy(ConsistencyPolicy):
     Sums the gradients of a round and applies them as one update once every active worker has
     pushed, then releases them all: one weight update per iteration.
     """
+
+    STATE = (*ConsistencyPolicy.STATE, "arrived")
 
     def __init__(self, workers: int) -> None:
         super().__init__(workers)
@@ -149,6 +159,8 @@ class AsynchronousPolicy(ConsistencyPolicy):
     per round, gradients computed on parameters other workers have since changed (staleness).
     """
 
+    combines = False
+
     def __init__(self, workers: int) -> None:
         super().__init__(workers)
         self.concurrency = float(workers)
@@ -174,10 +186,13 @@ class QuorumAsynchronousPolicy(ConsistencyPolicy):
     counts toward a later update. k = 1 is ASP; k = N releases like BSP.
     """
 
+    STATE = (*ConsistencyPolicy.STATE, "waiting")
+
     def __init__(self, workers: int, quorum: int) -> None:
         super().__init__(workers)
         self.quorum = quorum
         self.concurrency = workers / quorum
+        self.combines = quorum > 1
         self.waiting: set[int] = set()
 
     def _decide(self, worker: int, staleness: int) -> Decision:
@@ -226,12 +241,14 @@ class StaleSynchronousPolicy(ConsistencyPolicy):
     every active worker is waiting, since no one could then lower it (no deadlock).
     """
 
+    STATE = (*ConsistencyPolicy.STATE, "waiting", "held", "unseen", "_released")
+
     def __init__(self, workers: int, staleness: int, value_bound: float | None = None) -> None:
         super().__init__(workers)
         self.concurrency = float(workers)
         self.staleness = staleness
         self.value_bound = value_bound
-        self.tracks_change = value_bound is not None
+        self.tracks_change = self.combines = value_bound is not None
         self.waiting: set[int] = set()
         self.held: set[int] = set()  # waiting workers whose gradient is not applied yet
         self.unseen = dict.fromkeys(range(workers), 0.0)  # change since each worker's pull

@@ -47,12 +47,12 @@ from polyrhythm.config import (
     unread_fields,
 )
 from polyrhythm.errors import ConfigError
-from polyrhythm.metrics.records import STORE_NAME
+from polyrhythm.metrics.records import STORE_NAME, flatten
 
 SWEEP_KEYS = ("name", "description", "repeats", "base", "grid")
 COMPARE_STRATEGIES = ("bsp", "asp", "ssp", "allreduce", "localsgd")
 COMPARE_EPOCHS = 2
-_DEFAULT_STRATEGY = COMPONENTS["strategy"][1]
+_DEFAULT_STRATEGY = COMPONENTS["strategy"].default
 
 
 @dataclass(frozen=True)
@@ -156,6 +156,7 @@ def parse_sweep(data: dict[str, Any], *, default_name: str = "sweep",
     _expect(isinstance(base, dict), "base must be a table ([base]) of run config fields")
     _expect(isinstance(grid, dict), "grid must be a table ([grid]) of lists")
     keys = flat_keys()
+    base = flatten(base)  # a base in sections ([base.strategy], ...) as flat keys
     _check_fields(base, "base")
     _expect(grid != {}, "the grid is empty: give [grid] at least one field with a list of "
                         "values")
@@ -240,8 +241,9 @@ def expand_grid(base: dict[str, Any], grid: dict[str, list]) -> list[Point]:
     never = sorted((set(base) | set(varied)) - read)
     if never:
         section = owners().get(never[0], "strategy")
-        _, default, flat = COMPONENTS.get(section, COMPONENTS["strategy"])
-        named = sorted({str(p.fields.get(flat, default)) for p in points.values()})
+        kind = COMPONENTS.get(section, COMPONENTS["strategy"])
+        named = sorted({str(p.fields.get(kind.name_key, kind.default))
+                        for p in points.values()})
         kinds = {"strategy": "strategies", "data": "data sets", "model": "models"}
         raise ConfigError(f"{never[0]} is read by none of this sweep's "
                           f"{kinds.get(section, 'strategies')} ({', '.join(named)})")
@@ -276,5 +278,5 @@ def compare_sweep(base: dict[str, Any], strategies: list[str], *, repeats: int =
     data = {"name": sweep_id, "repeats": repeats, "base": base,
             "grid": {"strategy": list(dict.fromkeys(strategies))},
             "description": f"{', '.join(strategies)} on "
-                           f"{base.get('dataset', COMPONENTS['data'][1])}"}
+                           f"{base.get('dataset', COMPONENTS['data'].default)}"}
     return parse_sweep(data, sweep_id=sweep_id, kind="compare")
