@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from polyrhythm.config import RunConfig, load_config, merged, sectioned
+from polyrhythm.config import RunConfig, layered, load_config
 from polyrhythm.data.datasets import load_dataset
 from polyrhythm.launch.local import launch_local
 from polyrhythm.launch.progress import ProgressBoard
@@ -18,9 +18,9 @@ def resolve_config(config: RunConfig | dict | str | Path | None = None,
     overrides."""
     if isinstance(config, RunConfig):
         # Only what the caller set: resolved defaults (servers) follow the new strategy.
-        return RunConfig(**merged(config.given, sectioned(overrides)))
+        return RunConfig(**layered(config.given, overrides))
     if isinstance(config, dict):
-        return RunConfig(**merged(sectioned(config), sectioned(overrides)))
+        return RunConfig(**layered(config, overrides))
     return load_config(config, **overrides)
 
 

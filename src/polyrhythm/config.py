@@ -359,14 +359,18 @@ def flat_keys() -> dict[str, Param | None]:
     return keys
 
 
-def flat_config(*layers: Mapping[str, Any]) -> dict[str, Any]:
-    """Configs in sections, flat or both, the later ones winning key by key, as one config of
-    flat keys (as sweeps and comparisons combine them). A key given twice within one layer is
-    an error."""
+def layered(*layers: Mapping[str, Any]) -> dict[str, Any]:
+    """Configs in sections, flat or both, the later ones winning key by key (a file, then
+    flags), as one config in sections. A key given twice within one layer is an error."""
     combined: dict[str, Any] = {}
     for layer in layers:
         combined = merged(combined, sectioned(layer))
-    return flatten(combined)
+    return combined
+
+
+def flat_config(*layers: Mapping[str, Any]) -> dict[str, Any]:
+    """`layered` as flat keys, as sweeps and comparisons combine configs."""
+    return flatten(layered(*layers))
 
 
 def make_config(values: Mapping[str, Any]) -> RunConfig:
@@ -392,5 +396,4 @@ def load_toml(path: str | os.PathLike) -> dict[str, Any]:
 def load_config(path: str | os.PathLike | None = None, **overrides: Any) -> RunConfig:
     """Config from an optional TOML file, with keyword overrides taking precedence."""
     values = load_toml(path) if path is not None else {}
-    over = {k: v for k, v in overrides.items() if v is not None}
-    return RunConfig(**merged(sectioned(values), sectioned(over)))
+    return RunConfig(**layered(values, {k: v for k, v in overrides.items() if v is not None}))

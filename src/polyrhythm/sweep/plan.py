@@ -157,7 +157,7 @@ def parse_sweep(data: dict[str, Any], *, default_name: str = "sweep",
     _expect(isinstance(grid, dict), "grid must be a table ([grid]) of lists")
     keys = flat_keys()
     base = flatten(base)  # a base in sections ([base.strategy], ...) as flat keys
-    _check_fields(base, "base")
+    _check_fields(base, "base", keys)
     _expect(grid != {}, "the grid is empty: give [grid] at least one field with a list of "
                         "values")
     _expect(isinstance(base.get("out", ""), str), "base.out must be a string")
@@ -175,8 +175,8 @@ def parse_sweep(data: dict[str, Any], *, default_name: str = "sweep",
         _expect(not listed or all(isinstance(v, list) for v in values),
                 f"grid.{key} takes a list of lists (one list per point), e.g. [[], [0.1]]")
         for table in values if linked else []:
-            _check_fields(table, f"grid.{key}")
-        for f in _axis_fields(key, values):
+            _check_fields(table, f"grid.{key}", keys)
+        for f in _axis_fields(key, values, keys):
             _expect(f not in varied, f"{f} is set by two grid entries")
             _expect(f != "out", "out cannot vary in the grid: a sweep is stored in one place")
             varied.append(f)
@@ -196,8 +196,7 @@ def _expect(ok: bool, message: str) -> None:
         raise ConfigError(message)
 
 
-def _check_fields(table: dict, section: str) -> None:
-    keys = flat_keys()
+def _check_fields(table: dict, section: str, keys: dict) -> None:
     for key in table:
         if key not in keys:
             raise ConfigError(f"unknown field {key!r} in [{section}]; fields are those of "
@@ -226,7 +225,7 @@ def expand_grid(base: dict[str, Any], grid: dict[str, list]) -> list[Point]:
     linked axis, a list of tables whose fields change together.
     """
     names, keys = list(grid), flat_keys()
-    varied = [f for n in names for f in _axis_fields(n, grid[n])]
+    varied = [f for n in names for f in _axis_fields(n, grid[n], keys)]
     points: dict[str, Point] = {}
     read: set[str] = set()
     for values in itertools.product(*(grid[n] for n in names)):
@@ -250,9 +249,9 @@ def expand_grid(base: dict[str, Any], grid: dict[str, list]) -> list[Point]:
     return list(points.values())
 
 
-def _axis_fields(name: str, values: list) -> list[str]:
+def _axis_fields(name: str, values: list, keys: dict) -> list[str]:
     """The fields a grid entry varies: itself, or those of a linked axis' tables."""
-    if name in flat_keys():
+    if name in keys:  # a field (flat_keys()); else a linked axis
         return [name]
     return list(dict.fromkeys(k for table in values for k in table))
 
