@@ -48,6 +48,15 @@ def within(low: float, high: float, *, low_open: bool = False,
     return Rule(holds, lambda run: text)
 
 
+def one_of(*choices: str) -> Rule:
+    return Rule(lambda v, run: v in choices, lambda run: f"be one of {', '.join(choices)}")
+
+
+def each(test: Callable[[Any], bool], text: str) -> Rule:
+    """A rule on every entry of a list: 'have entries that <text>'."""
+    return Rule(lambda v, run: all(test(x) for x in v), lambda run: f"have entries {text}")
+
+
 @dataclass(frozen=True)
 class Param:
     """One setting: its name (the config key; the flag is --name-with-dashes), its type, a
@@ -58,7 +67,10 @@ class Param:
 
     With `section` ("strategy", ...), the value is a component of that section with settings
     of its own: its name, or a table of its name and parameters (a composed strategy's
-    halves); the config resolves it as it does the section itself."""
+    halves); the config resolves it as it does the section itself.
+
+    A list with `single` also takes one value, as a list of it (`bandwidth = "100mbit"`: one
+    rate for every host)."""
 
     name: str
     kind: type
@@ -70,6 +82,7 @@ class Param:
     item: type | None = None
     metavar: str | None = None
     section: str | None = None
+    single: bool = False
 
     @property
     def flag(self) -> str:
@@ -85,6 +98,8 @@ class Param:
                                   f"its settings, got {value!r}")
             return value
         if self.kind is list:
+            if self.single and not isinstance(value, list):
+                value = [value]
             if not isinstance(value, list):
                 raise ConfigError(f"{self.name} must be a list of {_KIND_NAMES[self.item]}s, "
                                   f"got {value!r}")

@@ -8,7 +8,7 @@ import argparse
 import typing
 from typing import Any
 
-from polyrhythm.config import COMPONENTS, GENERAL, OPTIMIZER, flat_keys
+from polyrhythm.config import CLUSTER, COMPONENTS, GENERAL, OPTIMIZER, flat_keys
 from polyrhythm.settings import Param
 
 _SUMMARIES = {"strategy": "consistency strategy (see `polyrhythm strategies`)",
@@ -69,7 +69,7 @@ def _component_flags(parser: argparse.ArgumentParser, section: str, exclude: tup
 def add_config_flags(parser: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) -> None:
     """One flag per flat config key (--batch-size for batch_size), typed from its declaration."""
     _component_flags(parser, "strategy", exclude)
-    for p in (*GENERAL, *OPTIMIZER):
+    for p in (*GENERAL, *OPTIMIZER, *CLUSTER):
         if p.name not in exclude:
             _add(parser, p, p.help + default_text(p))
     _component_flags(parser, "data", exclude)

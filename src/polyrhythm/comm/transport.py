@@ -1,5 +1,5 @@
 """The one door to the wire: every message, collective and object gather of a job goes through
-a `Transport`, so bytes are counted once, here, and a latency or fault injector wraps one class.
+a `Transport`, so bytes are counted once, here, and latency is added here (comm/delay.py).
 
 Only this package and the launchers import torch.distributed. Collectives run over a named
 group: WORLD (every rank of the job) or WORKERS (the workers only, so a job with servers can
@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from polyrhythm.comm.delay import DelayLine, Posted
 
 WORLD, WORKERS = "world", "workers"
 NATIVE = "native"  # the engine's own all-reduce (Gloo); other algorithms: comm/collectives.py
@@ -55,10 +57,15 @@ class Transport:
         self.rank = 0
         self._members: dict[str, list[int]] = {}
         self._groups: dict[str, Any] = {}
+        self._line: DelayLine | None = None
 
-    def open(self, rank: int, world_size: int, workers: list[int]) -> None:
-        """Name the groups: WORLD, every rank, and WORKERS, the given ranks."""
+    def open(self, rank: int, world_size: int, workers: list[int],
+             latency: Callable[[], float] | None = None) -> None:
+        """Name the groups: WORLD, every rank, and WORKERS, the given ranks. With `latency`
+        (a function drawing one message's extra one-way latency in seconds), every message
+        and collective pays it."""
         self.rank = rank
+        self._line = DelayLine(latency) if latency is not None else None
         self._members = {WORLD: list(range(world_size)), WORKERS: list(workers)}
         # A group equal to the world is the default group: no second communicator. Another
         # is made when its members first use it (below), so a job whose workers never meet
@@ -76,9 +83,11 @@ class Transport:
 
     # --- point to point ------------------------------------------------------------------
 
-    def isend(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> dist.Work:
+    def isend(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> dist.Work | Posted:
         self.counters.bytes_sent += _nbytes(tensor)
         self.counters.messages_sent += 1
+        if self._line is not None:
+            return self._line.send(tensor, dst, tag)
         return dist.isend(tensor, dst, tag=tag)
 
     def irecv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> dist.Work:
@@ -102,6 +111,10 @@ class Transport:
         counted apart) or by a schedule of point-to-point messages (counted as messages)."""
         if algorithm == NATIVE:
             self.counters.native_collective_bytes += _nbytes(tensor)
+            if self._line is not None:
+                # One call into Gloo, whose messages cannot be held one by one: the call
+                # waits for the rounds of a ring all-reduce (Gloo's), 2(n-1) messages in a row.
+                self._line.hold(2 * (len(self._members[group]) - 1))
             dist.all_reduce(tensor, group=self._group(group))
             return
         from polyrhythm.comm.collectives import all_reduce
@@ -116,6 +129,9 @@ class Transport:
         return gathered
 
     def barrier(self) -> None:
+        """Wait for every rank, once this rank's delayed messages are all on the wire."""
+        if self._line is not None:
+            self._line.drain()
         dist.barrier()
 
 

@@ -14,8 +14,19 @@ from polyrhythm.comm.transport import Transport
 from polyrhythm.context import ProgressSink, RankContext, Topology, no_progress
 from polyrhythm.metrics.records import RunRecord, complete_run
 from polyrhythm.runtime.job import run_rank
+from polyrhythm.units import Delay, duration
 
 JoinGroup = Callable[[], None]  # initialises the default process group (Gloo)
+
+
+def latency(config, rank: int) -> Callable[[], float] | None:
+    """This rank's draw of the extra one-way latency of a message, if the run adds any
+    (seeded by the run's seed and the rank, so a run's delays repeat)."""
+    mean = duration(config.cluster.latency, "latency")
+    jitter = duration(config.cluster.latency_jitter, "latency_jitter")
+    if not (mean or jitter):
+        return None
+    return Delay(mean, jitter).sampler(config.seed * 100_003 + rank)
 
 
 def lifecycle(config, rank: int, join: JoinGroup, record: RunRecord | None,
@@ -26,7 +37,7 @@ def lifecycle(config, rank: int, join: JoinGroup, record: RunRecord | None,
     join()
     topology = Topology(config.servers, config.workers)
     transport = Transport()
-    transport.open(rank, topology.world_size, topology.worker_ranks)
+    transport.open(rank, topology.world_size, topology.worker_ranks, latency(config, rank))
     ctx = RankContext(config, rank, topology, transport, progress=progress)
     result = run_rank(ctx, local_workers)
     summary = None

@@ -97,7 +97,7 @@ def read_summary(record: RunRecord) -> dict:
 # that name a component, and the flat key that names it (`dataset = "digits"` is
 # [data] name = "digits").
 NAME_KEYS = {"strategy": "strategy", "data": "dataset", "model": "model"}
-SECTIONS = (*NAME_KEYS, "optimizer")
+SECTIONS = (*NAME_KEYS, "optimizer", "cluster")
 
 # polyrhythm 0.1 stored every field flat, the synthetic data set's included whatever the data
 # set was.
@@ -132,3 +132,21 @@ def flatten(values: dict[str, Any]) -> dict[str, Any]:
 def config_fields(config_toml: str) -> dict[str, Any]:
     """A stored config as flat fields, whether written in sections or by polyrhythm 0.1."""
     return flatten(tomllib.loads(config_toml))
+
+
+def measured_compute(out: str | Path, run_id: str) -> list[list[float]]:
+    """The compute seconds of every step a stored run measured, per worker in step order:
+    what emulated compute replays (compute_from)."""
+    store = RunStore(Path(out) / STORE_NAME)
+    run = store.run(run_id) if store.path.exists() else None
+    if run is None:
+        raise StoreError(f"compute_from: no run {run_id!r} in {str(store.path)!r}")
+    if run["status"] != "completed":
+        raise StoreError(f"compute_from: run {run_id} is {run['status']}, not completed")
+    times: list[list[float]] = [[] for _ in range(run["workers"])]
+    for row in store.series("iterations", run_id):
+        times[row["worker"]].append((row["step"], row["compute_s"]))
+    if not all(times):
+        raise StoreError(f"compute_from: run {run_id} recorded no per-step times (it ran "
+                         "with instrumentation off)")
+    return [[seconds for _, seconds in sorted(steps)] for steps in times]

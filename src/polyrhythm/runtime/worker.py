@@ -23,6 +23,7 @@ from polyrhythm.data.sharding import (
 from polyrhythm.flat import FlatParameters
 from polyrhythm.metrics.recorder import SPAN_NAMES
 from polyrhythm.models.build import build_model
+from polyrhythm.runtime.compute import compute_times, emulated_step
 from polyrhythm.strategies import STRATEGIES
 
 PROGRESS_INTERVAL_S = 0.25
@@ -60,6 +61,7 @@ class Worker:
         self.shard = random_shards(len(train), c.workers, c.seed)[i]
         self.steps = steps_per_epoch(len(train), c.batch_size, c.steps_per_epoch)
         self.delay = c.worker_delay_s[i] if i < len(c.worker_delay_s) else 0.0
+        self.emulated = compute_times(c, i)  # None: real forward and backward
         self.strategy = STRATEGIES[c.strategy.name].build_worker(
             ctx, self.flat, self.batch / c.batch_size, c.strategy)
         self.position = DataPosition()
@@ -133,7 +135,10 @@ class Worker:
                 self.strategy.begin_step(epoch)
                 if self.delay:
                     time.sleep(self.delay)  # emulated slower compute
-                loss = train_step(self.model, self.train.x[idx], self.train.y[idx])
+                if self.emulated is not None:
+                    loss = emulated_step(self.model, self.emulated())
+                else:
+                    loss = train_step(self.model, self.train.x[idx], self.train.y[idx])
             self.strategy.step(epoch)
             ended = time.perf_counter()
             spans = ctx.spans.take()

@@ -31,57 +31,22 @@ from typing import Any, NamedTuple
 
 import tomli_w
 
+from polyrhythm.config.declared import DEFAULT_BUCKET_KB, GENERAL, OPTIMIZER
+from polyrhythm.config.emulation import (
+    CLUSTER,
+    check_compute,
+    collocated_servers,
+    settle,
+    unemulated_left_out,
+)
 from polyrhythm.data import DATASETS, VAL_FRACTION
 from polyrhythm.errors import ConfigError
 from polyrhythm.metrics.records import NAME_KEYS, SECTIONS, flatten, from_release_0_1
 from polyrhythm.models import MODELS
-from polyrhythm.settings import Param, Registry, Rule, Settings, at_least, positive, within
+from polyrhythm.settings import Param, Registry, Settings
 from polyrhythm.strategies import STRATEGIES
 from polyrhythm.strategies.spec import StrategySpec
 
-
-def default_workers() -> int:
-    """CPU cores, capped at 4: more workers than cores only slows real compute down."""
-    return max(1, min(os.cpu_count() or 1, 4))
-
-
-DEFAULT_BUCKET_KB = 25600  # 25 MiB, as DDP's default bucket: one bucket for small models
-
-GENERAL = (
-    Param("workers", int, "number of workers N", derive=lambda run: default_workers(),
-          derived="CPU cores, at most 4", rule=at_least(1)),
-    Param("servers", int, "parameter-server shards", derived="1 for PS strategies, 0 "
-          "otherwise", rule=at_least(0)),
-    Param("bucket_kb", int, "PS strategies: gradients and parameters travel in buckets of "
-          "about this many KiB (whole-gradient strategies: one bucket)",
-          derived=f"{DEFAULT_BUCKET_KB} (25 MiB)", rule=at_least(1)),
-    Param("epochs", int, "passes over the training set", 3, rule=at_least(1)),
-    Param("batch_size", int, "global batch B; each worker takes B/N", 64),
-    Param("seed", int, "fixes initial weights, the validation split, sharding and data order",
-          0, rule=at_least(0)),
-    Param("steps_per_epoch", int, "cap on steps per epoch", derived="all", rule=at_least(1)),
-    Param("worker_delay_s", list, "extra seconds of emulated compute per step, one entry per "
-          "worker", [], item=float, rule=Rule(lambda v, run: min(v, default=0) >= 0,
-                                              lambda run: "have entries of at least 0")),
-    Param("threads", int, "torch threads per worker (servers use 1)",
-          derived="cores / workers on the host", rule=at_least(1)),
-    Param("warmup_steps", int, "first steps of each worker left out of throughput figures", 5,
-          rule=at_least(0)),
-    Param("instrumentation", bool, "record every iteration's spans, server events and ~1 Hz "
-          "resource samples in the store (off: totals only)", True),
-    Param("out", str, "directory that holds run records and the store", "runs", metavar="DIR"),
-)
-
-OPTIMIZER = (
-    Param("lr", float, "learning rate", 0.05, rule=positive()),
-    Param("momentum", float, "SGD momentum", 0.9, rule=within(0, 1, high_open=True)),
-    Param("async_momentum_correction", bool, "asynchronous servers subtract the momentum "
-          "asynchrony implies", True),
-    Param("weight_decay", float, "L2 weight decay", 1e-4, rule=at_least(0)),
-    Param("lr_decay_every", int, "multiply lr by lr_decay every this many epochs (0: never)",
-          0, rule=at_least(0)),
-    Param("lr_decay", float, "step learning-rate decay factor", 0.1),
-)
 
 class Kind(NamedTuple):
     """A section that names a component: where its components are registered, which one a
@@ -107,7 +72,8 @@ COMPONENTS = {
 def owners() -> dict[str, str]:
     """Every parameter's name -> its section ("" for the general settings). A name declared
     in two sections is a programming error (their flags would collide)."""
-    found = {p.name: "" for p in GENERAL} | {p.name: "optimizer" for p in OPTIMIZER}
+    found = ({p.name: "" for p in GENERAL} | {p.name: "optimizer" for p in OPTIMIZER}
+             | {p.name: "cluster" for p in CLUSTER})
     for section, kind in COMPONENTS.items():
         for name in [p.name for p in kind.shared] + kind.registry.param_names():
             if found.setdefault(name, section) != section:
@@ -166,12 +132,16 @@ class RunConfig:
         general = {p.name: p.resolve(given.get(p.name), None) for p in GENERAL}
         run = Settings(general)
         strategy = _component("strategy", given["strategy"], run)
-        general |= _topology(STRATEGIES[strategy.name], given, general)
+        cluster = _section("cluster", CLUSTER, given["cluster"], run)
+        spec = STRATEGIES[strategy.name]
+        general |= _topology(spec, given, general,
+                             collocated_servers(cluster, general["workers"]))
         run = Settings(general)
         sections = {"strategy": strategy,
                     "data": _component("data", given["data"], run),
                     "model": _component("model", given["model"], run),
-                    "optimizer": _section("optimizer", OPTIMIZER, given["optimizer"], run)}
+                    "optimizer": _section("optimizer", OPTIMIZER, given["optimizer"], run),
+                "cluster": settle(cluster, run.workers, run.servers)}
         _check_run(run)
         object.__setattr__(self, "_general", general)
         object.__setattr__(self, "given", given)  # what was set: resolve_config starts here
@@ -205,9 +175,12 @@ class RunConfig:
         return self.servers + self.workers
 
     def to_dict(self) -> dict[str, Any]:
-        """The resolved config in sections, unset values left out: loads back as is."""
+        """The resolved config in sections, unset values left out: loads back as is. The
+        emulation settings are left out too while at their defaults, so a run that emulates
+        nothing reads as it did before they existed."""
         general = {k: v for k, v in self._general.items() if v is not None}
-        return general | {section: getattr(self, section).to_dict() for section in SECTIONS}
+        out = general | {section: getattr(self, section).to_dict() for section in SECTIONS}
+        return unemulated_left_out(out)
 
     def to_toml(self) -> str:
         return tomli_w.dumps(self.to_dict())
@@ -291,9 +264,11 @@ def _misplaced(section: str, key: str) -> str:
     return f"{key} belongs in {f'[{home}]' if home else 'the general settings'}, not [{section}]"
 
 
-def _topology(spec: StrategySpec, given: Mapping[str, Any], general: dict) -> dict:
-    """servers and bucket_kb, which depend on the strategy: servers only where it has them,
-    buckets only where its policy decides per bucket."""
+def _topology(spec: StrategySpec, given: Mapping[str, Any], general: dict,
+              collocated: int | None) -> dict:
+    """servers and bucket_kb, which depend on the strategy: servers only where it has them
+    (by default 1, or one per worker host on a collocated cluster: `collocated`), buckets
+    only where its policy decides per bucket."""
     servers, bucket_kb = general["servers"], general["bucket_kb"]
     whole = spec.uses_servers and spec.whole_gradient(given["strategy"])
     if bucket_kb is not None and (whole or not spec.uses_servers):
@@ -303,7 +278,7 @@ def _topology(spec: StrategySpec, given: Mapping[str, Any], general: dict) -> di
         raise ConfigError(f"strategy {spec.name!r} decides on whole gradients, so it runs "
                           f"with 1 server, got {servers}")
     if servers is None:
-        servers = 1 if spec.uses_servers else 0
+        servers = 0 if not spec.uses_servers else 1 if whole else collocated or 1
     if spec.uses_servers and servers < 1:
         raise ConfigError(f"strategy {spec.name!r} needs at least 1 server, got {servers}")
     if not spec.uses_servers and servers:
@@ -315,6 +290,7 @@ def _topology(spec: StrategySpec, given: Mapping[str, Any], general: dict) -> di
 
 def _check_run(run: Settings) -> None:
     """Rules across the general settings."""
+    check_compute(run)
     if run.batch_size < run.workers:
         raise ConfigError(f"batch size {run.batch_size} is smaller than the worker count "
                           f"{run.workers}")
@@ -339,7 +315,7 @@ def unread_fields(fields: Mapping[str, Any]) -> set[str]:
     name = given["strategy"].get("name", COMPONENTS["strategy"].default)
     spec = STRATEGIES.get(name) if isinstance(name, str) else None
     if spec is not None and not spec.uses_servers:
-        unread |= {"servers", "bucket_kb"}
+        unread |= {"servers", "bucket_kb", "placement"}
     elif spec is not None and spec.whole_gradient(given["strategy"]):
         unread.add("bucket_kb")
     return unread & set(fields)
@@ -351,7 +327,8 @@ def flat_keys() -> dict[str, Param | None]:
     components (quorum) give the first."""
     owners()  # no name in two sections: one key, one meaning
     keys: dict[str, Param | None] = dict.fromkeys(NAME_KEYS.values())
-    for p in (*GENERAL, *OPTIMIZER, *(p for kind in COMPONENTS.values() for p in kind.shared)):
+    for p in (*GENERAL, *OPTIMIZER, *CLUSTER,
+              *(p for kind in COMPONENTS.values() for p in kind.shared)):
         keys[p.name] = p
     for kind in COMPONENTS.values():
         for name in kind.registry.param_names():

@@ -1,0 +1,53 @@
+"""The settings every run has: the general ones (workers, epochs, ...), the emulated compute,
+and the optimizer's. Components (strategies, data sets, models) declare their own."""
+
+from __future__ import annotations
+
+import os
+
+from polyrhythm.config.emulation import COMPUTE
+from polyrhythm.settings import Param, Rule, at_least, positive, within
+
+def default_workers() -> int:
+    """CPU cores, capped at 4: more workers than cores only slows real compute down."""
+    return max(1, min(os.cpu_count() or 1, 4))
+
+
+DEFAULT_BUCKET_KB = 25600  # 25 MiB, as DDP's default bucket: one bucket for small models
+
+GENERAL = (
+    Param("workers", int, "number of workers N", derive=lambda run: default_workers(),
+          derived="CPU cores, at most 4", rule=at_least(1)),
+    Param("servers", int, "parameter-server shards", derived="1 for PS strategies, 0 "
+          "otherwise", rule=at_least(0)),
+    Param("bucket_kb", int, "PS strategies: gradients and parameters travel in buckets of "
+          "about this many KiB (whole-gradient strategies: one bucket)",
+          derived=f"{DEFAULT_BUCKET_KB} (25 MiB)", rule=at_least(1)),
+    Param("epochs", int, "passes over the training set", 3, rule=at_least(1)),
+    Param("batch_size", int, "global batch B; each worker takes B/N", 64),
+    Param("seed", int, "fixes initial weights, the validation split, sharding and data order",
+          0, rule=at_least(0)),
+    Param("steps_per_epoch", int, "cap on steps per epoch", derived="all", rule=at_least(1)),
+    Param("worker_delay_s", list, "extra seconds of emulated compute per step, one entry per "
+          "worker", [], item=float, rule=Rule(lambda v, run: min(v, default=0) >= 0,
+                                              lambda run: "have entries of at least 0")),
+    Param("threads", int, "torch threads per worker (servers use 1)",
+          derived="cores / workers on the host", rule=at_least(1)),
+    Param("warmup_steps", int, "first steps of each worker left out of throughput figures", 5,
+          rule=at_least(0)),
+    Param("instrumentation", bool, "record every iteration's spans, server events and ~1 Hz "
+          "resource samples in the store (off: totals only)", True),
+    Param("out", str, "directory that holds run records and the store", "runs", metavar="DIR"),
+    *COMPUTE,
+)
+
+OPTIMIZER = (
+    Param("lr", float, "learning rate", 0.05, rule=positive()),
+    Param("momentum", float, "SGD momentum", 0.9, rule=within(0, 1, high_open=True)),
+    Param("async_momentum_correction", bool, "asynchronous servers subtract the momentum "
+          "asynchrony implies", True),
+    Param("weight_decay", float, "L2 weight decay", 1e-4, rule=at_least(0)),
+    Param("lr_decay_every", int, "multiply lr by lr_decay every this many epochs (0: never)",
+          0, rule=at_least(0)),
+    Param("lr_decay", float, "step learning-rate decay factor", 0.1),
+)

@@ -1,0 +1,172 @@
+"""How a run is emulated: on a cluster of hosts inside this machine (the [cluster] section)
+and with compute replaced by a sleep (compute = "emulated").
+
+    [cluster]
+    hosts = 4                    # network namespaces, one address each, on one bridge
+    bandwidth = "100mbit"        # each host's link, each way (tc tbf); or one per host
+    cpu = [1.0, 1.0, 0.5, 0.25]  # each host's CPU share in cores (cgroup quota)
+    latency = "20ms"             # added to every message by the transport
+    placement = "dedicated"      # servers on hosts of their own, or "collocated"
+
+`workers_per_host` instead of `hosts` sizes the cluster from the run (one host per
+`workers_per_host` workers, plus one per server when dedicated), so a sweep over workers
+keeps the shape. Ranks are placed on hosts by `host_ranks`: the local launcher, torchrun on a
+real cluster and the emulated cluster all follow it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from polyrhythm.errors import ConfigError
+from polyrhythm.settings import Param, Rule, Settings, at_least, each, one_of
+from polyrhythm.units import DISTRIBUTIONS, is_duration, is_rate
+
+
+def _duration_rule() -> Rule:
+    return Rule(lambda v, run: is_duration(v), lambda run: "be a duration such as 120ms")
+
+
+COMPUTE = (
+    Param("compute", str, "real (forward and backward) or emulated (workers sleep instead; "
+          "every message stays real and full-size)", "real",
+          rule=one_of("real", "emulated")),
+    Param("compute_time", str, "emulated compute: time per step, e.g. 120ms",
+          metavar="TIME", rule=_duration_rule()),
+    Param("compute_jitter", str, "emulated compute: spread of the time per step", "0ms",
+          metavar="TIME", rule=_duration_rule()),
+    Param("compute_distribution", str, "emulated compute: how the time spreads: normal "
+          "(sd = jitter), uniform (± jitter) or exponential (a tail of mean jitter)", "normal",
+          rule=one_of(*DISTRIBUTIONS)),
+    Param("compute_from", str, "emulated compute: replay the compute times of a stored run "
+          "(worker i replays worker i mod N of that run, step by step)", metavar="RUN_ID"),
+)
+
+PLACEMENTS = ("dedicated", "collocated")
+
+CLUSTER = (
+    Param("hosts", int, "emulated hosts, each a network namespace of this machine (0: every "
+          "rank on loopback)", derived="from workers_per_host if set, else 0",
+          rule=at_least(0)),
+    Param("workers_per_host", int, "workers on each worker host: sets hosts from the run",
+          rule=at_least(1)),
+    Param("placement", str, "servers on hosts of their own (dedicated) or one on each worker "
+          "host (collocated: servers default to one per worker host)", "dedicated",
+          rule=one_of(*PLACEMENTS)),
+    Param("bandwidth", list, "each host's link rate each way, e.g. 100mbit (tc tbf): one "
+          "value or one per host", [], item=str, metavar="RATE", single=True,
+          rule=each(is_rate, "such as 100mbit or 1gbit")),
+    Param("cpu", list, "each host's CPU share in cores (cgroup quota): one value or one per "
+          "host", [], item=float, metavar="CORES", single=True,
+          rule=each(lambda v: v > 0, "above 0")),
+    Param("latency", str, "extra one-way latency of every message, collectives included "
+          "(added by the transport; also on loopback)", "0ms", metavar="TIME",
+          rule=_duration_rule()),
+    Param("latency_jitter", str, "spread of that latency (normal, cut at zero)", "0ms",
+          metavar="TIME", rule=_duration_rule()),
+)
+
+_NEEDS_HOSTS = ("workers_per_host", "placement", "bandwidth", "cpu")
+
+
+def check_compute(run: Settings) -> None:
+    """compute = "emulated" takes one source of compute times; real compute takes none."""
+    sources = [k for k in ("compute_time", "compute_from") if run[k] is not None]
+    if run.compute == "real":
+        given = sources + [k for k in ("compute_jitter", "compute_distribution")
+                           if run[k] != _default(k)]
+        if given:
+            raise ConfigError(f"{given[0]} is for emulated compute: add --compute emulated")
+    elif len(sources) != 1:
+        raise ConfigError("emulated compute needs one of --compute-time (e.g. 120ms) or "
+                          "--compute-from RUN_ID" + (", not both" if sources else ""))
+
+
+def _default(name: str) -> Any:
+    return next(p.default for p in COMPUTE if p.name == name)
+
+
+def collocated_servers(cluster: Settings, workers: int) -> int | None:
+    """Servers a collocated cluster defaults to: one on each worker host (k = n)."""
+    if cluster.placement != "collocated":
+        return None
+    if cluster.hosts is not None:
+        return cluster.hosts
+    if cluster.workers_per_host is not None:
+        return math.ceil(workers / cluster.workers_per_host)
+    return None
+
+
+def settle(cluster: Settings, workers: int, servers: int) -> Settings:
+    """The cluster with its host count resolved and its settings checked against the run."""
+    values = dict(cluster)
+    changed = {p.name for p in CLUSTER if values[p.name] != p.default}
+    dedicated = values["placement"] == "dedicated" and servers > 0
+    if values["workers_per_host"] is not None:
+        wanted = math.ceil(workers / values["workers_per_host"]) + (servers if dedicated else 0)
+        if values["hosts"] not in (None, wanted):
+            raise ConfigError(f"hosts = {values['hosts']} does not match workers_per_host = "
+                              f"{values['workers_per_host']} ({wanted} hosts); give one")
+        values["hosts"] = wanted
+    hosts = values["hosts"] = values["hosts"] or 0
+    if not hosts:
+        if unused := [k for k in _NEEDS_HOSTS if k in changed]:
+            flag = "--" + unused[0].replace("_", "-")
+            raise ConfigError(f"{flag} is for an emulated cluster: add --hosts or "
+                              "--workers-per-host")
+        return Settings(values)
+    if "placement" in changed and not servers:
+        raise ConfigError("placement is for strategies with servers; drop --placement")
+    worker_hosts = hosts - (servers if dedicated else 0)
+    if worker_hosts < 1:
+        raise ConfigError(f"dedicated placement gives each of the {servers} servers a host of "
+                          f"its own: the workers need at least {servers + 1} hosts, got {hosts}")
+    if worker_hosts > workers:
+        raise ConfigError(f"{worker_hosts} worker hosts for {workers} workers: a host would "
+                          "have no worker; use fewer hosts")
+    for key in ("bandwidth", "cpu"):
+        if len(values[key]) not in (0, 1, hosts):
+            raise ConfigError(f"{key} has {len(values[key])} values for {hosts} hosts: give "
+                              "one for every host, or one per host")
+    return Settings(values)
+
+
+def unemulated_left_out(config: dict[str, Any]) -> dict[str, Any]:
+    """A config in sections without the compute and cluster settings left at their defaults
+    (and without [cluster] if nothing is left of it)."""
+    out = {k: v for k, v in config.items()
+           if not any(p.name == k and v == p.default for p in COMPUTE)}
+    cluster = {k: v for k, v in out.pop("cluster", {}).items()
+               if v not in (None, next(p.default for p in CLUSTER if p.name == k))
+               and not (k == "hosts" and v == 0)}
+    return out | ({"cluster": cluster} if cluster else {})
+
+
+def per_host(values: list, hosts: int) -> list:
+    """A per-host setting as one entry per host (None where it is not set)."""
+    if not values:
+        return [None] * hosts
+    return list(values) * hosts if len(values) == 1 else list(values)
+
+
+def host_ranks(cluster: Settings, servers: int, workers: int) -> list[list[int]]:
+    """The job's ranks on each host, in host order: servers are ranks 0..S-1, workers follow.
+
+    Dedicated: one host per server, then the workers split evenly over the other hosts.
+    Collocated: the workers split evenly over every host, server s on host s mod hosts. On
+    no cluster (hosts = 0): one host with every rank."""
+    hosts = cluster.hosts
+    if not hosts:
+        return [list(range(servers + workers))]
+    dedicated = cluster.placement == "dedicated" and servers > 0
+    worker_hosts = hosts - servers if dedicated else hosts
+    base, extra = divmod(workers, worker_hosts)
+    chunks, start = [], servers
+    for j in range(worker_hosts):
+        size = base + (1 if j < extra else 0)
+        chunks.append(list(range(start, start + size)))
+        start += size
+    if dedicated:
+        return [[s] for s in range(servers)] + chunks
+    return [[s for s in range(servers) if s % hosts == j] + chunks[j] for j in range(hosts)]
