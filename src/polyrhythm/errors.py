@@ -31,3 +31,8 @@ class RunFailed(PolyrhythmError):
                  interrupted: bool = False) -> None:
         super().__init__(message)
         self.run_id, self.interrupted = run_id, interrupted
+
+
+class ClusterError(PolyrhythmError):
+    """An emulated cluster that cannot be made or used here: not root, no `ip` or `tc`, no
+    cgroup CPU controller, or a command that failed."""

@@ -8,6 +8,7 @@ import os
 from polyrhythm.config.emulation import COMPUTE
 from polyrhythm.settings import Param, Rule, at_least, positive, within
 
+
 def default_workers() -> int:
     """CPU cores, capped at 4: more workers than cores only slows real compute down."""
     return max(1, min(os.cpu_count() or 1, 4))

@@ -59,7 +59,7 @@ def launch_local(config, record: RunRecord, progress: ProgressBoard | None = Non
     procs: list = []
     pipe: tuple = ()
     try:
-        with signal_handlers(sigterm=_raise_interrupt):
+        with signal_handlers(sigterm=raise_interrupt):
             store = dist.TCPStore(HOST, 0, None, True, timeout=RENDEZVOUS_TIMEOUT,
                                   wait_for_workers=False)
             ctx = mp.get_context("forkserver")
@@ -78,7 +78,7 @@ def launch_local(config, record: RunRecord, progress: ProgressBoard | None = Non
             _supervise(procs, events, board, topology)
         return read_summary(record)
     except BaseException as exc:
-        reason = _reason(exc)
+        reason = failure_reason(exc)
         fail_run(record, reason)
         raise RunFailed(f"run {record.run_id} {reason}", record.run_id,
                         interrupted=isinstance(exc, KeyboardInterrupt)) from None
@@ -89,7 +89,7 @@ def launch_local(config, record: RunRecord, progress: ProgressBoard | None = Non
                 end.close()
 
 
-def _reason(exc: BaseException) -> str:
+def failure_reason(exc: BaseException) -> str:
     if isinstance(exc, KeyboardInterrupt):
         return "interrupted; all processes stopped"
     if isinstance(exc, RunFailed):
@@ -134,7 +134,7 @@ def _child_environment() -> Iterator[None]:
             del os.environ[key]
 
 
-def _raise_interrupt(signum, frame) -> None:
+def raise_interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 

@@ -4,7 +4,12 @@
 
 Every rank reads the same config and takes its role from its rank (servers first, then
 workers). Rank 0 creates the run record under the config's `out` directory on its host as it
-starts (before the rendezvous, so a job that never gathers is recorded as failed too).
+starts (before the rendezvous, so a job that never gathers is recorded as failed too), or
+completes the one named by --run-id (the emulated cluster's launcher makes it).
+
+With `hosts` set in the config, torchrun's node n runs the job ranks the placement gives host
+n (config/emulation.py: host_ranks), whatever ranks torchrun numbered its processes with: so
+`placement = "collocated"` puts a server beside the workers of every node.
 """
 
 from __future__ import annotations
@@ -14,14 +19,17 @@ import os
 import signal
 import sys
 from datetime import timedelta
+from pathlib import Path
 
 import torch.distributed as dist
 
 from polyrhythm.config import load_config
+from polyrhythm.config.emulation import host_ranks
 from polyrhythm.context import Topology
 from polyrhythm.errors import ConfigError, PolyrhythmError
+from polyrhythm.launch.local import raise_interrupt
 from polyrhythm.launch.rank import lifecycle
-from polyrhythm.metrics.records import fail_run, start_run, summary_json_line
+from polyrhythm.metrics.records import RunRecord, fail_run, start_run, summary_json_line
 
 
 def _env_int(name: str) -> int:
@@ -38,33 +46,44 @@ def _log_progress(event: dict) -> None:
               file=sys.stderr, flush=True)
 
 
-def _raise_interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
+def host_of_this_rank(config) -> list[int]:
+    """The job ranks on this rank's host; with `hosts` set, as the placement says."""
+    local_rank, local_size = _env_int("LOCAL_RANK"), _env_int("LOCAL_WORLD_SIZE")
+    if not config.cluster.hosts:
+        first = _env_int("RANK") - local_rank
+        return list(range(first, first + local_size))
+    layout = host_ranks(config.cluster, config.servers, config.workers)
+    nodes, node = _env_int("GROUP_WORLD_SIZE"), _env_int("GROUP_RANK")
+    if nodes != len(layout):
+        raise ConfigError(f"torchrun started {nodes} nodes but the config places the job on "
+                          f"{len(layout)} hosts")
+    if local_size != len(layout[node]):
+        raise ConfigError(f"torchrun started {local_size} processes on node {node} but the "
+                          f"config places {len(layout[node])} there (--nproc-per-node)")
+    return layout[node]
 
 
-def _local_workers(rank: int, servers: int) -> int:
-    """Workers on this host: the ranks torchrun started here, less the servers among them."""
-    local_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    first = rank - int(os.environ.get("LOCAL_RANK", 0))
-    return sum(r >= servers for r in range(first, first + local_size))
-
-
-def run_node(config_path: str) -> dict | None:
-    """Run this rank of a torchrun job; rank 0 returns the completed summary."""
+def run_node(config_path: str, run_id: str | None = None) -> dict | None:
+    """Run this rank of a torchrun job; job rank 0 returns the completed summary."""
     config = load_config(config_path)
-    rank, world = _env_int("RANK"), _env_int("WORLD_SIZE")
+    world = _env_int("WORLD_SIZE")
     if world != config.world_size:
         raise ConfigError(f"torchrun started {world} processes but the config needs "
                           f"{config.world_size} ({config.servers} servers + {config.workers} "
                           "workers)")
-    record = start_run(config) if rank == 0 else None
+    here = host_of_this_rank(config)
+    rank = here[_env_int("LOCAL_RANK")]
+    record = None
+    if rank == 0:
+        record = RunRecord(Path(config.out), run_id) if run_id else start_run(config)
     # torchrun stops the surviving ranks with SIGTERM when one fails: let rank 0 record it.
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    signal.signal(signal.SIGTERM, raise_interrupt)
     try:
         return lifecycle(config, rank,
-                         lambda: dist.init_process_group("gloo", timeout=timedelta(seconds=600)),
+                         lambda: dist.init_process_group("gloo", rank=rank, world_size=world,
+                                                         timeout=timedelta(seconds=600)),
                          record, progress=_log_progress,
-                         local_workers=_local_workers(rank, config.servers))
+                         local_workers=sum(r >= config.servers for r in here))
     except BaseException as exc:
         if record:
             who = Topology(config.servers, config.workers).describe(rank)
@@ -77,9 +96,11 @@ def run_node(config_path: str) -> dict | None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m polyrhythm.node")
     parser.add_argument("config", help="run config (TOML), the same file on every host")
+    parser.add_argument("--run-id", help="complete this run record (made by a launcher) "
+                        "rather than a new one")
     args = parser.parse_args(argv)
     try:
-        summary = run_node(args.config)
+        summary = run_node(args.config, args.run_id)
     except PolyrhythmError as exc:
         print(f"polyrhythm: error: {exc}", file=sys.stderr)
         return exc.exit_code

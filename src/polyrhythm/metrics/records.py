@@ -150,3 +150,11 @@ def measured_compute(out: str | Path, run_id: str) -> list[list[float]]:
         raise StoreError(f"compute_from: run {run_id} recorded no per-step times (it ran "
                          "with instrumentation off)")
     return [[seconds for _, seconds in sorted(steps)] for steps in times]
+
+
+def amend_run(record: RunRecord, extra: dict) -> dict:
+    """Add `extra` to a completed run's summary (summary.json and the store); return it."""
+    summary = read_summary(record) | extra
+    (record.dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    record.store.amend_summary(record.run_id, summary)
+    return summary

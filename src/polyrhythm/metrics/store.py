@@ -176,6 +176,12 @@ class RunStore:
                     f"INSERT INTO {table} (run_id, {', '.join(columns)})"
                     f" VALUES (?{', ?' * len(columns)})", [(run_id, *row) for row in rows])
 
+    def amend_summary(self, run_id: str, summary: dict) -> None:
+        """Replace a completed run's summary (its launcher adds what only it measured)."""
+        with self._connect() as conn:
+            conn.execute("UPDATE runs SET summary = ? WHERE run_id = ?",
+                         (json.dumps(summary), run_id))
+
     def fail_run(self, run_id: str, error: str) -> bool:
         """Mark a running run failed; a run already completed stays so. True if marked."""
         with self._connect() as conn:

@@ -1,0 +1,151 @@
+"""CPU shares of emulated hosts: one cgroup per host with a CPU quota (cgroup v1's cpu
+controller, `/sys/fs/cgroup/cpu`, or cgroup v2's cpu.max where v2 is what the machine has),
+and one group per run inside it for the run's processes, so that a run's processes can be
+listed, measured and killed whoever started them.
+
+All of ours live under `polyrhythm/` in the controller's hierarchy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from pathlib import Path
+
+from polyrhythm.errors import ClusterError
+
+ROOT_NAME = "polyrhythm"
+PERIOD_US = 100_000
+V1 = Path("/sys/fs/cgroup/cpu")
+V2 = Path("/sys/fs/cgroup")
+
+
+def hierarchy() -> tuple[Path, int]:
+    """Where our groups go and the cgroup version: v1's cpu controller if mounted, else v2
+    with cpu among its controllers."""
+    if (V1 / "cpu.cfs_quota_us").exists():
+        return V1 / ROOT_NAME, 1
+    if "cpu" in _read(V2 / "cgroup.controllers").split():
+        return V2 / ROOT_NAME, 2
+    raise ClusterError("no cgroup CPU controller (neither /sys/fs/cgroup/cpu nor cgroup v2 "
+                       "with cpu): cannot give hosts CPU shares")
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+def _write(path: Path, text: str) -> None:
+    try:
+        path.write_text(text)
+    except OSError as exc:
+        raise ClusterError(f"cannot write {path}: {exc.strerror}") from None
+
+
+class CpuGroup:
+    """One cgroup of ours: made on `create`, removed (its processes killed) on `remove`."""
+
+    def __init__(self, *parts: str) -> None:
+        root, self.version = hierarchy()
+        self.path = root.joinpath(*parts)
+
+    def create(self, cores: float | None = None) -> CpuGroup:
+        """Make the group (and its parents), with a quota of `cores` if given."""
+        if self.version == 2:  # v2: a group's children get the cpu controller only if asked
+            for parent in reversed([self.path.parent, *self.path.parent.parents]):
+                if parent == V2 or parent.is_relative_to(V2 / ROOT_NAME):
+                    parent.mkdir(exist_ok=True)
+                    _write(parent / "cgroup.subtree_control", "+cpu")
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ClusterError(f"cannot make cgroup {self.path}: {exc.strerror}") from None
+        if cores is not None:
+            quota = max(1000, int(cores * PERIOD_US))
+            if self.version == 1:
+                _write(self.path / "cpu.cfs_period_us", str(PERIOD_US))
+                _write(self.path / "cpu.cfs_quota_us", str(quota))
+            else:
+                _write(self.path / "cpu.max", f"{quota} {PERIOD_US}")
+        return self
+
+    def add(self, pid: int) -> None:
+        _write(self.path / "cgroup.procs", str(pid))
+
+    def exists(self) -> bool:
+        return self.path.is_dir()
+
+    def pids(self) -> list[int]:
+        """Processes in the group and its children."""
+        return [int(p) for f in self.path.rglob("cgroup.procs") for p in _read(f).split()]
+
+    def threads(self) -> list[int]:
+        """Threads in the group and its children (what the scheduler sees)."""
+        name = "tasks" if self.version == 1 else "cgroup.threads"
+        return [int(t) for f in self.path.rglob(name) for t in _read(f).split()]
+
+    def throttled_s(self) -> float:
+        """Seconds the group spent throttled by its quota so far."""
+        for line in _read(self.path / "cpu.stat").splitlines():
+            key, _, value = line.partition(" ")
+            if key == "throttled_time":
+                return int(value) / 1e9
+            if key == "throttled_usec":
+                return int(value) / 1e6
+        return 0.0
+
+    def kill(self, timeout: float = 10.0) -> None:
+        """SIGKILL every process in the group until none is left."""
+        deadline = time.monotonic() + timeout
+        while (pids := self.pids()) and time.monotonic() < deadline:
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.05)
+
+    def remove(self) -> None:
+        """Kill its processes, then remove it and its children (deepest first)."""
+        if not self.exists():
+            return
+        self.kill()
+        for group in sorted((p for p in self.path.rglob("*") if p.is_dir()),
+                            key=lambda p: len(p.parts), reverse=True) + [self.path]:
+            with contextlib.suppress(FileNotFoundError):
+                _remove(group)
+
+
+def _remove(group: Path) -> None:
+    for attempt in range(50):  # a killed process leaves its group a moment after it dies
+        try:
+            group.rmdir()
+            return
+        except OSError as exc:
+            if exc.errno == 2:
+                return
+            if attempt == 49:
+                raise ClusterError(f"cannot remove cgroup {group}: {exc.strerror}") from None
+            time.sleep(0.05)
+
+
+def ours() -> list[str]:
+    """Every cgroup of ours on this machine (none once all is torn down)."""
+    try:
+        root, _ = hierarchy()
+    except ClusterError:
+        return []
+    if not root.exists():
+        return []
+    return [str(root)] + sorted(str(p) for p in root.rglob("*") if p.is_dir())
+
+
+def remove_root_if_empty() -> None:
+    """Remove `polyrhythm/` itself once no cluster of ours has a group in it."""
+    with contextlib.suppress(ClusterError, OSError):
+        root, _ = hierarchy()
+        if root.exists() and not any(p.is_dir() for p in root.iterdir()):
+            root.rmdir()

@@ -1,0 +1,150 @@
+"""An emulated cluster: hosts inside this machine, each a network namespace with its own
+address on one bridge, its link shaped by tc (launch/netns.py) and its CPU share set by a
+cgroup quota (launch/cgroups.py). Latency is the transport's (comm/delay.py): this kernel
+has no netem.
+
+A run with `hosts` makes a cluster of its own and removes it when it ends; `polyrhythm
+cluster up` makes a standing one (described in STATE_DIR) that runs of the same shape use
+until `polyrhythm cluster down`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import secrets
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from polyrhythm.config.emulation import per_host
+from polyrhythm.errors import ClusterError
+from polyrhythm.launch import cgroups, netns
+from polyrhythm.launch.cgroups import CpuGroup, hierarchy, remove_root_if_empty
+
+STATE_DIR = Path(os.environ.get("POLYRHYTHM_STATE_DIR", "/run/polyrhythm"))
+_NAME = re.compile(r"[a-z][a-z0-9]{0,11}")
+
+
+@dataclass(frozen=True)
+class ClusterShape:
+    """What a cluster is: its hosts, each host's link rate and CPU share (None: unlimited)."""
+
+    hosts: int
+    bandwidth: tuple[str | None, ...]
+    cpu: tuple[float | None, ...]
+
+    @classmethod
+    def of(cls, cluster) -> ClusterShape:
+        """The shape a run's [cluster] settings ask for."""
+        return cls(cluster.hosts, tuple(per_host(cluster.bandwidth, cluster.hosts)),
+                   tuple(per_host(cluster.cpu, cluster.hosts)))
+
+    def describe(self, host: int) -> str:
+        link, cpu = self.bandwidth[host], self.cpu[host]
+        return (f"{link or 'unlimited'} link, "
+                f"{f'{cpu:g} cores' if cpu is not None else 'unlimited CPU'}")
+
+
+class EmulatedCluster:
+    """One cluster's namespaces, links, qdiscs and cgroups, by its name."""
+
+    def __init__(self, name: str, shape: ClusterShape) -> None:
+        if not _NAME.fullmatch(name):
+            raise ClusterError(f"cluster name must be a lower-case letter then up to 11 letters "
+                               f"or digits, got {name!r}")
+        self.name, self.shape = name, shape
+        tag = hashlib.sha1(name.encode()).hexdigest()[:6]
+        self.network = netns.Network(name, tag, shape.hosts)
+
+    @classmethod
+    def temporary(cls, shape: ClusterShape) -> EmulatedCluster:
+        return cls(f"run{secrets.token_hex(3)}", shape)
+
+    @property
+    def links(self) -> list[netns.Link]:
+        return self.network.links
+
+    def host_group(self, host: int) -> CpuGroup:
+        return CpuGroup(self.name, f"h{host}")
+
+    def up(self, standing: bool = False) -> None:
+        """Make every host; on any failure remove what was made. A standing cluster is
+        described in STATE_DIR for later runs, `status` and `down`."""
+        netns.require_tools()
+        hierarchy()
+        if self.network.exists():
+            raise ClusterError(f"cluster {self.name!r} is already up")
+        try:
+            self.network.create(list(self.shape.bandwidth))
+            for host, cores in enumerate(self.shape.cpu):
+                self.host_group(host).create(cores)
+            if standing:
+                STATE_DIR.mkdir(parents=True, exist_ok=True)
+                self._state_path(self.name).write_text(json.dumps(asdict(self.shape)))
+        except BaseException:
+            self.down()
+            raise
+
+    def down(self) -> None:
+        """Kill every process on the cluster and remove everything it made."""
+        for host in range(self.shape.hosts):
+            self.host_group(host).remove()
+        if (group := CpuGroup(self.name)).exists():
+            group.remove()
+        self.network.destroy()
+        remove_root_if_empty()
+        self._state_path(self.name).unlink(missing_ok=True)
+
+    def run_groups(self, run_id: str) -> list[CpuGroup]:
+        """A group per host for one run's processes, inside the host's (under its quota)."""
+        return [CpuGroup(self.name, f"h{h}", run_id).create() for h in range(self.shape.hosts)]
+
+    def command(self, host: int, args: list[str]) -> list[str]:
+        """`args` run on host `host`."""
+        return ["ip", "netns", "exec", self.links[host].namespace, *args]
+
+    def status(self) -> list[dict]:
+        """Each host: its namespace, address, link, CPU share and processes running."""
+        return [{"host": link.host, "namespace": link.namespace, "address": link.address,
+                 "shape": self.shape.describe(link.host),
+                 "processes": len(self.host_group(link.host).pids())}
+                for link in self.links]
+
+    @staticmethod
+    def _state_path(name: str) -> Path:
+        return STATE_DIR / f"{name}.json"
+
+    @classmethod
+    def standing(cls, name: str) -> EmulatedCluster:
+        """The standing cluster `name`, as `cluster up` described it."""
+        try:
+            state = json.loads(cls._state_path(name).read_text())
+        except (OSError, ValueError):
+            raise ClusterError(f"no standing cluster {name!r} (polyrhythm cluster up)") from None
+        return cls(name, ClusterShape(state["hosts"], tuple(state["bandwidth"]),
+                                      tuple(state["cpu"])))
+
+    @classmethod
+    def all_standing(cls) -> list[EmulatedCluster]:
+        if not STATE_DIR.is_dir():
+            return []
+        return [cls.standing(p.stem) for p in sorted(STATE_DIR.glob("*.json"))]
+
+
+def standing_of_shape(shape: ClusterShape) -> EmulatedCluster | None:
+    """A standing cluster a run of this shape can use, if one is up."""
+    return next((c for c in EmulatedCluster.all_standing()
+                 if c.shape == shape and c.network.exists()), None)
+
+
+def can_emulate() -> None:
+    """One ClusterError line if this machine cannot emulate a cluster."""
+    netns.require_tools()
+    hierarchy()
+
+
+def leftovers() -> dict[str, list[str]]:
+    """Every namespace, link, qdisc and cgroup of ours on this machine."""
+    return {**netns.ours(), "cgroups": cgroups.ours()}
