@@ -85,3 +85,7 @@ def flat(state_dict: dict) -> torch.Tensor:
 def stored_parameters(summary: dict) -> torch.Tensor:
     """The final parameters a run stored in model.pt."""
     return flat(torch.load(f"{summary['run_dir']}/model.pt", weights_only=True))
+
+
+def max_diff(a, b) -> float:
+    return (a - b).abs().max().item()

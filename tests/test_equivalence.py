@@ -19,6 +19,7 @@ import torch.nn.functional as F
 import polyrhythm
 from helpers import (
     equivalence_config,
+    max_diff,
     reference_parameters,
     stored_parameters,
     worker_gradient,
@@ -26,10 +27,6 @@ from helpers import (
 from polyrhythm.data.sharding import worker_batch_sizes
 from polyrhythm.models.build import build_model
 from polyrhythm.runtime.job import prepare_data
-
-
-def max_diff(a, b) -> float:
-    return (a - b).abs().max().item()
 
 
 def test_weighted_worker_gradients_are_the_global_gradient(tmp_path):

@@ -42,5 +42,19 @@ def format_summary(s: dict) -> str:
                  f"{s['wall_s']:.1f} s")
     lines.append(f"  weight updates {s['weight_updates']}; staleness mean "
                  f"{s['staleness_mean']:.2f}, max {s['staleness_max']}")
+    if cluster := s.get("cluster"):
+        lines.append("  " + cluster_line(cluster))
     lines.append(f"  stored in {s['run_dir']}")
     return "\n".join(lines)
+
+
+def cluster_line(cluster: dict) -> str:
+    """The emulated cluster a run had and the fidelity guard's verdict, in one line."""
+    hosts = cluster["hosts"]
+    line = (f"emulated cluster of {count(len(hosts), 'host')}; machine "
+            f"{cluster['machine_busy']:.0%} busy: ")
+    bound = [str(h["host"]) for h in hosts if h["emulator_bound"]]
+    if bound:
+        return line + (f"the emulator was the bottleneck on host {', '.join(bound)} (starved "
+                       "of CPU its share promised): do not trust its timings")
+    return line + "the emulator kept up"

@@ -31,10 +31,11 @@ class Posted:
 
 
 class DelayLine:
-    """Sends of this rank, each posted `draw()` seconds after it was made."""
+    """Sends of this rank, each posted (by `post`, dist.isend) `draw()` seconds after it was
+    made."""
 
-    def __init__(self, draw: Callable[[], float]) -> None:
-        self.draw = draw
+    def __init__(self, draw: Callable[[], float], post: Callable = dist.isend) -> None:
+        self.draw, self.post = draw, post
         self._due: list[tuple[float, int, torch.Tensor, int, int]] = []
         self._order = itertools.count()
         self._last: dict[tuple[int, int], float] = {}  # per (dst, tag): due of the last send
@@ -77,7 +78,7 @@ class DelayLine:
                     self._cv.wait(self._due[0][0] - time.monotonic() if self._due else None)
                 _, _, tensor, dst, tag = self._due[0]
             try:
-                work = dist.isend(tensor, dst, tag=tag)
+                work = self.post(tensor, dst, tag=tag)
             except Exception as exc:  # the peer is gone: the next send or drain raises
                 work, self._error = None, exc
             with self._cv:

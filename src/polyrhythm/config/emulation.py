@@ -121,7 +121,8 @@ def settle(cluster: Settings, workers: int, servers: int) -> Settings:
     worker_hosts = hosts - (servers if dedicated else 0)
     if worker_hosts < 1:
         raise ConfigError(f"dedicated placement gives each of the {servers} servers a host of "
-                          f"its own: the workers need at least {servers + 1} hosts, got {hosts}")
+                          f"its own, so it needs at least {servers + 1} hosts (one more for "
+                          f"the workers), got {hosts}")
     if worker_hosts > workers:
         raise ConfigError(f"{worker_hosts} worker hosts for {workers} workers: a host would "
                           "have no worker; use fewer hosts")
@@ -141,6 +142,23 @@ def unemulated_left_out(config: dict[str, Any]) -> dict[str, Any]:
                if v not in (None, next(p.default for p in CLUSTER if p.name == k))
                and not (k == "hosts" and v == 0)}
     return out | ({"cluster": cluster} if cluster else {})
+
+
+def standing_shape(given: dict[str, Any]) -> Settings:
+    """The [cluster] settings of a standing cluster (`cluster up`): hosts (at least 1),
+    bandwidth and cpu, checked; the others at their defaults."""
+    values = {p.name: p.resolve(given.get(p.name), None) for p in CLUSTER}
+    extra = set(given) - {"hosts", "bandwidth", "cpu"}
+    if extra:
+        raise ConfigError(f"a standing cluster is made of hosts, bandwidth and cpu; "
+                          f"{sorted(extra)[0]} belongs to a run")
+    if not values["hosts"]:
+        raise ConfigError("a standing cluster needs --hosts (at least 1)")
+    for key in ("bandwidth", "cpu"):
+        if len(values[key]) not in (0, 1, values["hosts"]):
+            raise ConfigError(f"{key} has {len(values[key])} values for {values['hosts']} "
+                              "hosts: give one for every host, or one per host")
+    return Settings(values)
 
 
 def per_host(values: list, hosts: int) -> list:

@@ -145,6 +145,23 @@ def can_emulate() -> None:
     hierarchy()
 
 
+def remove_everything() -> None:
+    """Remove every namespace, link (and so qdisc) and cgroup of ours, standing or not,
+    killing the processes in them: the way out of anything left behind."""
+    can_emulate()
+    for namespace in netns.ours()["namespaces"]:
+        netns.run("ip", "netns", "delete", namespace, ok_if="No such file")
+    for link in netns.ours()["links"]:
+        netns.run("ip", "link", "delete", link, ok_if="Cannot find device")
+    root, _ = hierarchy()
+    if root.exists():
+        for child in [p for p in root.iterdir() if p.is_dir()]:
+            CpuGroup(child.name).remove()
+    remove_root_if_empty()
+    for state in STATE_DIR.glob("*.json") if STATE_DIR.is_dir() else []:
+        state.unlink()
+
+
 def leftovers() -> dict[str, list[str]]:
     """Every namespace, link, qdisc and cgroup of ours on this machine."""
     return {**netns.ours(), "cgroups": cgroups.ours()}

@@ -1,0 +1,162 @@
+"""The emulated cluster: namespaces, shaped links, CPU groups and torchrun in each host. Runs
+only as root with `ip` and `tc` (CI runs as root); skipped with the reason otherwise."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+import polyrhythm
+from helpers import equivalence_config, max_diff, stored_parameters
+from polyrhythm.errors import ClusterError
+from polyrhythm.launch.cluster import ClusterShape, EmulatedCluster, can_emulate, leftovers
+from polyrhythm.metrics.store import RunStore
+
+
+def _unavailable() -> str | None:
+    try:
+        can_emulate()
+    except ClusterError as exc:
+        return str(exc)
+    return None
+
+
+pytestmark = pytest.mark.skipif(_unavailable() is not None,
+                                reason=f"no emulated cluster here: {_unavailable()}")
+NOTHING = {"namespaces": [], "links": [], "qdiscs": [], "cgroups": []}
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_behind():
+    assert leftovers() == NOTHING, "an earlier run left something behind"
+    yield
+    assert leftovers() == NOTHING
+
+
+@pytest.mark.parametrize(("strategy", "workers"), [("bsp", 2), ("asp", 1), ("allreduce", 2)])
+def test_a_run_across_two_hosts_ends_as_the_same_run_on_loopback(tmp_path, strategy, workers):
+    fields = {"strategy": strategy, "workers": workers, "epochs": 1}
+    local = polyrhythm.train(equivalence_config(tmp_path, **fields))
+    cluster = polyrhythm.train(equivalence_config(tmp_path, hosts=2, **fields))
+    assert cluster["status"] == "completed"
+    assert len(cluster["cluster"]["hosts"]) == 2
+    assert max_diff(stored_parameters(cluster), stored_parameters(local)) <= 1e-4
+
+
+def test_a_standing_cluster_is_shaped_listed_used_and_removed(tmp_path):
+    shape = ClusterShape(2, ("100mbit", "1gbit"), (0.5, 0.5))
+    cluster = EmulatedCluster("testup", shape)
+    cluster.up(standing=True)
+    try:
+        made = leftovers()
+        assert sorted(made["namespaces"]) == ["pr-testup-h0", "pr-testup-h1"]
+        assert len(made["links"]) == 3  # the bridge and the bridge's end of each link
+        rates = sorted(line.split(" rate ")[1].split()[0] for line in made["qdiscs"])
+        assert rates == ["100Mbit", "1Gbit"]  # the bridge's ends; the hosts' are inside
+        quota = (cluster.host_group(0).path / "cpu.cfs_quota_us")
+        if quota.exists():
+            assert quota.read_text().strip() == "50000"
+        summary = polyrhythm.train(equivalence_config(
+            tmp_path, strategy="asp", workers=1, epochs=1, hosts=2,
+            bandwidth=["100mbit", "1gbit"], cpu=[0.5]))
+        assert summary["status"] == "completed" and summary["cluster"]["name"] == "testup"
+        assert leftovers() == made  # the run removed its own groups, not the cluster's
+    finally:
+        cluster.down()
+    assert leftovers() == NOTHING
+
+
+def _launch(tmp_path, *flags) -> subprocess.Popen:
+    command = [sys.executable, "-m", "polyrhythm.cli", "train", "--strategy", "bsp",
+               "--workers", "2", "--hosts", "2", "--compute", "emulated", "--compute-time",
+               "100ms", "--epochs", "50", "--out", str(tmp_path / "runs"), *flags]
+    return subprocess.Popen(command, start_new_session=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _ranks_of(run_dir) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        with_run = " ".join(p.info["cmdline"] or [])
+        if "polyrhythm.node" in with_run and str(run_dir) in with_run:
+            found.append(p)
+    return found
+
+
+def _wait_for_ranks(tmp_path, launcher, count: int) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert launcher.poll() is None, launcher.stderr.read()
+        if len(_ranks_of(tmp_path / "runs")) >= count:
+            return
+        time.sleep(0.2)
+    raise AssertionError("the ranks did not start")
+
+
+def _wait_until_clean(tmp_path) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (leftovers() != NOTHING or _ranks_of(tmp_path)):
+        time.sleep(0.2)
+
+
+def _stored(tmp_path) -> dict:
+    (run,) = RunStore(tmp_path / "runs" / "polyrhythm.db").runs()
+    return run
+
+
+def test_a_killed_launcher_leaves_nothing_behind_and_the_run_failed(tmp_path):
+    launcher = _launch(tmp_path)
+    # 3 ranks (1 server, 2 workers) plus the 2 torchruns that started them.
+    _wait_for_ranks(tmp_path, launcher, 5)
+    launcher.send_signal(signal.SIGKILL)
+    launcher.wait()
+    _wait_until_clean(tmp_path)
+    assert leftovers() == NOTHING and not _ranks_of(tmp_path)
+    run = _stored(tmp_path)
+    assert run["status"] == "failed" and "launcher was killed" in run["error"]
+
+
+def test_ctrl_c_stops_the_run_and_leaves_nothing_behind(tmp_path):
+    launcher = _launch(tmp_path)
+    _wait_for_ranks(tmp_path, launcher, 5)
+    os.killpg(launcher.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends
+    _, err = launcher.communicate(timeout=60)
+    assert launcher.returncode != 0 and "interrupted" in err, err
+    assert "Traceback" not in err
+    assert leftovers() == NOTHING and not _ranks_of(tmp_path)
+    run = _stored(tmp_path)
+    assert run["status"] == "failed" and "interrupted" in run["error"]
+
+
+def test_a_failing_host_fails_the_run_with_its_reason_and_leaves_nothing(tmp_path):
+    # A rank dies as on a real cluster: its torchrun reports it, the launcher stops the rest.
+    launcher = _launch(tmp_path)
+    _wait_for_ranks(tmp_path, launcher, 5)
+    victim = next(p for p in _ranks_of(tmp_path / "runs")
+                  if "torch.distributed.run" not in " ".join(p.cmdline()))
+    victim.kill()
+    _, err = launcher.communicate(timeout=120)
+    assert launcher.returncode == 1
+    assert "host" in err and "failed" in err and "Traceback" not in err
+    assert leftovers() == NOTHING and not _ranks_of(tmp_path)
+    assert _stored(tmp_path)["status"] == "failed"
+
+
+@pytest.mark.parametrize(("patch", "message"), [
+    (("os.geteuid", lambda: 1000), "needs root"),
+    (("shutil.which", lambda tool: None), "needs ip and tc"),
+])
+def test_without_root_or_tools_a_cluster_run_is_one_clear_line_and_no_record(
+        tmp_path, monkeypatch, patch, message):
+    monkeypatch.setattr(*patch)
+    with pytest.raises(ClusterError, match=message):
+        polyrhythm.train(equivalence_config(tmp_path, workers=1, hosts=2))
+    assert not (tmp_path / "runs" / "polyrhythm.db").exists()
+    assert shutil.which is not None

@@ -1,0 +1,191 @@
+"""Emulation without namespaces: its settings, units, the transport's latency, emulated
+compute, host placement and the fidelity guard's verdict."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+import pytest
+import torch
+
+import polyrhythm
+from helpers import small_config
+from polyrhythm.comm.delay import DelayLine
+from polyrhythm.config import make_config
+from polyrhythm.config.emulation import host_ranks
+from polyrhythm.errors import ConfigError
+from polyrhythm.launch.fidelity import FidelityGuard
+from polyrhythm.metrics.store import RunStore
+from polyrhythm.models.build import build_model
+from polyrhythm.runtime.compute import emulated_step
+from polyrhythm.units import Delay, duration, rate
+
+
+def test_units_read_durations_and_tc_rates_and_refuse_byte_rates():
+    assert duration("120ms") == pytest.approx(0.12)
+    assert duration("1.5s") == 1.5 and duration("250us") == pytest.approx(250e-6)
+    assert rate("100mbit") == 1e8 and rate("1gbit") == 1e9 and rate("2.5kbit") == 2500
+    for bad in ("100mbps", "fast", "0mbit", "-3mbit"):
+        with pytest.raises(ConfigError, match="rate such as 100mbit"):
+            rate(bad)
+    with pytest.raises(ConfigError, match="duration such as 120ms"):
+        duration("120")
+
+
+@pytest.mark.parametrize("distribution", ["normal", "uniform", "exponential"])
+def test_delays_repeat_by_seed_and_keep_their_mean(distribution):
+    delay = Delay(0.1, 0.02, distribution)
+    a, b = delay.sampler(3), delay.sampler(3)
+    draws = [a() for _ in range(4000)]
+    assert draws[:50] == [b() for _ in range(50)]
+    assert min(draws) >= 0
+    mean = sum(draws) / len(draws)
+    assert mean == pytest.approx(0.12 if distribution == "exponential" else 0.1, rel=0.03)
+
+
+@pytest.mark.parametrize(("fields", "error"), [
+    ({"bandwidth": "100mbit"}, "--bandwidth is for an emulated cluster"),
+    ({"cpu": [0.5]}, "--cpu is for an emulated cluster"),
+    ({"hosts": 2, "workers": 2, "servers": 2}, "needs at least 3 hosts"),
+    ({"hosts": 4, "workers": 2, "strategy": "allreduce"}, "4 worker hosts for 2 workers"),
+    ({"hosts": 3, "workers": 3, "strategy": "ring", "placement": "collocated"},
+     "placement is for strategies with servers"),
+    ({"hosts": 3, "workers": 4, "bandwidth": ["1gbit", "1gbit"]}, "2 values for 3 hosts"),
+    ({"hosts": 3, "workers_per_host": 1, "workers": 4}, "does not match workers_per_host"),
+    ({"hosts": 2, "cpu": [0.0]}, "cpu must have entries above 0"),
+    ({"latency": "20"}, "latency must be a duration"),
+    ({"compute": "emulated"}, "needs one of --compute-time"),
+    ({"compute": "emulated", "compute_time": "1ms", "compute_from": "x"}, "not both"),
+    ({"compute_time": "10ms"}, "compute_time is for emulated compute"),
+    ({"compute": "guessed"}, "compute must be one of real, emulated"),
+])
+def test_emulation_settings_are_checked_in_one_line(tmp_path, fields, error):
+    with pytest.raises(ConfigError, match=error):
+        small_config(tmp_path, **fields)
+
+
+def test_hosts_follow_workers_per_host_and_servers_follow_collocated_hosts():
+    dedicated = make_config({"strategy": "bsp", "workers": 4, "workers_per_host": 1})
+    assert (dedicated.servers, dedicated.cluster.hosts) == (1, 5)
+    assert host_ranks(dedicated.cluster, 1, 4) == [[0], [1], [2], [3], [4]]
+    collocated = make_config({"strategy": "bsp", "workers": 4, "workers_per_host": 2,
+                              "placement": "collocated"})
+    assert (collocated.servers, collocated.cluster.hosts) == (2, 2)
+    assert host_ranks(collocated.cluster, 2, 4) == [[0, 2, 3], [1, 4, 5]]
+    ring = make_config({"strategy": "ring", "workers": 5, "hosts": 2})
+    assert host_ranks(ring.cluster, 0, 5) == [[0, 1, 2], [3, 4]]
+    local = make_config({"workers": 2})
+    assert host_ranks(local.cluster, 1, 2) == [[0, 1, 2]]
+
+
+def test_a_config_that_emulates_nothing_writes_no_emulation_settings():
+    assert "cluster" not in make_config({}).to_dict()
+    assert "compute" not in make_config({}).to_dict()
+    emulated = make_config({"hosts": 2, "latency": "5ms", "compute": "emulated",
+                            "compute_time": "10ms"})
+    assert emulated.to_dict()["cluster"] == {"hosts": 2, "latency": "5ms"}
+    assert make_config(emulated.to_dict()) == emulated
+
+
+class FakeWork:
+    def __init__(self, log, tensor, dst, tag):
+        log.append((time.monotonic(), tensor.item(), dst, tag))
+
+    def is_completed(self):
+        return True
+
+    def wait(self):
+        return True
+
+
+def test_delay_line_holds_each_send_and_keeps_order_per_peer_and_tag():
+    log: list = []
+    jitter = iter([0.08, 0.0, 0.05, 0.0, 0.0, 0.0] * 10)
+    line = DelayLine(lambda: 0.02 + next(jitter),
+                     post=lambda t, dst, tag: FakeWork(log, t, dst, tag))
+    sent = []
+    for i in range(6):
+        buffer = torch.tensor([float(i)])
+        sent.append(time.monotonic())
+        line.send(buffer, dst=i % 2, tag=7)
+        buffer.fill_(-1.0)  # the caller may reuse its buffer at once: a copy went out
+    line.drain()
+    assert sorted(value for _, value, _, _ in log) == [0, 1, 2, 3, 4, 5]
+    for dst in (0, 1):
+        values = [v for _, v, d, _ in log if d == dst]
+        assert values == sorted(values)  # jitter never reorders a peer's messages
+    for posted, value, _, _ in log:
+        assert posted - sent[int(value)] >= 0.02
+
+
+def test_latency_is_paid_by_every_push_and_reply(tmp_path):
+    # bsp with one worker: per step a push and a reply, each held 40 ms; compute is 10 ms.
+    config = small_config(tmp_path, strategy="bsp", workers=1, epochs=1, steps_per_epoch=8,
+                          warmup_steps=2, compute="emulated", compute_time="10ms",
+                          latency="40ms")
+    summary = polyrhythm.train(config)
+    rows = RunStore(tmp_path / "runs" / "polyrhythm.db").series("iterations",
+                                                                summary["run_id"])
+    assert len(rows) == 8
+    assert min(r["total_s"] for r in rows) >= 0.010 + 2 * 0.040
+
+
+def test_emulated_step_sleeps_and_leaves_zero_gradients_through_the_hooks():
+    model = build_model("cnn", (1, 28, 28), 10, 0)
+    fired = []
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(lambda param: fired.append(param.numel()))
+    began = time.perf_counter()
+    loss = emulated_step(model, 0.05)
+    assert time.perf_counter() - began >= 0.05 and math.isnan(loss)
+    assert sorted(fired) == sorted(p.numel() for p in model.parameters())
+    assert all(torch.count_nonzero(p.grad) == 0 for p in model.parameters())
+
+
+def test_emulated_compute_moves_the_real_traffic_and_replays_a_stored_run(tmp_path):
+    real = polyrhythm.train(small_config(tmp_path, strategy="bsp", workers=2, epochs=1))
+    replay = polyrhythm.train(small_config(tmp_path, strategy="bsp", workers=2, epochs=1,
+                                           compute="emulated", compute_from=real["run_id"]))
+    store = RunStore(tmp_path / "runs" / "polyrhythm.db")
+    for key in ("bytes_sent", "messages_sent"):
+        assert ([r[key] for r in replay["traffic_per_rank"]]
+                == [r[key] for r in real["traffic_per_rank"]])
+    measured = {(r["worker"], r["step"]): r["compute_s"]
+                for r in store.series("iterations", real["run_id"])}
+    for row in store.series("iterations", replay["run_id"]):
+        assert row["compute_s"] >= measured[row["worker"], row["step"]]
+    assert math.isnan(replay["epoch_metrics"][0]["train_loss"])
+
+
+def test_compute_from_an_unknown_or_uninstrumented_run_is_one_clear_error(tmp_path):
+    with pytest.raises(polyrhythm.PolyrhythmError, match="no run 'nope'"):
+        polyrhythm.train(small_config(tmp_path, compute="emulated", compute_from="nope"))
+    quiet = polyrhythm.train(small_config(tmp_path, workers=1, epochs=1,
+                                          instrumentation=False))
+    with pytest.raises(polyrhythm.PolyrhythmError, match="instrumentation off"):
+        polyrhythm.train(small_config(tmp_path, compute="emulated",
+                                      compute_from=quiet["run_id"]))
+
+
+def test_fidelity_guard_flags_a_host_starved_while_the_machine_was_saturated():
+    guard = FidelityGuard([list, list], [1.0, None])
+    saturated = [(1.0, [(0.4, 0.8), (1.9, 0.0)])] * 3   # host 0 wants CPU, gets 0.4 of 1.0
+    idle = [(0.3, [(0.1, 0.0), (0.2, 0.0)])] * 7
+    verdict = guard.verdict(saturated + idle)
+    assert [h["starved_fraction"] for h in verdict["hosts"]] == [0.3, 0.0]
+    assert verdict["emulator_bound"] and not verdict["hosts"][1]["emulator_bound"]
+    assert not guard.verdict(idle)["emulator_bound"]
+    # Throttled by its own quota (ran its share) is the emulation working, not a fault.
+    assert not guard.verdict([(1.0, [(0.95, 0.9), (1.0, 0.0)])] * 5)["emulator_bound"]
+
+
+def test_fidelity_guard_samples_only_the_training_window():
+    busy = threading.Event()
+    guard = FidelityGuard([lambda: [threading.get_native_id()]], [None]).start()
+    started = time.time()
+    time.sleep(1.2)
+    busy.set()
+    verdict = guard.stop(started + 0.6, time.time())
+    assert 0 < verdict["samples"] < 3
