@@ -47,3 +47,12 @@ def test_face_benchmark_smoke_prints_the_time():
                     r"(PASS|MISS); bare interpreter (\d+\.\d+) s", out, re.MULTILINE)
     assert row, out
     assert float(row.group(1)) > float(row.group(3)) > 0
+
+
+def test_cluster_benchmark_smoke_prints_its_ratios():
+    out = smoke("cluster.py")
+    latency = re.search(r"^latency 50ms, .*: (\d+\.\d+) \(target >= 1\.00\) (PASS|MISS)$",
+                        out, re.MULTILINE)
+    assert latency and float(latency.group(1)) > 0, out
+    shaped = re.findall(r": (\d+\.\d+) \(target 0\.75-1\.25\) (PASS|MISS);", out)
+    assert len(shaped) == 2 or "bandwidth: SKIP" in out, out

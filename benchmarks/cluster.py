@@ -1,0 +1,131 @@
+"""The emulated cluster against the cost models it must reproduce (issue 10's figures).
+
+1. Bandwidth, all-reduce: 4 hosts at 100 mbit, `allreduce` (Gloo's ring) with emulated
+   compute; a step's all-reduce time (its `wait` span) against 2(N-1)/N * |w| / B.
+2. Bandwidth, parameter server: 4 hosts at 100 mbit, `bsp` with one dedicated server and
+   3 workers with emulated compute; a step's time less its compute against the naive-PS
+   bound 2n * T_w (SEEDS.md section 3; R_w and U_w, reducing and updating |w| on the
+   server, are the server's measured apply time per update, well under 1 %).
+3. Latency: `bsp` with emulated compute and latency = 50 ms against the same run with none,
+   both at once, side by side (each pinned to a core of its own, so they see the same
+   machine); a step must take at least 2 x 50 ms more (a push and a reply each pay it).
+
+Each figure is the median over the measured steps (warm-up steps left out) of every worker;
+targets: 1 and 2 within 25 % of the model (ratio 0.75-1.25), 3 a ratio >= 1 of the extra
+time to 2 x 50 ms. 1 and 2 need root, ip and tc (SKIP otherwise).
+
+    python benchmarks/cluster.py          # about 2 minutes
+    python benchmarks/cluster.py --quick  # smoke run: a few steps
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+MODEL_PARAMETERS = 105_866  # cnn on mnist5k: |w| in float32 values
+BANDWIDTH = 100e6
+LATENCY = 0.05
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=40, help="steps per run (default 40)")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 8 steps")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.steps = 8
+    if args.steps < 4:
+        parser.error("--steps must be at least 4")
+    return args
+
+
+def run(job: dict, out: str, core: int | None = None) -> dict:
+    """One run in a process of its own (pinned to `core`); its per-step medians."""
+    code = ("import json, sys, polyrhythm\n"
+            "if __name__ == '__main__':\n"
+            "    s = polyrhythm.train(json.loads(sys.argv[1]))\n"
+            "    print(json.dumps({'run_id': s['run_id'], 'updates': s['weight_updates'],"
+            " 'cluster': s.get('cluster')}))\n")
+    command = [sys.executable, "-c", code, json.dumps({**job, "out": out})]
+    if core is not None:
+        command = ["taskset", "-c", str(core), *command]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def medians(process, out: str, warmup: int) -> dict:
+    stdout, stderr = process.communicate()
+    if process.returncode != 0:
+        raise SystemExit(f"a run failed: {stderr.strip().splitlines()[-1:]}")
+    result = json.loads(stdout.strip().splitlines()[-1])
+    from polyrhythm.metrics.store import RunStore
+
+    store = RunStore(os.path.join(out, "polyrhythm.db"))
+    rows = [r for r in store.series("iterations", result["run_id"]) if r["step"] >= warmup]
+    figures = {k: statistics.median(r[k] for r in rows)
+               for k in ("compute_s", "wait_s", "total_s")}
+    updates = store.series("updates", result["run_id"])
+    figures["apply_s"] = statistics.median(u["seconds"] for u in updates) if updates else 0.0
+    figures["emulator_bound"] = (result["cluster"] or {}).get("emulator_bound")
+    return figures
+
+
+def verdict(ratio: float, low: float, high: float) -> str:
+    return "PASS" if low <= ratio <= high else "MISS"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    warmup = 2 if args.quick else 5
+    common = {"epochs": 1, "steps_per_epoch": args.steps, "warmup_steps": warmup,
+              "compute": "emulated", "compute_time": "20ms"}
+    t_w = MODEL_PARAMETERS * 4 * 8 / BANDWIDTH
+    with tempfile.TemporaryDirectory() as out:
+        from polyrhythm.errors import ClusterError
+        from polyrhythm.launch.cluster import can_emulate
+
+        try:
+            can_emulate()
+            why = None
+        except ClusterError as exc:
+            why = str(exc)
+        if why is None:
+            shaped = {**common, "hosts": 4, "bandwidth": "100mbit"}
+            ring = medians(run({**shaped, "strategy": "allreduce", "workers": 4}, out), out,
+                           warmup)
+            model = 2 * 3 / 4 * t_w
+            ratio = ring["wait_s"] / model
+            print(f"all-reduce of |w| on 4 hosts at 100mbit: {ring['wait_s'] * 1e3:.1f} ms, "
+                  f"model {model * 1e3:.1f} ms: {ratio:.2f} (target 0.75-1.25) "
+                  f"{verdict(ratio, 0.75, 1.25)}; emulator bound: {ring['emulator_bound']}")
+            ps = medians(run({**shaped, "strategy": "bsp", "workers": 3}, out), out, warmup)
+            bound = 2 * 3 * t_w + ps["apply_s"]
+            measured = ps["total_s"] - ps["compute_s"]
+            ratio = measured / bound
+            print(f"bsp step, 1 server + 3 workers at 100mbit: {measured * 1e3:.1f} ms beyond "
+                  f"compute, naive-PS bound {bound * 1e3:.1f} ms: {ratio:.2f} (target "
+                  f"0.75-1.25) {verdict(ratio, 0.75, 1.25)}; emulator bound: "
+                  f"{ps['emulator_bound']}")
+        else:
+            print(f"bandwidth: SKIP ({why})")
+        job = {**common, "strategy": "bsp", "workers": 2}
+        cores = sorted(os.sched_getaffinity(0))
+        pair = [run({**job, "latency": "50ms"}, out, cores[0] if len(cores) > 1 else None),
+                run(job, out, cores[1] if len(cores) > 1 else None)]
+        slow, fast = (medians(p, out, warmup) for p in pair)
+        extra = slow["total_s"] - fast["total_s"]
+        ratio = extra / (2 * LATENCY)
+        print(f"latency 50ms, bsp step with/without (side by side): +{extra * 1e3:.1f} ms, "
+              f"at least {2 * LATENCY * 1e3:.0f} ms: {ratio:.2f} (target >= 1.00) "
+              f"{verdict(ratio, 1.0, float('inf'))}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
