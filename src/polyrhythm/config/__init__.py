@@ -130,6 +130,7 @@ class RunConfig:
     def __init__(self, **values: Any) -> None:
         given = sectioned(values)
         general = {p.name: p.resolve(given.get(p.name), None) for p in GENERAL}
+        general |= _batch(given, general)
         run = Settings(general)
         strategy = _component("strategy", given["strategy"], run)
         cluster = _section("cluster", CLUSTER, given["cluster"], run)
@@ -286,6 +287,19 @@ def _topology(spec: StrategySpec, given: Mapping[str, Any], general: dict,
     if spec.uses_servers and not whole and bucket_kb is None:
         bucket_kb = DEFAULT_BUCKET_KB
     return {"servers": servers, "bucket_kb": bucket_kb}
+
+
+def _batch(given: Mapping[str, Any], general: dict) -> dict:
+    """batch_size from worker_batch_size, if that is set."""
+    per_worker = general["worker_batch_size"]
+    if per_worker is None:
+        return {}
+    total = per_worker * general["workers"]
+    if given.get("batch_size", total) != total:
+        raise ConfigError(f"batch_size = {given['batch_size']} does not match "
+                          f"worker_batch_size = {per_worker} x {general['workers']} workers; "
+                          "give one")
+    return {"batch_size": total}
 
 
 def _check_run(run: Settings) -> None:

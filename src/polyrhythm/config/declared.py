@@ -26,6 +26,8 @@ GENERAL = (
           derived=f"{DEFAULT_BUCKET_KB} (25 MiB)", rule=at_least(1)),
     Param("epochs", int, "passes over the training set", 3, rule=at_least(1)),
     Param("batch_size", int, "global batch B; each worker takes B/N", 64),
+    Param("worker_batch_size", int, "batch per worker b: sets batch_size to b x workers, so "
+          "a sweep over workers keeps each worker's batch (weak scaling)", rule=at_least(1)),
     Param("seed", int, "fixes initial weights, the validation split, sharding and data order",
           0, rule=at_least(0)),
     Param("steps_per_epoch", int, "cap on steps per epoch", derived="all", rule=at_least(1)),
