@@ -350,3 +350,27 @@ def test_tensorboard_format_without_the_package_is_a_one_line_error(fabricated, 
     with pytest.raises(PolyrhythmError, match=r"needs the tensorboard package") as excinfo:
         write_report(store_path, ids, tmp_path, "t", fmt="tensorboard")
     assert "\n" not in str(excinfo.value)
+
+
+def test_runs_on_an_emulated_cluster_get_a_fidelity_table_naming_starved_hosts(tmp_path):
+    store = RunStore(tmp_path / "runs" / "polyrhythm.db")
+    plain = fabricate_run(store, tmp_path, "bsp", 0, workers=2, index=0)
+    emulated = fabricate_run(store, tmp_path, "asp", 1, workers=2, index=1)
+    summary = {**load_runs(store.path, [emulated])[0].summary, "cluster": {
+        "layout": [[0], [1, 2]], "bandwidth": ["100mbit", None], "machine_busy": 0.97,
+        "emulator_bound": True, "hosts": [
+            {"host": 0, "cpu_share": 1.0, "used_cores": 0.98, "waiting_threads": 0.9,
+             "starved_fraction": 0.0, "emulator_bound": False},
+            {"host": 1, "cpu_share": 2.0, "used_cores": 1.1, "waiting_threads": 1.5,
+             "starved_fraction": 0.4, "emulator_bound": True}]}}
+    store.amend_summary(emulated, summary)
+    text = write_report(store.path, [plain, emulated], tmp_path / "md", "Cluster",
+                        fmt="md").read_text()
+    rows = [line for line in text.split("## Emulated cluster and its fidelity")[1].splitlines()
+            if line.startswith(f"| {emulated} |")]
+    assert len(rows) == 2 and not any(plain in line for line in rows)
+    assert "| 0 | 0 | 100mbit | 1.00 | 0.98 | 0.90 | 0.00 | 97.00 | ok |" in rows[0]
+    assert "| 1 | 1, 2 | unlimited | 2.00 | 1.10 | 1.50 | 40.00 | 97.00 | EMULATOR-BOUND |" \
+        in rows[1]
+    only_plain = write_report(store.path, [plain], tmp_path / "md2", "Plain", fmt="md")
+    assert "Emulated cluster" not in only_plain.read_text()

@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from polyrhythm.metrics.store import RunStore
@@ -37,3 +38,26 @@ def test_torchrun_with_the_wrong_process_count_is_one_clear_error(tmp_path):
     assert done.returncode != 0
     assert "torchrun started 2 processes but the config needs 3" in done.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_nodes_run_the_job_ranks_their_placement_gives_them(monkeypatch):
+    from polyrhythm.config import make_config
+    from polyrhythm.errors import ConfigError
+    from polyrhythm.launch.torchrun import host_of_this_rank
+
+    config = make_config({"strategy": "bsp", "workers": 4, "hosts": 2,
+                          "placement": "collocated"})  # 2 servers, one beside each half
+    for node, expected in ((0, [0, 2, 3]), (1, [1, 4, 5])):
+        monkeypatch.setenv("GROUP_RANK", str(node))
+        monkeypatch.setenv("GROUP_WORLD_SIZE", "2")
+        monkeypatch.setenv("LOCAL_RANK", "0")
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
+        assert host_of_this_rank(config) == expected
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    with pytest.raises(ConfigError, match="started 4 processes on node 1 but the config "
+                                          "places 3 there"):
+        host_of_this_rank(config)
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "3")
+    with pytest.raises(ConfigError, match="torchrun started 3 nodes but the config places "
+                                          "the job on 2 hosts"):
+        host_of_this_rank(config)

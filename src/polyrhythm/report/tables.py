@@ -104,5 +104,38 @@ def breakdown_table(groups: list[Group]) -> Table:
                   "staleness mean"), rows)
 
 
+def cluster_table(runs: list[Run]) -> Table | None:
+    """Per host of each run on an emulated cluster: its ranks, link and CPU share, what it
+    used, and whether the emulator starved it (the fidelity guard); None if no run had one."""
+    rows = []
+    for run in runs:
+        cluster = run.summary.get("cluster") if run.completed else None
+        if not cluster:
+            continue
+        for host in cluster["hosts"]:
+            h = host["host"]
+            verdict = "EMULATOR-BOUND" if host["emulator_bound"] else "ok"
+            rows.append((run.run_id, run.label, str(h),
+                         ", ".join(map(str, cluster["layout"][h])),
+                         cluster["bandwidth"][h] or "unlimited", _num(host["cpu_share"], 2),
+                         _num(host["used_cores"], 2), _num(host["waiting_threads"], 2),
+                         _percent(host["starved_fraction"]),
+                         _percent(cluster["machine_busy"]), verdict))
+    if not rows:
+        return None
+    return Table("cluster-table", "Emulated cluster and its fidelity", "Per host of each run "
+                 "on an emulated cluster, over the training window: its job ranks, link rate "
+                 "and CPU share (cores; unlimited hosts count every core), the cores it used "
+                 "and its threads waiting to run on average, and the share of half-second "
+                 "intervals in which it was starved: the machine saturated (>= 90 % busy) "
+                 "while it waited for CPU it had not used (< 90 % of its share). "
+                 "EMULATOR-BOUND (starved >= 10 % of the time): this machine, not the "
+                 "emulated cluster, set the pace; do not trust that run's timings.",
+                 ("run id", "group", "host", "ranks", "link", "cpu share", "used cores",
+                  "waiting threads", "starved (%)", "machine busy (%)", "fidelity"), rows)
+
+
 def tables(runs: list[Run], groups: list[Group]) -> list[Table]:
-    return [runs_table(runs), groups_table(groups), breakdown_table(groups)]
+    cluster = cluster_table(runs)
+    return [runs_table(runs), groups_table(groups), breakdown_table(groups),
+            *([cluster] if cluster else [])]
