@@ -30,18 +30,20 @@ def _unavailable() -> str | None:
 
 pytestmark = pytest.mark.skipif(_unavailable() is not None,
                                 reason=f"no emulated cluster here: {_unavailable()}")
-NOTHING = {"namespaces": [], "links": [], "qdiscs": [], "cgroups": []}
 
 
 @pytest.fixture(autouse=True)
-def nothing_left_behind():
-    assert leftovers() == NOTHING, "an earlier run left something behind"
-    yield
-    assert leftovers() == NOTHING
+def before():
+    """What of ours was on the machine before the test (a standing cluster someone keeps);
+    each test must leave exactly that."""
+    found = leftovers()
+    yield found
+    assert leftovers() == found
 
 
 @pytest.mark.parametrize(("strategy", "workers"), [("bsp", 2), ("asp", 1), ("allreduce", 2)])
-def test_a_run_across_two_hosts_ends_as_the_same_run_on_loopback(tmp_path, strategy, workers):
+def test_a_run_across_two_hosts_ends_as_the_same_run_on_loopback(tmp_path, strategy, workers,
+                                                                  before):
     fields = {"strategy": strategy, "workers": workers, "epochs": 1}
     local = polyrhythm.train(equivalence_config(tmp_path, **fields))
     cluster = polyrhythm.train(equivalence_config(tmp_path, hosts=2, **fields))
@@ -50,15 +52,16 @@ def test_a_run_across_two_hosts_ends_as_the_same_run_on_loopback(tmp_path, strat
     assert max_diff(stored_parameters(cluster), stored_parameters(local)) <= 1e-4
 
 
-def test_a_standing_cluster_is_shaped_listed_used_and_removed(tmp_path):
+def test_a_standing_cluster_is_shaped_listed_used_and_removed(tmp_path, before):
     shape = ClusterShape(2, ("100mbit", "1gbit"), (0.5, 0.5))
     cluster = EmulatedCluster("testup", shape)
     cluster.up(standing=True)
     try:
         made = leftovers()
-        assert sorted(made["namespaces"]) == ["pr-testup-h0", "pr-testup-h1"]
-        assert len(made["links"]) == 3  # the bridge and the bridge's end of each link
-        rates = sorted(line.split(" rate ")[1].split()[0] for line in made["qdiscs"])
+        new = {key: [x for x in made[key] if x not in before[key]] for key in made}
+        assert sorted(new["namespaces"]) == ["pr-testup-h0", "pr-testup-h1"]
+        assert len(new["links"]) == 3  # the bridge and the bridge's end of each link
+        rates = sorted(line.split(" rate ")[1].split()[0] for line in new["qdiscs"])
         assert rates == ["100Mbit", "1Gbit"]  # the bridge's ends; the hosts' are inside
         quota = (cluster.host_group(0).path / "cpu.cfs_quota_us")
         if quota.exists():
@@ -70,7 +73,7 @@ def test_a_standing_cluster_is_shaped_listed_used_and_removed(tmp_path):
         assert leftovers() == made  # the run removed its own groups, not the cluster's
     finally:
         cluster.down()
-    assert leftovers() == NOTHING
+    assert leftovers() == before
 
 
 def _launch(tmp_path, *flags) -> subprocess.Popen:
@@ -100,9 +103,9 @@ def _wait_for_ranks(tmp_path, launcher, count: int) -> None:
     raise AssertionError("the ranks did not start")
 
 
-def _wait_until_clean(tmp_path) -> None:
+def _wait_until_clean(tmp_path, before) -> None:
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and (leftovers() != NOTHING or _ranks_of(tmp_path)):
+    while time.monotonic() < deadline and (leftovers() != before or _ranks_of(tmp_path)):
         time.sleep(0.2)
 
 
@@ -111,31 +114,33 @@ def _stored(tmp_path) -> dict:
     return run
 
 
-def test_a_killed_launcher_leaves_nothing_behind_and_the_run_failed(tmp_path):
+def _assert_stopped_cleanly(tmp_path, before, error: str) -> None:
+    _wait_until_clean(tmp_path, before)
+    assert leftovers() == before and not _ranks_of(tmp_path)
+    run = _stored(tmp_path)
+    assert run["status"] == "failed" and error in run["error"]
+
+
+def test_a_killed_launcher_leaves_nothing_behind_and_the_run_failed(tmp_path, before):
     launcher = _launch(tmp_path)
     # 3 ranks (1 server, 2 workers) plus the 2 torchruns that started them.
     _wait_for_ranks(tmp_path, launcher, 5)
     launcher.send_signal(signal.SIGKILL)
     launcher.wait()
-    _wait_until_clean(tmp_path)
-    assert leftovers() == NOTHING and not _ranks_of(tmp_path)
-    run = _stored(tmp_path)
-    assert run["status"] == "failed" and "launcher was killed" in run["error"]
+    _assert_stopped_cleanly(tmp_path, before, "launcher was killed")
 
 
-def test_ctrl_c_stops_the_run_and_leaves_nothing_behind(tmp_path):
+def test_ctrl_c_stops_the_run_and_leaves_nothing_behind(tmp_path, before):
     launcher = _launch(tmp_path)
     _wait_for_ranks(tmp_path, launcher, 5)
     os.killpg(launcher.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends
     _, err = launcher.communicate(timeout=60)
     assert launcher.returncode != 0 and "interrupted" in err, err
     assert "Traceback" not in err
-    assert leftovers() == NOTHING and not _ranks_of(tmp_path)
-    run = _stored(tmp_path)
-    assert run["status"] == "failed" and "interrupted" in run["error"]
+    _assert_stopped_cleanly(tmp_path, before, "interrupted")
 
 
-def test_a_failing_host_fails_the_run_with_its_reason_and_leaves_nothing(tmp_path):
+def test_a_failing_host_fails_the_run_with_its_reason_and_leaves_nothing(tmp_path, before):
     # A rank dies as on a real cluster: its torchrun reports it, the launcher stops the rest.
     launcher = _launch(tmp_path)
     _wait_for_ranks(tmp_path, launcher, 5)
@@ -145,8 +150,7 @@ def test_a_failing_host_fails_the_run_with_its_reason_and_leaves_nothing(tmp_pat
     _, err = launcher.communicate(timeout=120)
     assert launcher.returncode == 1
     assert "host" in err and "failed" in err and "Traceback" not in err
-    assert leftovers() == NOTHING and not _ranks_of(tmp_path)
-    assert _stored(tmp_path)["status"] == "failed"
+    _assert_stopped_cleanly(tmp_path, before, "failed")
 
 
 @pytest.mark.parametrize(("patch", "message"), [

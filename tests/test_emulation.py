@@ -85,7 +85,10 @@ def test_a_config_that_emulates_nothing_writes_no_emulation_settings():
     assert "compute" not in make_config({}).to_dict()
     emulated = make_config({"hosts": 2, "latency": "5ms", "compute": "emulated",
                             "compute_time": "10ms"})
-    assert emulated.to_dict()["cluster"] == {"hosts": 2, "latency": "5ms"}
+    assert emulated.to_dict()["cluster"] == {
+        "hosts": 2, "placement": "dedicated", "bandwidth": [], "cpu": [], "latency": "5ms",
+        "latency_jitter": "0ms"}
+    assert make_config({"latency": "5ms"}).to_dict()["cluster"] == {"latency": "5ms"}
     assert make_config(emulated.to_dict()) == emulated
 
 

@@ -30,10 +30,10 @@ RSS_MIB = {"bsp": 180, "asp": 200, "allreduce": 160}
 
 
 def fabricate_run(store: RunStore, tmp_path, strategy: str, seed: int, workers: int = 4,
-                  index: int = 0, series: bool = True) -> str:
+                  index: int = 0, series: bool = True, **fields) -> str:
     """Store one completed run with plausible summary, epochs and event series."""
     config = make_config({"strategy": strategy, "workers": workers, "epochs": EPOCHS,
-                          "seed": seed, "out": str(tmp_path / "runs")})
+                          "seed": seed, "out": str(tmp_path / "runs"), **fields})
     run_id = f"20260101-0000{index:02d}-{strategy}-{seed:06x}"
     store.add_run(run_id, f"2026-01-01T00:00:{index:02d}+00:00", config.columns(), config.to_toml())
     rng = np.random.default_rng(seed + 100 * index)
@@ -374,3 +374,24 @@ def test_runs_on_an_emulated_cluster_get_a_fidelity_table_naming_starved_hosts(t
         in rows[1]
     only_plain = write_report(store.path, [plain], tmp_path / "md2", "Plain", fmt="md")
     assert "Emulated cluster" not in only_plain.read_text()
+
+
+def test_fields_that_follow_the_worker_count_stay_out_of_labels_and_curves(tmp_path):
+    # A scaling sweep on a cluster: batch_size, hosts and (collocated) servers all follow
+    # workers; placement does not. Labels name the placement only, so each way is one curve.
+    store = RunStore(tmp_path / "runs" / "polyrhythm.db")
+    ids = [fabricate_run(store, tmp_path, "bsp", 0, workers=n, index=i, series=False,
+                         worker_batch_size=16, workers_per_host=1, placement=placement)
+           for i, (n, placement) in enumerate(
+               (n, p) for p in ("dedicated", "collocated") for n in (2, 4))]
+    groups = group_runs(load_runs(store.path, ids))
+    assert sorted(g.label for g in groups) == [
+        "bsp N=2 placement=collocated", "bsp N=2 placement=dedicated",
+        "bsp N=4 placement=collocated", "bsp N=4 placement=dedicated"]
+    assert len({g.family for g in groups}) == 2
+    # A field that tells runs of the same worker count apart is not a follower.
+    straggler = fabricate_run(store, tmp_path, "bsp", 0, workers=4, index=9, series=False,
+                              worker_batch_size=16, workers_per_host=1,
+                              worker_delay_s=[0, 0, 0, 0.1])
+    labels = {g.label for g in group_runs(load_runs(store.path, [*ids, straggler]))}
+    assert "bsp N=4 placement=dedicated worker_delay_s=[0,0,0,0.1]" in labels

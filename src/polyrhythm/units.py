@@ -39,16 +39,16 @@ def rate(text: str, name: str = "rate") -> float:
 
 
 def is_duration(text: str) -> bool:
-    try:
-        duration(text)
-    except ConfigError:
-        return False
-    return True
+    return _reads(duration, text)
 
 
 def is_rate(text: str) -> bool:
+    return _reads(rate, text)
+
+
+def _reads(parse, text: str) -> bool:
     try:
-        rate(text)
+        parse(text)
     except ConfigError:
         return False
     return True

@@ -134,31 +134,18 @@ def settle(cluster: Settings, workers: int, servers: int) -> Settings:
 
 
 def unemulated_left_out(config: dict[str, Any]) -> dict[str, Any]:
-    """A config in sections without the compute and cluster settings left at their defaults
-    (and without [cluster] if nothing is left of it)."""
-    out = {k: v for k, v in config.items()
-           if not any(p.name == k and v == p.default for p in COMPUTE)}
-    cluster = {k: v for k, v in out.pop("cluster", {}).items()
-               if v not in (None, next(p.default for p in CLUSTER if p.name == k))
-               and not (k == "hosts" and v == 0)}
+    """A config in sections without the emulation settings it does not use: the emulated
+    compute's while compute is real, the cluster's but latency while there are no hosts,
+    and [cluster] altogether if nothing is left of it."""
+    out = dict(config)
+    if out.get("compute") == "real":
+        out = {k: v for k, v in out.items()
+               if not any(p.name == k and v == p.default for p in COMPUTE)}
+    cluster = {k: v for k, v in out.pop("cluster", {}).items() if v is not None}
+    if not cluster.get("hosts"):
+        cluster = {k: v for k, v in cluster.items()
+                   if k.startswith("latency") and v != "0ms"}
     return out | ({"cluster": cluster} if cluster else {})
-
-
-def standing_shape(given: dict[str, Any]) -> Settings:
-    """The [cluster] settings of a standing cluster (`cluster up`): hosts (at least 1),
-    bandwidth and cpu, checked; the others at their defaults."""
-    values = {p.name: p.resolve(given.get(p.name), None) for p in CLUSTER}
-    extra = set(given) - {"hosts", "bandwidth", "cpu"}
-    if extra:
-        raise ConfigError(f"a standing cluster is made of hosts, bandwidth and cpu; "
-                          f"{sorted(extra)[0]} belongs to a run")
-    if not values["hosts"]:
-        raise ConfigError("a standing cluster needs --hosts (at least 1)")
-    for key in ("bandwidth", "cpu"):
-        if len(values[key]) not in (0, 1, values["hosts"]):
-            raise ConfigError(f"{key} has {len(values[key])} values for {values['hosts']} "
-                              "hosts: give one for every host, or one per host")
-    return Settings(values)
 
 
 def per_host(values: list, hosts: int) -> list:

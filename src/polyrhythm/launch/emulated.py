@@ -29,11 +29,11 @@ from polyrhythm.launch.janitor import Janitor
 from polyrhythm.launch.local import (
     CHILD_ENVIRONMENT,
     GRACE_S,
-    failure_reason,
     raise_interrupt,
+    recorded_failure,
     signal_handlers,
 )
-from polyrhythm.metrics.records import RunRecord, amend_run, fail_run, read_summary
+from polyrhythm.metrics.records import RunRecord, amend_run, read_summary
 
 PORT = 29500
 POLL_S = 0.2
@@ -67,10 +67,7 @@ def launch_emulated(config, record: RunRecord, show_progress: bool = False) -> d
                                               "bandwidth": list(shape.bandwidth),
                                               **fidelity}})
     except BaseException as exc:
-        reason = failure_reason(exc)
-        fail_run(record, reason)
-        raise RunFailed(f"run {record.run_id} {reason}", record.run_id,
-                        interrupted=isinstance(exc, KeyboardInterrupt)) from None
+        raise recorded_failure(record, exc) from None
     finally:
         with signal_handlers(sigterm=signal.SIG_IGN, sigint=signal.SIG_IGN):
             _stop(hosts)

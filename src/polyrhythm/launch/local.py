@@ -78,15 +78,20 @@ def launch_local(config, record: RunRecord, progress: ProgressBoard | None = Non
             _supervise(procs, events, board, topology)
         return read_summary(record)
     except BaseException as exc:
-        reason = failure_reason(exc)
-        fail_run(record, reason)
-        raise RunFailed(f"run {record.run_id} {reason}", record.run_id,
-                        interrupted=isinstance(exc, KeyboardInterrupt)) from None
+        raise recorded_failure(record, exc) from None
     finally:
         with signal_handlers(sigterm=signal.SIG_IGN, sigint=signal.SIG_IGN):  # teardown must finish
             _teardown(procs)
             for end in pipe:
                 end.close()
+
+
+def recorded_failure(record: RunRecord, exc: BaseException) -> RunFailed:
+    """Store the run as failed with what ended it; the RunFailed to raise."""
+    reason = failure_reason(exc)
+    fail_run(record, reason)
+    return RunFailed(f"run {record.run_id} {reason}", record.run_id,
+                     interrupted=isinstance(exc, KeyboardInterrupt))
 
 
 def failure_reason(exc: BaseException) -> str:

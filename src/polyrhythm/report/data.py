@@ -23,6 +23,7 @@ from polyrhythm.metrics.store import SERIES, RunStore
 _NOT_LABELS = {"seed", "out", "strategy"}
 _SHORT = {"workers": "N", "servers": "S"}
 _FIRST = ("workers", "servers")
+_FOLLOW_FIRST = ("batch_size", "hosts", "servers", "worker_delay_s")
 # matplotlib's tab10 palette: distinct colours for up to ten groups (then markers differ).
 _COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
            "#7f7f7f", "#bcbd22", "#17becf")
@@ -122,7 +123,8 @@ def _columns(rows: list[dict], names: tuple[str, ...]) -> dict[str, np.ndarray]:
 
 
 def _label(runs: list[Run]) -> None:
-    """Label every run (failed ones too) by the fields that vary within a strategy."""
+    """Label every run (failed ones too) by the fields that vary within a strategy, less those
+    that follow the worker count (see _followers)."""
     by_strategy: dict[str, list[Run]] = defaultdict(list)
     for run in runs:
         if run.completed:
@@ -132,12 +134,42 @@ def _label(runs: list[Run]) -> None:
         for key in set().union(*(r.config for r in members)) - _NOT_LABELS:
             if len({_text(r.config.get(key)) for r in members}) > 1:
                 varying.add(key)
+    completed = [r for members in by_strategy.values() for r in members]
+    varying -= _followers(completed, varying)
     keys = [k for k in _FIRST if k in varying] + sorted(varying - set(_FIRST))
     for run in runs:
-        config = {**run.config, "workers": run.row["workers"], "servers": run.row["servers"]}
+        config = _fields(run)
         parts = [(k, f"{_SHORT.get(k, k)}={_text(config[k])}") for k in keys if k in config]
         run.label = " ".join([run.row["strategy"], *(p for _, p in parts)])
         run.family = " ".join([run.row["strategy"], *(p for k, p in parts if k != "workers")])
+
+
+def _fields(run: Run) -> dict:
+    return {**run.config, "workers": run.row["workers"], "servers": run.row["servers"]}
+
+
+def _followers(runs: list[Run], varying: set[str]) -> set[str]:
+    """The varying fields that follow the worker count: no two runs with the same strategy,
+    workers and other (non-following) fields differ in them. Sweeps over workers set them
+    with it (batch_size from worker_batch_size, hosts from workers_per_host, servers on a
+    collocated cluster, a linked axis's worker_delay_s), so they stay out of labels, and
+    a scaling curve joins the points. Sizes are tried first: of two fields that determine
+    each other (servers and placement), the size follows, the choice stays."""
+    if "workers" not in varying:
+        return set()
+    followers: set[str] = set()
+    for key in ([k for k in _FOLLOW_FIRST if k in varying]
+                + sorted(varying - {*_FOLLOW_FIRST, "workers"})):
+        rest = sorted(varying - followers - {key, "workers"})
+        seen: dict[tuple, str] = {}
+        for run in runs:
+            config = _fields(run)
+            ident = (run.row["strategy"], config["workers"], *(_text(config.get(k)) for k in rest))
+            if seen.setdefault(ident, _text(config.get(key))) != _text(config.get(key)):
+                break
+        else:
+            followers.add(key)
+    return followers
 
 
 def _text(value) -> str:
