@@ -148,6 +148,23 @@ def unemulated_left_out(config: dict[str, Any]) -> dict[str, Any]:
     return out | ({"cluster": cluster} if cluster else {})
 
 
+def standing_shape(given: dict[str, Any]) -> Settings:
+    """The [cluster] settings of a standing cluster (`cluster up`): hosts (at least 1),
+    bandwidth and cpu, checked; the others at their defaults."""
+    values = {p.name: p.resolve(given.get(p.name), None) for p in CLUSTER}
+    extra = set(given) - {"hosts", "bandwidth", "cpu"}
+    if extra:
+        raise ConfigError(f"a standing cluster is made of hosts, bandwidth and cpu; "
+                          f"{sorted(extra)[0]} belongs to a run")
+    if not values["hosts"]:
+        raise ConfigError("a standing cluster needs --hosts (at least 1)")
+    for key in ("bandwidth", "cpu"):
+        if len(values[key]) not in (0, 1, values["hosts"]):
+            raise ConfigError(f"{key} has {len(values[key])} values for {values['hosts']} "
+                              "hosts: give one for every host, or one per host")
+    return Settings(values)
+
+
 def per_host(values: list, hosts: int) -> list:
     """A per-host setting as one entry per host (None where it is not set)."""
     if not values:
