@@ -164,3 +164,34 @@ def test_without_root_or_tools_a_cluster_run_is_one_clear_line_and_no_record(
         polyrhythm.train(equivalence_config(tmp_path, workers=1, hosts=2))
     assert not (tmp_path / "runs" / "polyrhythm.db").exists()
     assert shutil.which is not None
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "polyrhythm.cli", "cluster", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_cluster_up_status_and_down_from_the_command_line(before):
+    up = _cli("up", "--name", "clitest", "--hosts", "2", "--bandwidth", "100mbit",
+              "--cpu", "0.5")
+    assert up.returncode == 0, up.stderr
+    try:
+        status = _cli("status").stdout
+        assert "cluster clitest:" in status
+        assert "host 1: pr-clitest-h1 10.213.0.2  100mbit link, 0.5 cores" in status
+        again = _cli("up", "--name", "clitest", "--hosts", "2")
+        assert again.returncode == 2
+        assert again.stderr.strip() == "polyrhythm: error: cluster 'clitest' is already up"
+    finally:
+        down = _cli("down", "--name", "clitest")
+    assert down.returncode == 0 and "cluster clitest is down" in down.stdout
+    assert leftovers() == before
+    assert "clitest" not in _cli("status").stdout
+    for bad, message in ((["--hosts", "2", "--bandwidth", "100mbps"], "such as 100mbit"),
+                         (["--hosts", "2", "--cpu", "1", "1", "1"], "3 values for 2 hosts"),
+                         (["--bandwidth", "1gbit"], "needs --hosts")):
+        done = _cli("up", "--name", "clitest", *bad)
+        assert done.returncode == 2 and message in done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1
+    gone = _cli("down", "--name", "clitest")
+    assert gone.returncode == 2 and "no standing cluster 'clitest'" in gone.stderr
