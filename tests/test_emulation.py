@@ -192,3 +192,13 @@ def test_fidelity_guard_samples_only_the_training_window():
     busy.set()
     verdict = guard.stop(started + 0.6, time.time())
     assert 0 < verdict["samples"] < 3
+
+
+def test_a_workers_threads_follow_its_hosts_cpu_share():
+    from polyrhythm.runtime.job import host_cores
+
+    config = make_config({"strategy": "bsp", "workers": 3, "hosts": 4,
+                          "cpu": [1.0, 1.5, 0.5, 0.25]})
+    assert [host_cores(config, rank) for rank in range(4)] == [1.0, 1.5, 0.5, 0.25]
+    unlimited = make_config({"strategy": "bsp", "workers": 3, "hosts": 4})
+    assert host_cores(unlimited, 2) == host_cores(make_config({}), 2) >= 1

@@ -395,3 +395,12 @@ def test_fields_that_follow_the_worker_count_stay_out_of_labels_and_curves(tmp_p
                               worker_delay_s=[0, 0, 0, 0.1])
     labels = {g.label for g in group_runs(load_runs(store.path, [*ids, straggler]))}
     assert "bsp N=4 placement=dedicated worker_delay_s=[0,0,0,0.1]" in labels
+
+
+def test_groups_sort_their_numbers_as_numbers(tmp_path):
+    store = RunStore(tmp_path / "runs" / "polyrhythm.db")
+    ids = [fabricate_run(store, tmp_path, "bsp", 0, workers=2, index=i, series=False,
+                         latency=latency)
+           for i, latency in enumerate(("100ms", "10ms", "50ms"))]
+    assert [g.label for g in group_runs(load_runs(store.path, ids))] == [
+        "bsp latency=10ms", "bsp latency=50ms", "bsp latency=100ms"]

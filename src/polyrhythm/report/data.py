@@ -8,6 +8,7 @@ A family is a group's label without the worker count: the runs of one scaling cu
 from __future__ import annotations
 
 import json
+import re
 import tomllib
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -172,6 +173,12 @@ def _followers(runs: list[Run], varying: set[str]) -> set[str]:
     return followers
 
 
+def _natural(text: str) -> list:
+    """Text with its numbers as numbers, so latency=10ms sorts before latency=100ms."""
+    return [(0, float(part), "") if i % 2 else (1, 0.0, part)
+            for i, part in enumerate(re.split(r"(\d+(?:\.\d+)?)", text))]
+
+
 def _text(value) -> str:
     if isinstance(value, float):
         return f"{value:g}"
@@ -189,7 +196,8 @@ def group_runs(runs: list[Run]) -> list[Group]:
     order = list(dict.fromkeys(r.row["strategy"] for r in runs if r.completed))
     groups = [Group(label, rs[0].family, rs[0].row["strategy"], rs[0].workers, rs)
               for label, rs in members.items()]
-    groups.sort(key=lambda g: (order.index(g.strategy), g.family, g.workers, g.label))
+    groups.sort(key=lambda g: (order.index(g.strategy), _natural(g.family), g.workers,
+                               _natural(g.label)))
     for i, group in enumerate(groups):
         group.color = _COLORS[i % len(_COLORS)]
         group.marker = "osD^vPX*hp"[i % 10 if len(groups) <= 10 else i // len(_COLORS) % 10]

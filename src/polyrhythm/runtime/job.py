@@ -10,6 +10,7 @@ import time
 
 import torch
 
+from polyrhythm.config.emulation import host_ranks, per_host
 from polyrhythm.context import RankContext
 from polyrhythm.data.datasets import Dataset, load_dataset, train_val_split
 from polyrhythm.data.sharding import steps_per_epoch
@@ -28,13 +29,26 @@ def prepare_data(config) -> tuple[Dataset, Dataset]:
     return train_val_split(data, config.data.val_fraction, config.seed)
 
 
-def set_threads(config, role: str, local_workers: int) -> None:
-    """Workers share the cores; servers mostly wait, so one thread each is enough."""
+def set_threads(config, role: str, local_workers: int, rank: int | None = None) -> None:
+    """Workers share their host's cores; servers mostly wait, so one thread each is enough."""
     if role == "server":
         threads = 1
     else:
-        threads = config.threads or max(1, (os.cpu_count() or 1) // max(1, local_workers))
+        threads = config.threads or max(1, int(host_cores(config, rank)
+                                                // max(1, local_workers)))
     torch.set_num_threads(threads)
+
+
+def host_cores(config, rank: int | None) -> float:
+    """The cores rank `rank`'s host has: the machine's, or fewer on an emulated host with a
+    smaller CPU share (more threads than its quota only queue for it)."""
+    cores = os.cpu_count() or 1
+    cluster = config.cluster
+    if rank is None or not cluster.hosts or not cluster.cpu:
+        return cores
+    layout = host_ranks(cluster, config.servers, config.workers)
+    host = next(h for h, ranks in enumerate(layout) if rank in ranks)
+    return min(cores, per_host(cluster.cpu, cluster.hosts)[host])
 
 
 def build_role(ctx: RankContext, train: Dataset, val: Dataset) -> Worker | ParameterServerShard:
@@ -54,7 +68,7 @@ def build_role(ctx: RankContext, train: Dataset, val: Dataset) -> Worker | Param
 def run_rank(ctx: RankContext, local_workers: int | None = None) -> RunResult | None:
     """Play this rank's role in the job; rank 0 returns the run's result, others None."""
     config = ctx.config
-    set_threads(config, ctx.topology.role(ctx.rank), local_workers or config.workers)
+    set_threads(config, ctx.topology.role(ctx.rank), local_workers or config.workers, ctx.rank)
     train, val = prepare_data(config)
     role = build_role(ctx, train, val)  # before the clock starts: building is set-up
     ctx.transport.barrier()  # start the clock when every process is ready
