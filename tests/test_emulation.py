@@ -202,3 +202,57 @@ def test_a_workers_threads_follow_its_hosts_cpu_share():
     assert [host_cores(config, rank) for rank in range(4)] == [1.0, 1.5, 0.5, 0.25]
     unlimited = make_config({"strategy": "bsp", "workers": 3, "hosts": 4})
     assert host_cores(unlimited, 2) == host_cores(make_config({}), 2) >= 1
+
+
+def test_a_send_made_while_another_is_posted_is_posted_once_as_is_the_other():
+    # A is due at 30 ms and takes 50 ms to post; B's latency is drawn slowly (45 ms) and is
+    # 0: B is made while A is being posted and is due before A was.
+    log: list = []
+    draws = iter([0.03, "slow zero"])
+
+    def draw():
+        value = next(draws)
+        if value == "slow zero":
+            time.sleep(0.045)
+            return 0.0
+        return value
+
+    def slow_post(tensor, dst, tag):
+        time.sleep(0.05)
+        return FakeWork(log, tensor, dst, tag)
+
+    line = DelayLine(draw, post=slow_post)
+    line.send(torch.tensor([1.0]), dst=0, tag=0)
+    line.send(torch.tensor([2.0]), dst=1, tag=0)
+    line.drain()
+    assert sorted((value, dst) for _, value, dst, _ in log) == [(1.0, 0), (2.0, 1)]
+
+
+class HeldWork:
+    """A send the receiver has not taken yet: complete once released."""
+
+    released = threading.Event()
+
+    def is_completed(self):
+        return self.released.is_set()
+
+    def wait(self):
+        self.released.wait()
+        return True
+
+
+def test_a_destination_takes_a_window_of_messages_then_its_sender_waits():
+    from polyrhythm.comm.delay import IN_FLIGHT
+
+    line = DelayLine(lambda: 0.0, post=lambda t, dst, tag: HeldWork())
+    for _ in range(IN_FLIGHT):
+        line.send(torch.zeros(1), dst=3, tag=0)
+    line.send(torch.zeros(1), dst=4, tag=0)  # another peer's window is its own
+    blocked = threading.Thread(target=line.send, args=(torch.zeros(1), 3, 0))
+    blocked.start()
+    blocked.join(0.2)
+    assert blocked.is_alive()  # the link is full: the sender waits, as on a socket
+    HeldWork.released.set()
+    blocked.join(5)
+    assert not blocked.is_alive()
+    line.drain()
