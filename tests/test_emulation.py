@@ -4,6 +4,7 @@ compute, host placement and the fidelity guard's verdict."""
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 
@@ -184,24 +185,19 @@ def test_fidelity_guard_flags_a_host_starved_while_the_machine_was_saturated():
     assert not guard.verdict([(1.0, [(0.95, 0.9), (1.0, 0.0)])] * 5)["emulator_bound"]
 
 
-def test_fidelity_guard_samples_only_the_training_window():
-    busy = threading.Event()
-    guard = FidelityGuard([lambda: [threading.get_native_id()]], [None]).start()
-    started = time.time()
-    time.sleep(1.2)
-    busy.set()
-    verdict = guard.stop(started + 0.6, time.time())
-    assert 0 < verdict["samples"] < 3
-
-
-def test_a_workers_threads_follow_its_hosts_cpu_share():
-    from polyrhythm.runtime.job import host_cores
-
-    config = make_config({"strategy": "bsp", "workers": 3, "hosts": 4,
-                          "cpu": [1.0, 1.5, 0.5, 0.25]})
-    assert [host_cores(config, rank) for rank in range(4)] == [1.0, 1.5, 0.5, 0.25]
-    unlimited = make_config({"strategy": "bsp", "workers": 3, "hosts": 4})
-    assert host_cores(unlimited, 2) == host_cores(make_config({}), 2) >= 1
+def test_fidelity_guard_judges_the_training_window_only_and_nothing_without_samples():
+    guard = FidelityGuard([list], [0.5]).start()
+    guard.stop()
+    guard.samples = [(10.0, 1.0, [(0.1, 0.5)]),    # starting up: saturated, starved
+                     (10.5, 0.3, [(0.45, 0.0)]),   # training: fine
+                     (11.0, 0.3, [(0.45, 0.0)]),
+                     (11.5, 1.0, [(0.1, 0.5)])]    # the gather after training
+    verdict = guard.verdict_over(10.2, 11.0)
+    assert verdict["samples"] == 2 and verdict["emulator_bound"] is False
+    assert guard.verdict_over(9.0, 12.0)["hosts"][0]["starved_fraction"] == 0.5
+    unknown = guard.verdict_over(20.0, 21.0)
+    assert unknown["samples"] == 0 and unknown["emulator_bound"] is None
+    assert FidelityGuard([list], [64.0]).shares == [float(os.cpu_count() or 1)]
 
 
 def test_a_send_made_while_another_is_posted_is_posted_once_as_is_the_other():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from polyrhythm.cli.flags import metavar
-from polyrhythm.config import load_toml, sectioned
+from polyrhythm.config import load_config
 from polyrhythm.config.emulation import CLUSTER, standing_shape
 
 SHAPE = ("hosts", "bandwidth", "cpu")
@@ -21,8 +21,8 @@ def add_parser(commands) -> None:
     actions = cluster.add_subparsers(dest="action", required=True)
     up = actions.add_parser("up", help="make a standing cluster")
     up.add_argument("--name", default="default", help="its name (default: default)")
-    up.add_argument("--config", metavar="FILE.toml", help="take hosts, bandwidth and cpu "
-                    "from this run config's [cluster]; flags override it")
+    up.add_argument("--config", metavar="FILE.toml", help="the cluster a run of this config "
+                    "has (its hosts, bandwidth and cpu); flags override it")
     for p in CLUSTER:
         if p.name in SHAPE:
             up.add_argument(p.flag, dest=p.name, metavar=metavar(p), help=p.help,
@@ -39,12 +39,17 @@ def run(args: argparse.Namespace) -> int:
     from polyrhythm.launch.cluster import (
         ClusterShape,
         EmulatedCluster,
+        can_emulate,
         leftovers,
         remove_everything,
     )
 
+    can_emulate()
     if args.action == "up":
-        given = sectioned(load_toml(args.config))["cluster"] if args.config else {}
+        given = {}
+        if args.config:  # the cluster a run of this config would have (hosts resolved)
+            cluster = load_config(args.config).cluster
+            given = {k: cluster[k] for k in SHAPE if cluster[k]}
         given |= {k: getattr(args, k) for k in SHAPE if getattr(args, k) is not None}
         cluster = EmulatedCluster(args.name, ClusterShape.of(standing_shape(given)))
         cluster.up(standing=True)

@@ -53,6 +53,8 @@ def cluster_line(cluster: dict) -> str:
     hosts = cluster["hosts"]
     line = (f"emulated cluster of {count(len(hosts), 'host')}; machine "
             f"{cluster['machine_busy']:.0%} busy: ")
+    if cluster["emulator_bound"] is None:
+        return line + "too short for the fidelity guard to judge (under half a second)"
     bound = [str(h["host"]) for h in hosts if h["emulator_bound"]]
     if bound:
         return line + (f"the emulator was the bottleneck on host {', '.join(bound)} (starved "

@@ -89,16 +89,6 @@ class CpuGroup:
         name = "tasks" if self.version == 1 else "cgroup.threads"
         return [int(t) for f in self.path.rglob(name) for t in _read(f).split()]
 
-    def throttled_s(self) -> float:
-        """Seconds the group spent throttled by its quota so far."""
-        for line in _read(self.path / "cpu.stat").splitlines():
-            key, _, value = line.partition(" ")
-            if key == "throttled_time":
-                return int(value) / 1e9
-            if key == "throttled_usec":
-                return int(value) / 1e6
-        return 0.0
-
     def kill(self, timeout: float = 10.0) -> None:
         """SIGKILL every process in the group until none is left."""
         deadline = time.monotonic() + timeout

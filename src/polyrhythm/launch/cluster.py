@@ -22,6 +22,7 @@ from polyrhythm.config.emulation import per_host
 from polyrhythm.errors import ClusterError
 from polyrhythm.launch import cgroups, netns
 from polyrhythm.launch.cgroups import CpuGroup, hierarchy, remove_root_if_empty
+from polyrhythm.units import rate
 
 STATE_DIR = Path(os.environ.get("POLYRHYTHM_STATE_DIR", "/run/polyrhythm"))
 _NAME = re.compile(r"[a-z][a-z0-9]{0,11}")
@@ -40,6 +41,12 @@ class ClusterShape:
         """The shape a run's [cluster] settings ask for."""
         return cls(cluster.hosts, tuple(per_host(cluster.bandwidth, cluster.hosts)),
                    tuple(per_host(cluster.cpu, cluster.hosts)))
+
+    def same_as(self, other: ClusterShape) -> bool:
+        """The same cluster, rates compared as rates (1gbit is 1000mbit)."""
+        def key(shape: ClusterShape) -> tuple:
+            return (shape.hosts, [rate(b) if b else None for b in shape.bandwidth], shape.cpu)
+        return key(self) == key(other)
 
     def describe(self, host: int) -> str:
         link, cpu = self.bandwidth[host], self.cpu[host]
@@ -136,7 +143,7 @@ class EmulatedCluster:
 def standing_of_shape(shape: ClusterShape) -> EmulatedCluster | None:
     """A standing cluster a run of this shape can use, if one is up."""
     return next((c for c in EmulatedCluster.all_standing()
-                 if c.shape == shape and c.network.exists()), None)
+                 if c.shape.same_as(shape) and c.network.exists()), None)
 
 
 def can_emulate() -> None:

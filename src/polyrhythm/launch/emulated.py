@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from polyrhythm.config.emulation import host_ranks
-from polyrhythm.errors import RunFailed
+from polyrhythm.errors import ClusterError, RunFailed
 from polyrhythm.launch.cgroups import CpuGroup
 from polyrhythm.launch.cluster import ClusterShape, EmulatedCluster, standing_of_shape
 from polyrhythm.launch.fidelity import FidelityGuard
@@ -37,6 +37,7 @@ from polyrhythm.metrics.records import RunRecord, amend_run, read_summary
 
 PORT = 29500
 POLL_S = 0.2
+RENDEZVOUS_TIMEOUT_S = 120  # a host that cannot reach host 0 fails after this, not 600 s
 
 
 def launch_emulated(config, record: RunRecord, show_progress: bool = False) -> dict:
@@ -49,18 +50,18 @@ def launch_emulated(config, record: RunRecord, show_progress: bool = False) -> d
     janitor = Janitor(cluster, own, record)
     hosts: list[subprocess.Popen] = []
     groups: list[CpuGroup] = []
+    guard: FidelityGuard | None = None
     try:
         with signal_handlers(sigterm=raise_interrupt):
             if own:
                 cluster.up()
             groups = cluster.run_groups(record.run_id)
-            guard = FidelityGuard([g.threads for g in groups], list(shape.cpu)).start()
             port = PORT if own else random.randint(20000, 60000)
-            hosts = [_start(cluster, h, len(ranks), port, record, groups[h])
-                     for h, ranks in enumerate(layout)]
+            for host, ranks in enumerate(layout):
+                hosts.append(_start(cluster, host, len(ranks), port, record, groups[host]))
+            guard = FidelityGuard([g.threads for g in groups], list(shape.cpu)).start()
             _supervise(hosts, layout, record, show_progress)
-            ended = (record.dir / "summary.json").stat().st_mtime  # rank 0 wrote it last
-            fidelity = guard.stop(ended - read_summary(record)["wall_s"], ended)
+            fidelity = guard.verdict_over(*read_summary(record)["training_window"])
         return amend_run(record, {"cluster": {"name": cluster.name if not own else None,
                                               "placement": config.cluster.placement,
                                               "layout": layout,
@@ -70,12 +71,31 @@ def launch_emulated(config, record: RunRecord, show_progress: bool = False) -> d
         raise recorded_failure(record, exc) from None
     finally:
         with signal_handlers(sigterm=signal.SIG_IGN, sigint=signal.SIG_IGN):
-            _stop(hosts)
-            for group in groups:
-                group.remove()
-            if own:
-                cluster.down()
-            janitor.dismiss()
+            _tear_down(hosts, groups, cluster if own else None, guard, janitor)
+
+
+def _tear_down(hosts: list[subprocess.Popen], groups: list[CpuGroup],
+               own: EmulatedCluster | None, guard: FidelityGuard | None,
+               janitor: Janitor) -> None:
+    """Stop the hosts, remove the run's groups and (if the run made it) the cluster, each
+    step whatever the others do. If any failed, the janitor tries again at once, as if the
+    launcher had been killed; if it cannot either, one ClusterError says what to run."""
+    if guard is not None:
+        guard.stop()
+    steps = [lambda: _stop(hosts), *(group.remove for group in groups)]
+    if own is not None:
+        steps.append(own.down)
+    failed = []
+    for step in steps:
+        try:
+            step()
+        except Exception as exc:
+            failed.append(exc)
+    if not failed:
+        janitor.dismiss()
+    elif not janitor.clean_up_now():
+        raise ClusterError(f"could not remove all the run made ({failed[0]}); "
+                           "`polyrhythm cluster down --all` removes it")
 
 
 def _start(cluster: EmulatedCluster, host: int, ranks: int, port: int, record: RunRecord,
@@ -86,25 +106,21 @@ def _start(cluster: EmulatedCluster, host: int, ranks: int, port: int, record: R
                 "--nnodes", str(cluster.shape.hosts), "--node-rank", str(host),
                 "--nproc-per-node", str(ranks), "--master-addr", cluster.links[0].address,
                 "--master-port", str(port), "--max-restarts", "0",
+                "--rdzv-conf", f"timeout={RENDEZVOUS_TIMEOUT_S}",
                 "-m", "polyrhythm.node", str(record.dir / "config.toml"),
                 "--run-id", record.run_id]
     # Gloo finds its address from the interface, not the machine's host name (which
     # resolves to an address no namespace has).
     env = {**CHILD_ENVIRONMENT, **os.environ, "GLOO_SOCKET_IFNAME": link.device,
            "PYTHONUNBUFFERED": "1"}
-    log = open(record.dir / "logs" / f"host{host}.log", "ab")  # noqa: SIM115 (child's)
-    procs = str(group.path / "cgroup.procs").encode()
-    with log:
-        return subprocess.Popen(cluster.command(host, torchrun), env=env, stdout=log,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                preexec_fn=lambda: _join(procs))
-
-
-def _join(procs: bytes) -> None:
-    """(In the child, before exec.) Move this process into its host's CPU group."""
-    fd = os.open(procs, os.O_WRONLY)
-    os.write(fd, str(os.getpid()).encode())
-    os.close(fd)
+    # The shell moves itself into the host's CPU group, then becomes the command: the group
+    # holds the host's processes from their start, and no Python runs in the child before
+    # exec (a preexec_fn is unsafe once threads run).
+    command = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(group.path / "cgroup.procs"),
+               *cluster.command(host, torchrun)]
+    with open(record.dir / "logs" / f"host{host}.log", "ab") as log:
+        return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
 
 
 def _supervise(hosts: list[subprocess.Popen], layout: list[list[int]], record: RunRecord,
@@ -138,9 +154,11 @@ def _show_progress(record: RunRecord, shown: list[int]) -> None:
 
 
 def _failure(host: int, code: int, layout: list[list[int]], record: RunRecord) -> str:
-    errors = [line.split("polyrhythm: error: ", 1)[1] for line in _log_lines(record, host)
-              if "polyrhythm: error: " in line]
-    why = errors[0] if errors else f"torchrun exit code {code}"
+    lines = _log_lines(record, host)
+    ours = [line.split("polyrhythm: error: ", 1)[1] for line in lines
+            if "polyrhythm: error: " in line]
+    theirs = [line.strip() for line in lines if "Error" in line or "timed out" in line]
+    why = (ours or theirs or [f"torchrun exit code {code}"])[0][:300]
     return (f"host {host} (ranks {', '.join(map(str, layout[host]))}) failed: {why} (log: "
             f"{Path(record.dir) / 'logs' / f'host{host}.log'})")
 

@@ -57,7 +57,9 @@ class FidelityGuard:
     def __init__(self, threads: list[Callable[[], list[int]]],
                  shares: list[float | None]) -> None:
         self.threads, self.cores = threads, os.cpu_count() or 1
-        self.shares = [s if s is not None else float(self.cores) for s in shares]
+        # A share above the machine's cores cannot be met: it is all the cores.
+        self.shares = [min(s, self.cores) if s is not None else float(self.cores)
+                       for s in shares]
         # (when, machine busy, per host (cores ran, threads waiting)), `when` in epoch seconds
         self.samples: list[tuple[float, float, list[tuple[float, float]]]] = []
         self._stop = threading.Event()
@@ -68,27 +70,37 @@ class FidelityGuard:
         return self
 
     def _run(self) -> None:
-        ticks, seen = machine_ticks(), [thread_times(t()) for t in self.threads]
+        clock, ticks = time.monotonic(), machine_ticks()
+        seen = [thread_times(t()) for t in self.threads]
         while not self._stop.wait(INTERVAL_S):
-            now_ticks, now = machine_ticks(), [thread_times(t()) for t in self.threads]
+            now_clock, now_ticks = time.monotonic(), machine_ticks()
+            now = [thread_times(t()) for t in self.threads]
+            # Per second of the interval as it was, not as planned: on a saturated machine
+            # this thread wakes late.
+            seconds = (now_clock - clock) * 1e9
             busy = (now_ticks[0] - ticks[0]) / max(1, now_ticks[1] - ticks[1])
             hosts = []
             for before, after in zip(seen, now, strict=True):
                 common = after.keys() & before.keys()
-                ran = sum(after[t][0] - before[t][0] for t in common) / 1e9 / INTERVAL_S
-                waited = sum(after[t][1] - before[t][1] for t in common) / 1e9 / INTERVAL_S
+                ran = sum(after[t][0] - before[t][0] for t in common) / seconds
+                waited = sum(after[t][1] - before[t][1] for t in common) / seconds
                 hosts.append((ran, waited))
             self.samples.append((time.time(), busy, hosts))
-            ticks, seen = now_ticks, now
+            clock, ticks, seen = now_clock, now_ticks, now
 
-    def stop(self, start: float, end: float) -> dict:
-        """Stop sampling; the verdict per host and for the run, over the intervals that
-        ended within [start, end] (epoch seconds: the training window)."""
+    def stop(self) -> None:
         self._stop.set()
         self._thread.join()
+
+    def verdict_over(self, start: float, end: float) -> dict:
+        """Stop sampling; the verdict over the intervals that ended within [start, end]
+        (epoch seconds: the training window)."""
+        self.stop()
         return self.verdict([s[1:] for s in self.samples if start < s[0] <= end])
 
     def verdict(self, samples: list[tuple[float, list[tuple[float, float]]]]) -> dict:
+        """Per host and for the run; with no samples (a run shorter than an interval) the
+        verdict is unknown (None), not a pass."""
         hosts = []
         n = max(1, len(samples))
         for h, share in enumerate(self.shares):
@@ -100,9 +112,9 @@ class FidelityGuard:
                 "used_cores": sum(per[h][0] for _, per in samples) / n,
                 "waiting_threads": sum(per[h][1] for _, per in samples) / n,
                 "starved_fraction": starved / n,
-                "emulator_bound": starved / n >= BOUND})
+                "emulator_bound": starved / n >= BOUND if samples else None})
         return {"machine_cores": self.cores,
                 "machine_busy": sum(busy for busy, _ in samples) / n,
                 "samples": len(samples),
-                "emulator_bound": any(h["emulator_bound"] for h in hosts),
+                "emulator_bound": any(h["emulator_bound"] for h in hosts) if samples else None,
                 "hosts": hosts}

@@ -6,8 +6,8 @@ run as failed. A launcher that ends normally cleans up itself and dismisses the 
     python -m polyrhythm.launch.janitor '{"cluster": ..., "shape": ..., "own": ..., ...}'
 
 It watches its standard input, a pipe only the launcher writes: "done" dismisses it,
-end-of-file without "done" means the launcher is gone. It runs in a session of its own, so
-the Ctrl-C that stops the launcher does not stop it first.
+end-of-file without "done" means the launcher is gone (or could not clean up all itself). It
+runs in a session of its own, so the Ctrl-C that stops the launcher does not stop it first.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from polyrhythm.errors import PolyrhythmError
 from polyrhythm.launch.cgroups import CpuGroup
 from polyrhythm.launch.cluster import ClusterShape, EmulatedCluster
 from polyrhythm.metrics.records import RunRecord, fail_run
@@ -38,12 +39,20 @@ class Janitor:
             stdin=subprocess.PIPE, start_new_session=True)
 
     def dismiss(self) -> None:
+        """The launcher cleaned up: the janitor leaves without doing anything."""
+        self._close(DONE)
+
+    def clean_up_now(self) -> bool:
+        """The launcher could not clean up all: the janitor tries now. True if it could."""
+        return self._close(b"") == 0
+
+    def _close(self, said: bytes) -> int:
         try:
-            self._process.stdin.write(DONE)
+            self._process.stdin.write(said)
             self._process.stdin.close()
         except OSError:
             pass
-        self._process.wait()
+        return self._process.wait()
 
 
 def clean_up(job: dict) -> None:
@@ -62,8 +71,13 @@ def main() -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     job = json.loads(sys.argv[1])
     said = sys.stdin.buffer.read()  # until the launcher closes the pipe or dies
-    if said != DONE:
+    if said == DONE:
+        return 0
+    try:
         clean_up(job)
+    except PolyrhythmError as exc:
+        print(f"polyrhythm janitor: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

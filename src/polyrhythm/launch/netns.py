@@ -11,6 +11,7 @@ its namespace) and `pr<tag>h<i>b` (the bridge's end). Linux caps link names at 1
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -109,13 +110,17 @@ def _tbf(limit: str) -> list[str]:
     return ["tbf", "rate", f"{int(bits)}bit", "burst", str(burst), "latency", QUEUE]
 
 
+# Exactly the names made here, so nothing else on the machine that starts with "pr" is taken.
+OUR_NAMESPACE = re.compile(r"pr-[a-z][a-z0-9]{0,11}-h\d+")
+OUR_LINK = re.compile(r"pr[0-9a-f]{6}(h\d+b?)?")
+
+
 def ours() -> dict[str, list[str]]:
     """Every namespace, link and qdisc of ours on this machine (none once all is torn down)."""
-    namespaces = [line.split()[0] for line in run("ip", "netns", "list").splitlines()
-                  if line.startswith(NAMESPACE_PREFIX)]
-    links = [line.split(":")[1].strip().split("@")[0]
-             for line in run("ip", "-o", "link", "show").splitlines()
-             if line.split(":")[1].strip().startswith(PREFIX)]
+    namespaces = [name for line in run("ip", "netns", "list").splitlines()
+                  if OUR_NAMESPACE.fullmatch(name := line.split()[0])]
+    links = [name for line in run("ip", "-o", "link", "show").splitlines()
+             if OUR_LINK.fullmatch(name := line.split(":")[1].strip().split("@")[0])]
     qdiscs = [line for line in run("tc", "qdisc", "show").splitlines()
               if any(f"dev {link} " in line for link in links) and "tbf" in line]
     return {"namespaces": namespaces, "links": links, "qdiscs": qdiscs}

@@ -114,7 +114,8 @@ def cluster_table(runs: list[Run]) -> Table | None:
             continue
         for host in cluster["hosts"]:
             h = host["host"]
-            verdict = "EMULATOR-BOUND" if host["emulator_bound"] else "ok"
+            verdict = {True: "EMULATOR-BOUND", False: "ok", None: "unknown (too short)"}[
+                host["emulator_bound"]]
             rows.append((run.run_id, run.label, str(h),
                          ", ".join(map(str, cluster["layout"][h])),
                          cluster["bandwidth"][h] or "unlimited", _num(host["cpu_share"], 2),

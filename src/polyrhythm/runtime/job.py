@@ -72,7 +72,7 @@ def run_rank(ctx: RankContext, local_workers: int | None = None) -> RunResult | 
     train, val = prepare_data(config)
     role = build_role(ctx, train, val)  # before the clock starts: building is set-up
     ctx.transport.barrier()  # start the clock when every process is ready
-    ctx.started = time.perf_counter()
+    ctx.started, trained_from = time.perf_counter(), time.time()
     if config.instrumentation:
         with ResourceSampler(ctx.rank, ctx.topology.role(ctx.rank), ctx.now,
                              ctx.transport.counters.moved) as sampler:
@@ -83,4 +83,7 @@ def run_rank(ctx: RankContext, local_workers: int | None = None) -> RunResult | 
     reports = ctx.transport.gather_object(report, dst=0)
     if ctx.rank != 0:
         return None
-    return summarise(config, reports, val, ctx.now())
+    result = summarise(config, reports, val, ctx.now())
+    # When training ran, by the wall clock: what an emulated cluster's fidelity guard judges.
+    result.summary["training_window"] = [trained_from, time.time()]
+    return result
