@@ -51,8 +51,10 @@ def test_face_benchmark_smoke_prints_the_time():
 
 def test_cluster_benchmark_smoke_prints_its_ratios():
     out = smoke("cluster.py")
-    latency = re.search(r"^latency 50ms, .*: (\d+\.\d+) \(target >= 1\.00\) (PASS|MISS)$",
+    latency = re.search(r"^latency 50ms, .* x 2 x 50 ms; every step's communication >= "
+                        r"[\d.]+ ms: (\d+\.\d+) \(target >= 1\.00\) (PASS|MISS)$",
                         out, re.MULTILINE)
     assert latency and float(latency.group(1)) > 0, out
-    shaped = re.findall(r": (\d+\.\d+) \(target 0\.75-1\.25\) (PASS|MISS);", out)
-    assert len(shaped) == 2 or "bandwidth: SKIP" in out, out
+    shaped = re.findall(r": (\d+\.\d+) \(target (0\.75-1\.25|3\.00-5\.00)\) (PASS|MISS);",
+                        out)
+    assert len(shaped) == 3 or "bandwidth and cpu shares: SKIP" in out, out

@@ -43,26 +43,28 @@ RENDEZVOUS_TIMEOUT_S = 120  # a host that cannot reach host 0 fails after this, 
 def launch_emulated(config, record: RunRecord, show_progress: bool = False) -> dict:
     """Run the job on an emulated cluster; return the summary or raise RunFailed."""
     shape = ClusterShape.of(config.cluster)
-    cluster = standing_of_shape(shape)
-    own = cluster is None
-    cluster = cluster or EmulatedCluster.temporary(shape)
     layout = host_ranks(config.cluster, config.servers, config.workers)
-    janitor = Janitor(cluster, own, record)
+    own: EmulatedCluster | None = None
+    janitor: Janitor | None = None
     hosts: list[subprocess.Popen] = []
     groups: list[CpuGroup] = []
     guard: FidelityGuard | None = None
     try:
         with signal_handlers(sigterm=raise_interrupt):
-            if own:
-                cluster.up()
+            cluster = standing_of_shape(shape)
+            if cluster is None:
+                cluster = own = EmulatedCluster.temporary(shape)
+            janitor = Janitor(cluster, own is not None, record)
+            if own is not None:
+                own.up()
             groups = cluster.run_groups(record.run_id)
-            port = PORT if own else random.randint(20000, 60000)
+            port = PORT if own is not None else random.randint(20000, 60000)
             for host, ranks in enumerate(layout):
                 hosts.append(_start(cluster, host, len(ranks), port, record, groups[host]))
             guard = FidelityGuard([g.threads for g in groups], list(shape.cpu)).start()
             _supervise(hosts, layout, record, show_progress)
             fidelity = guard.verdict_over(*read_summary(record)["training_window"])
-        return amend_run(record, {"cluster": {"name": cluster.name if not own else None,
+        return amend_run(record, {"cluster": {"name": None if own else cluster.name,
                                               "placement": config.cluster.placement,
                                               "layout": layout,
                                               "bandwidth": list(shape.bandwidth),
@@ -71,12 +73,12 @@ def launch_emulated(config, record: RunRecord, show_progress: bool = False) -> d
         raise recorded_failure(record, exc) from None
     finally:
         with signal_handlers(sigterm=signal.SIG_IGN, sigint=signal.SIG_IGN):
-            _tear_down(hosts, groups, cluster if own else None, guard, janitor)
+            _tear_down(hosts, groups, own, guard, janitor)
 
 
 def _tear_down(hosts: list[subprocess.Popen], groups: list[CpuGroup],
                own: EmulatedCluster | None, guard: FidelityGuard | None,
-               janitor: Janitor) -> None:
+               janitor: Janitor | None) -> None:
     """Stop the hosts, remove the run's groups and (if the run made it) the cluster, each
     step whatever the others do. If any failed, the janitor tries again at once, as if the
     launcher had been killed; if it cannot either, one ClusterError says what to run."""
@@ -91,9 +93,9 @@ def _tear_down(hosts: list[subprocess.Popen], groups: list[CpuGroup],
             step()
         except Exception as exc:
             failed.append(exc)
-    if not failed:
+    if janitor is not None and not failed:
         janitor.dismiss()
-    elif not janitor.clean_up_now():
+    elif failed and (janitor is None or not janitor.clean_up_now()):
         raise ClusterError(f"could not remove all the run made ({failed[0]}); "
                            "`polyrhythm cluster down --all` removes it")
 
