@@ -90,6 +90,8 @@ def test_a_config_that_emulates_nothing_writes_no_emulation_settings():
         "hosts": 2, "placement": "dedicated", "bandwidth": [], "cpu": [], "latency": "5ms",
         "latency_jitter": "0ms"}
     assert make_config({"latency": "5ms"}).to_dict()["cluster"] == {"latency": "5ms"}
+    ring = make_config({"strategy": "ring", "workers": 2, "hosts": 2})
+    assert "placement" not in ring.to_dict()["cluster"]  # no servers to place
     assert make_config(emulated.to_dict()) == emulated
 
 

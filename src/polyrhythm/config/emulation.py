@@ -136,7 +136,7 @@ def settle(cluster: Settings, workers: int, servers: int) -> Settings:
 def unemulated_left_out(config: dict[str, Any]) -> dict[str, Any]:
     """A config in sections without the emulation settings it does not use: the emulated
     compute's while compute is real, the cluster's but latency while there are no hosts,
-    and [cluster] altogether if nothing is left of it."""
+    placement without servers, and [cluster] altogether if nothing is left of it."""
     out = dict(config)
     if out.get("compute") == "real":
         out = {k: v for k, v in out.items()
@@ -145,6 +145,8 @@ def unemulated_left_out(config: dict[str, Any]) -> dict[str, Any]:
     if not cluster.get("hosts"):
         cluster = {k: v for k, v in cluster.items()
                    if k.startswith("latency") and v != "0ms"}
+    elif not out.get("servers"):
+        cluster.pop("placement", None)  # where servers go, without servers
     return out | ({"cluster": cluster} if cluster else {})
 
 
