@@ -254,3 +254,17 @@ def test_a_destination_takes_a_window_of_messages_then_its_sender_waits():
     blocked.join(5)
     assert not blocked.is_alive()
     line.drain()
+
+
+def test_a_slowed_worker_stretches_its_measured_compute(tmp_path):
+    summary = polyrhythm.train(small_config(tmp_path, strategy="asp", workers=2, epochs=1,
+                                            compute="emulated", compute_time="20ms",
+                                            slowdown=[1.0, 3.0]))
+    rows = RunStore(tmp_path / "runs" / "polyrhythm.db").series("iterations",
+                                                                summary["run_id"])
+    slowed = [r["compute_s"] for r in rows if r["worker"] == 1]
+    assert len(slowed) == 10 and min(slowed) >= 3 * 0.020  # 20 ms, then twice that again
+    with pytest.raises(ConfigError, match="slowdown must have entries of at least 1"):
+        small_config(tmp_path, workers=2, slowdown=[0.5])
+    with pytest.raises(ConfigError, match="slowdown has 3 entries for 2 workers"):
+        small_config(tmp_path, workers=2, slowdown=[1, 1, 3])

@@ -308,9 +308,9 @@ def _check_run(run: Settings) -> None:
     if run.batch_size < run.workers:
         raise ConfigError(f"batch size {run.batch_size} is smaller than the worker count "
                           f"{run.workers}")
-    if len(run.worker_delay_s) > run.workers:
-        raise ConfigError(f"worker_delay_s has {len(run.worker_delay_s)} entries for "
-                          f"{run.workers} workers")
+    for key in ("worker_delay_s", "slowdown"):
+        if len(run[key]) > run.workers:
+            raise ConfigError(f"{key} has {len(run[key])} entries for {run.workers} workers")
 
 
 def unread_fields(fields: Mapping[str, Any]) -> set[str]:

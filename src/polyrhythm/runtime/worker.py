@@ -61,6 +61,7 @@ class Worker:
         self.shard = random_shards(len(train), c.workers, c.seed)[i]
         self.steps = steps_per_epoch(len(train), c.batch_size, c.steps_per_epoch)
         self.delay = c.worker_delay_s[i] if i < len(c.worker_delay_s) else 0.0
+        self.slowdown = c.slowdown[i] if i < len(c.slowdown) else 1.0
         self.emulated = compute_times(c, i)  # None: real forward and backward
         self.strategy = STRATEGIES[c.strategy.name].build_worker(
             ctx, self.flat, self.batch / c.batch_size, c.strategy)
@@ -135,10 +136,13 @@ class Worker:
                 self.strategy.begin_step(epoch)
                 if self.delay:
                     time.sleep(self.delay)  # emulated slower compute
+                computing = time.perf_counter()
                 if self.emulated is not None:
                     loss = emulated_step(self.model, self.emulated())
                 else:
                     loss = train_step(self.model, self.train.x[idx], self.train.y[idx])
+                if self.slowdown > 1:  # a slower node: this step's compute, stretched
+                    time.sleep((self.slowdown - 1) * (time.perf_counter() - computing))
             self.strategy.step(epoch)
             ended = time.perf_counter()
             spans = ctx.spans.take()
