@@ -34,10 +34,6 @@ GENERAL = (
     Param("worker_delay_s", list, "extra seconds of emulated compute per step, one entry per "
           "worker", [], item=float, rule=Rule(lambda v, run: min(v, default=0) >= 0,
                                               lambda run: "have entries of at least 0")),
-    Param("slowdown", list, "per-worker compute time factor, one entry per worker (3: a worker "
-          "three times slower, by sleeping twice its measured compute time after it)", [],
-          item=float, rule=Rule(lambda v, run: min(v, default=1) >= 1,
-                                lambda run: "have entries of at least 1")),
     Param("threads", int, "torch threads per worker (servers use 1)",
           derived="cores / workers on the host", rule=at_least(1)),
     Param("warmup_steps", int, "first steps of each worker left out of throughput figures", 5,

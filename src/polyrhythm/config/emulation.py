@@ -41,6 +41,10 @@ COMPUTE = (
           rule=one_of(*DISTRIBUTIONS)),
     Param("compute_from", str, "emulated compute: replay the compute times of a stored run "
           "(worker i replays worker i mod N of that run, step by step)", metavar="RUN_ID"),
+    Param("slowdown", list, "per-worker compute time factor, one entry per worker (3: a worker "
+          "three times slower, by sleeping twice its measured compute time after it), real "
+          "or emulated compute", [], item=float,
+          rule=each(lambda v: v >= 1, "of at least 1")),
 )
 
 PLACEMENTS = ("dedicated", "collocated")
