@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from polyrhythm.cli.flags import metavar
+from polyrhythm.cli.flags import add_flag
 from polyrhythm.config import load_config
 from polyrhythm.config.emulation import CLUSTER, standing_shape
 
@@ -25,9 +25,7 @@ def add_parser(commands) -> None:
                     "has (its hosts, bandwidth and cpu); flags override it")
     for p in CLUSTER:
         if p.name in SHAPE:
-            up.add_argument(p.flag, dest=p.name, metavar=metavar(p), help=p.help,
-                            nargs="+" if p.kind is list else None,
-                            type=p.item if p.kind is list else p.kind)
+            add_flag(up, p, p.help)
     actions.add_parser("status", help="show the standing clusters and anything else of ours")
     down = actions.add_parser("down", help="remove a standing cluster (its processes killed)")
     down.add_argument("--name", default="default", help="its name (default: default)")

@@ -33,7 +33,8 @@ def default_text(p: Param) -> str:
     return f" (default: {text})" if text else ""
 
 
-def _add(parser: argparse.ArgumentParser, p: Param, help_text: str) -> None:
+def add_flag(parser: argparse.ArgumentParser, p: Param, help_text: str) -> None:
+    """The flag of one declared setting, typed from its declaration (unset: None)."""
     if p.kind is bool:
         parser.add_argument(p.flag, dest=p.name, default=None,
                             action=argparse.BooleanOptionalAction, help=help_text)
@@ -52,7 +53,7 @@ def _component_flags(parser: argparse.ArgumentParser, section: str, exclude: tup
         parser.add_argument(f"--{flat}", dest=flat, default=None, metavar="NAME",
                             help=f"{_SUMMARIES[section]} (default: {kind.default})")
     for p in kind.shared:
-        _add(parser, p, p.help + default_text(p))
+        add_flag(parser, p, p.help + default_text(p))
     for name in registry.param_names():
         declared = registry.declarations(name)
         first = declared[0][1]
@@ -63,7 +64,7 @@ def _component_flags(parser: argparse.ArgumentParser, section: str, exclude: tup
             help_text = f"{owners}: {first.help} (default: {shown})"
         else:
             help_text = f"{owners}: {first.help}{default_text(first)}"
-        _add(parser, first, help_text)
+        add_flag(parser, first, help_text)
 
 
 def add_config_flags(parser: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) -> None:
@@ -71,7 +72,7 @@ def add_config_flags(parser: argparse.ArgumentParser, exclude: tuple[str, ...] =
     _component_flags(parser, "strategy", exclude)
     for p in (*GENERAL, *OPTIMIZER, *CLUSTER):
         if p.name not in exclude:
-            _add(parser, p, p.help + default_text(p))
+            add_flag(parser, p, p.help + default_text(p))
     _component_flags(parser, "data", exclude)
     _component_flags(parser, "model", exclude)
 

@@ -1,6 +1,6 @@
 """RunConfig: one validated description of a training run, from flags, TOML or Python.
 
-A config has general settings at the top and four sections:
+A config has general settings at the top and five sections:
 
     workers = 4             # the run: workers, servers, epochs, batch size, seed, ...
     epochs = 3
@@ -13,9 +13,12 @@ A config has general settings at the top and four sections:
     name = "cnn"
     [optimizer]             # lr, momentum, weight decay, lr decay
     lr = 0.05
+    [cluster]               # an emulated cluster, and latency (config/emulation.py)
+    hosts = 4
 
 Each strategy, data set and model declares its parameters (settings.py); the general and
-optimizer settings are declared here. A parameter's name is unique across sections, so every
+optimizer settings are declared in config/declared.py, the cluster and emulated compute in
+config/emulation.py. A parameter's name is unique across sections, so every
 setting is also a flat key (`strategy = "ssp"`, `staleness = 2`, `dataset = "mnist5k"`,
 `lr = 0.05`), as the command-line flags are. A run's config.toml written by polyrhythm 0.1
 (flat, every field) loads as it is. How configs are stored is metrics/records.py's.
@@ -142,7 +145,7 @@ class RunConfig:
                     "data": _component("data", given["data"], run),
                     "model": _component("model", given["model"], run),
                     "optimizer": _section("optimizer", OPTIMIZER, given["optimizer"], run),
-                "cluster": settle(cluster, run.workers, run.servers)}
+                    "cluster": settle(cluster, run.workers, run.servers)}
         _check_run(run)
         object.__setattr__(self, "_general", general)
         object.__setattr__(self, "given", given)  # what was set: resolve_config starts here

@@ -102,13 +102,26 @@ def collocated_servers(cluster: Settings, workers: int) -> int | None:
     return None
 
 
+def server_hosts(placement: str, servers: int) -> int:
+    """Hosts the servers have to themselves: one each when dedicated, none when collocated."""
+    return servers if placement == "dedicated" else 0
+
+
+def _check_per_host(values: dict[str, Any], hosts: int) -> None:
+    """bandwidth and cpu: one value for every host, or one per host."""
+    for key in ("bandwidth", "cpu"):
+        if len(values[key]) not in (0, 1, hosts):
+            raise ConfigError(f"{key} has {len(values[key])} values for {hosts} hosts: give "
+                              "one for every host, or one per host")
+
+
 def settle(cluster: Settings, workers: int, servers: int) -> Settings:
     """The cluster with its host count resolved and its settings checked against the run."""
     values = dict(cluster)
     changed = {p.name for p in CLUSTER if values[p.name] != p.default}
-    dedicated = values["placement"] == "dedicated" and servers > 0
     if values["workers_per_host"] is not None:
-        wanted = math.ceil(workers / values["workers_per_host"]) + (servers if dedicated else 0)
+        wanted = (math.ceil(workers / values["workers_per_host"])
+                  + server_hosts(values["placement"], servers))
         if values["hosts"] not in (None, wanted):
             raise ConfigError(f"hosts = {values['hosts']} does not match workers_per_host = "
                               f"{values['workers_per_host']} ({wanted} hosts); give one")
@@ -122,18 +135,15 @@ def settle(cluster: Settings, workers: int, servers: int) -> Settings:
         return Settings(values)
     if "placement" in changed and not servers:
         raise ConfigError("placement is for strategies with servers; drop --placement")
-    worker_hosts = hosts - (servers if dedicated else 0)
-    if worker_hosts < 1:
+    holding = hosts - server_hosts(values["placement"], servers)
+    if holding < 1:
         raise ConfigError(f"dedicated placement gives each of the {servers} servers a host of "
                           f"its own, so it needs at least {servers + 1} hosts (one more for "
                           f"the workers), got {hosts}")
-    if worker_hosts > workers:
-        raise ConfigError(f"{worker_hosts} worker hosts for {workers} workers: a host would "
+    if holding > workers:
+        raise ConfigError(f"{holding} worker hosts for {workers} workers: a host would "
                           "have no worker; use fewer hosts")
-    for key in ("bandwidth", "cpu"):
-        if len(values[key]) not in (0, 1, hosts):
-            raise ConfigError(f"{key} has {len(values[key])} values for {hosts} hosts: give "
-                              "one for every host, or one per host")
+    _check_per_host(values, hosts)
     return Settings(values)
 
 
@@ -164,10 +174,7 @@ def standing_shape(given: dict[str, Any]) -> Settings:
                           f"{sorted(extra)[0]} belongs to a run")
     if not values["hosts"]:
         raise ConfigError("a standing cluster needs --hosts (at least 1)")
-    for key in ("bandwidth", "cpu"):
-        if len(values[key]) not in (0, 1, values["hosts"]):
-            raise ConfigError(f"{key} has {len(values[key])} values for {values['hosts']} "
-                              "hosts: give one for every host, or one per host")
+    _check_per_host(values, values["hosts"])
     return Settings(values)
 
 
@@ -187,14 +194,13 @@ def host_ranks(cluster: Settings, servers: int, workers: int) -> list[list[int]]
     hosts = cluster.hosts
     if not hosts:
         return [list(range(servers + workers))]
-    dedicated = cluster.placement == "dedicated" and servers > 0
-    worker_hosts = hosts - servers if dedicated else hosts
-    base, extra = divmod(workers, worker_hosts)
+    own = server_hosts(cluster.placement, servers)
+    base, extra = divmod(workers, hosts - own)
     chunks, start = [], servers
-    for j in range(worker_hosts):
+    for j in range(hosts - own):
         size = base + (1 if j < extra else 0)
         chunks.append(list(range(start, start + size)))
         start += size
-    if dedicated:
+    if own:
         return [[s] for s in range(servers)] + chunks
     return [[s for s in range(servers) if s % hosts == j] + chunks[j] for j in range(hosts)]

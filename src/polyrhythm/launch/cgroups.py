@@ -74,9 +74,6 @@ class CpuGroup:
                 _write(self.path / "cpu.max", f"{quota} {PERIOD_US}")
         return self
 
-    def add(self, pid: int) -> None:
-        _write(self.path / "cgroup.procs", str(pid))
-
     def exists(self) -> bool:
         return self.path.is_dir()
 
@@ -105,8 +102,7 @@ class CpuGroup:
         self.kill()
         for group in sorted((p for p in self.path.rglob("*") if p.is_dir()),
                             key=lambda p: len(p.parts), reverse=True) + [self.path]:
-            with contextlib.suppress(FileNotFoundError):
-                _remove(group)
+            _remove(group)
 
 
 def _remove(group: Path) -> None:

@@ -25,7 +25,6 @@ from polyrhythm.launch.cgroups import CpuGroup, hierarchy, remove_root_if_empty
 from polyrhythm.units import rate
 
 STATE_DIR = Path(os.environ.get("POLYRHYTHM_STATE_DIR", "/run/polyrhythm"))
-_NAME = re.compile(r"[a-z][a-z0-9]{0,11}")
 
 
 @dataclass(frozen=True)
@@ -41,6 +40,14 @@ class ClusterShape:
         """The shape a run's [cluster] settings ask for."""
         return cls(cluster.hosts, tuple(per_host(cluster.bandwidth, cluster.hosts)),
                    tuple(per_host(cluster.cpu, cluster.hosts)))
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> ClusterShape:
+        state = json.loads(text)
+        return cls(state["hosts"], tuple(state["bandwidth"]), tuple(state["cpu"]))
 
     def same_as(self, other: ClusterShape) -> bool:
         """The same cluster, rates compared as rates (1gbit is 1000mbit)."""
@@ -58,7 +65,7 @@ class EmulatedCluster:
     """One cluster's namespaces, links, qdiscs and cgroups, by its name."""
 
     def __init__(self, name: str, shape: ClusterShape) -> None:
-        if not _NAME.fullmatch(name):
+        if not re.fullmatch(netns.CLUSTER_NAME, name):
             raise ClusterError(f"cluster name must be a lower-case letter then up to 11 letters "
                                f"or digits, got {name!r}")
         self.name, self.shape = name, shape
@@ -79,8 +86,7 @@ class EmulatedCluster:
     def up(self, standing: bool = False) -> None:
         """Make every host; on any failure remove what was made. A standing cluster is
         described in STATE_DIR for later runs, `status` and `down`."""
-        netns.require_tools()
-        hierarchy()
+        can_emulate()
         if self.network.exists():
             raise ClusterError(f"cluster {self.name!r} is already up")
         try:
@@ -89,7 +95,7 @@ class EmulatedCluster:
                 self.host_group(host).create(cores)
             if standing:
                 STATE_DIR.mkdir(parents=True, exist_ok=True)
-                self._state_path(self.name).write_text(json.dumps(asdict(self.shape)))
+                self._state_path(self.name).write_text(self.shape.to_json())
         except BaseException:
             self.down()
             raise
@@ -127,11 +133,10 @@ class EmulatedCluster:
     def standing(cls, name: str) -> EmulatedCluster:
         """The standing cluster `name`, as `cluster up` described it."""
         try:
-            state = json.loads(cls._state_path(name).read_text())
-        except (OSError, ValueError):
+            shape = ClusterShape.from_json(cls._state_path(name).read_text())
+        except (OSError, ValueError, KeyError):
             raise ClusterError(f"no standing cluster {name!r} (polyrhythm cluster up)") from None
-        return cls(name, ClusterShape(state["hosts"], tuple(state["bandwidth"]),
-                                      tuple(state["cpu"])))
+        return cls(name, shape)
 
     @classmethod
     def all_standing(cls) -> list[EmulatedCluster]:

@@ -146,13 +146,20 @@ def _log_lines(record: RunRecord, host: int) -> list[str]:
 
 
 def _show_progress(record: RunRecord, shown: list[int]) -> None:
-    """Echo the epoch lines the hosts' workers log (polyrhythm.node prints one per epoch)."""
+    """Echo the epoch lines the hosts' workers log (polyrhythm.node prints one per epoch),
+    reading each log from where the last look stopped (`shown`: bytes, per host)."""
     for host in range(len(shown)):
-        lines = _log_lines(record, host)
-        for line in lines[shown[host]:]:
+        path = record.dir / "logs" / f"host{host}.log"
+        if not path.exists():
+            continue
+        with open(path, "rb") as log:
+            log.seek(shown[host])
+            new = log.read()
+        complete = new[:new.rfind(b"\n") + 1]  # a line still being written waits
+        shown[host] += len(complete)
+        for line in complete.decode(errors="replace").splitlines():
             if line.lstrip().startswith("[worker"):
                 print(f"host {host} {line.strip()}", file=sys.stderr, flush=True)
-        shown[host] = len(lines)
 
 
 def _failure(host: int, code: int, layout: list[list[int]], record: RunRecord) -> str:

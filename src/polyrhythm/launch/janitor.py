@@ -30,10 +30,8 @@ class Janitor:
     """The launcher's side: start the janitor, and dismiss it once cleaned up."""
 
     def __init__(self, cluster: EmulatedCluster, own: bool, record: RunRecord) -> None:
-        job = {"cluster": cluster.name, "shape": [cluster.shape.hosts,
-                                                  list(cluster.shape.bandwidth),
-                                                  list(cluster.shape.cpu)],
-               "own": own, "out": str(record.out), "run_id": record.run_id}
+        job = {"cluster": cluster.name, "shape": cluster.shape.to_json(), "own": own,
+               "out": str(record.out), "run_id": record.run_id}
         self._process = subprocess.Popen(
             [sys.executable, "-m", "polyrhythm.launch.janitor", json.dumps(job)],
             stdin=subprocess.PIPE, start_new_session=True)
@@ -57,9 +55,8 @@ class Janitor:
 
 def clean_up(job: dict) -> None:
     """Kill the run's processes and remove what it made; record it as failed."""
-    hosts, bandwidth, cpu = job["shape"]
-    cluster = EmulatedCluster(job["cluster"], ClusterShape(hosts, tuple(bandwidth), tuple(cpu)))
-    for host in range(hosts):
+    cluster = EmulatedCluster(job["cluster"], ClusterShape.from_json(job["shape"]))
+    for host in range(cluster.shape.hosts):
         CpuGroup(cluster.name, f"h{host}", job["run_id"]).remove()
     if job["own"]:
         cluster.down()

@@ -111,7 +111,8 @@ def _tbf(limit: str) -> list[str]:
 
 
 # Exactly the names made here, so nothing else on the machine that starts with "pr" is taken.
-OUR_NAMESPACE = re.compile(r"pr-[a-z][a-z0-9]{0,11}-h\d+")
+CLUSTER_NAME = r"[a-z][a-z0-9]{0,11}"  # short enough for the link names of its tag
+OUR_NAMESPACE = re.compile(rf"pr-{CLUSTER_NAME}-h\d+")
 OUR_LINK = re.compile(r"pr[0-9a-f]{6}(h\d+b?)?")
 
 
