@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import io
+import multiprocessing as mp
+from collections.abc import Callable
+from pathlib import Path
+
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
-from polyrhythm.config import make_config
+from polyrhythm.comm.transport import Transport
+from polyrhythm.config import RunConfig, make_config
+from polyrhythm.context import RankContext, Topology
 from polyrhythm.data.sharding import (
     batch_slice,
     epoch_order,
@@ -13,9 +21,10 @@ from polyrhythm.data.sharding import (
     steps_per_epoch,
     worker_batch_sizes,
 )
+from polyrhythm.launch.local import PRELOAD
 from polyrhythm.models.build import build_model
 from polyrhythm.optim import lr_at
-from polyrhythm.runtime.job import prepare_data
+from polyrhythm.runtime.job import build_role, prepare_data
 
 
 def small_config(tmp_path, **fields):
@@ -89,3 +98,52 @@ def stored_parameters(summary: dict) -> torch.Tensor:
 
 def max_diff(a, b) -> float:
     return (a - b).abs().max().item()
+
+
+def _play_rank(rank: int, values: dict, store: str, play, results) -> None:
+    """One rank of a job run by hand: join, build its role, `play(role, build)`, leave."""
+    try:
+        config = RunConfig(**values)
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
+                                world_size=config.world_size)
+        topology = Topology(config.servers, config.workers)
+        transport = Transport()
+        transport.open(rank, topology.world_size, topology.worker_ranks)
+        ctx = RankContext(config, rank, topology, transport)
+        torch.set_num_threads(1)
+        train, val = prepare_data(config)
+        role = build_role(ctx, train, val)
+        transport.barrier()
+        got = play(role, lambda: build_role(ctx, train, val))
+        transport.barrier()
+        dist.destroy_process_group()
+        buffer = io.BytesIO()  # as bytes: states must save with torch.save
+        torch.save(got, buffer)
+        results.put((rank, topology.role(rank), buffer.getvalue()))
+    except BaseException as exc:  # the test process reports it
+        results.put((rank, "error", repr(exc)))
+
+
+def play_ranks(tmp_path: Path, config: RunConfig,
+               play: Callable[..., object]) -> dict[int, tuple[str, object]]:
+    """Run every rank of `config`'s job in a process of its own, each doing
+    `play(role, build)` (a module-level function) with its built role (worker or server
+    shard) in place of the job's run, `build()` making another such role; returns
+    {rank: (role name, what play returned)}. States travel through torch.save and come back
+    through torch.load(weights_only=True)."""
+    ctx = mp.get_context("forkserver")  # as the launcher: torch imported once
+    ctx.set_forkserver_preload(PRELOAD)
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_play_rank, args=(rank, config.to_dict(),
+                                                  str(tmp_path / "rendezvous"), play, results))
+             for rank in range(config.world_size)]
+    for p in procs:
+        p.start()
+    got = {}
+    for _ in procs:
+        rank, role, data = results.get(timeout=120)
+        assert role != "error", f"rank {rank}: {data}"
+        got[rank] = (role, torch.load(io.BytesIO(data), weights_only=True))
+    for p in procs:
+        p.join(timeout=30)
+    return got

@@ -8,7 +8,7 @@ import polyrhythm
 from helpers import small_config
 from polyrhythm.flat import shard_ranges
 from polyrhythm.metrics.records import STORE_NAME
-from polyrhythm.metrics.store import SCHEMA_VERSION, SERIES, RunStore
+from polyrhythm.metrics.store import RULE_FIELDS, SCHEMA_VERSION, SERIES, RunStore
 
 PARTS = ("compute_s", "push_s", "wait_s", "pull_s", "apply_s")
 
@@ -105,6 +105,7 @@ def test_a_version_1_store_is_migrated_in_place(tmp_path):
             PRIMARY KEY (run_id, epoch));
         INSERT INTO runs VALUES ('old-run', '2026-01-01T00:00:00+00:00', 'completed', 'bsp', 2,
             1, 3, 'mnist5k', 'cnn', 'strategy = "bsp"', '{}', NULL, 0.95, 8000.0, 3.0);
+        INSERT INTO epochs VALUES ('old-run', 0, 0.5, 0.4, 0.9, 8000.0, 1.0);
         PRAGMA user_version = 1;
     """)
     conn.close()
@@ -112,9 +113,13 @@ def test_a_version_1_store_is_migrated_in_place(tmp_path):
     assert [r["run_id"] for r in store.runs()] == ["old-run"]
     assert store.series("iterations", "old-run") == []
     with sqlite3.connect(path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
     assert set(SERIES) <= tables
+    # Version 3's Strategy-Switch columns, empty for an old run's epochs.
+    (epoch,) = store.epochs("old-run")
+    assert epoch["val_loss"] == 0.4
+    assert [epoch[c] for c in RULE_FIELDS] == [None] * 4
 
 
 def test_even_a_short_run_has_resource_samples_enough_for_rates(tmp_path):

@@ -4,20 +4,17 @@ it, and saves the same tensors and counters again."""
 
 from __future__ import annotations
 
-import io
 import math
-import multiprocessing as mp
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
+from helpers import play_ranks
 from polyrhythm.comm.transport import Transport
-from polyrhythm.config import RunConfig, make_config
+from polyrhythm.config import make_config
 from polyrhythm.context import RankContext, Topology
-from polyrhythm.launch.local import PRELOAD
 from polyrhythm.models import MODELS, ModelSpec
 from polyrhythm.runtime.job import build_role, prepare_data
 
@@ -41,61 +38,20 @@ def assert_same(a, b, where: str = "state") -> None:
         assert a == b, f"{where}: {a!r} != {b!r}"
 
 
-def _bytes(state: dict) -> bytes:
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    return buffer.getvalue()
-
-
-def _load(data: bytes) -> dict:
-    return torch.load(io.BytesIO(data), weights_only=True)
-
-
-def _round_trip(rank: int, values: dict, store: str, results) -> None:
-    """One rank: play k steps of the job, then save, rebuild, load and save again."""
-    try:
-        config = RunConfig(**values)
-        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
-                                world_size=config.world_size)
-        topology = Topology(config.servers, config.workers)
-        transport = Transport()
-        transport.open(rank, topology.world_size, topology.worker_ranks)
-        ctx = RankContext(config, rank, topology, transport)
-        torch.set_num_threads(1)
-        train, val = prepare_data(config)
-        role = build_role(ctx, train, val)
-        transport.barrier()
-        role.run()
-        saved = role.state_dict()
-        fresh = build_role(ctx, train, val)
-        fresh.load_state_dict(saved)
-        transport.barrier()
-        dist.destroy_process_group()
-        # As bytes: the states must save with torch.save and load with weights_only=True.
-        results.put((rank, topology.role(rank), _bytes(saved), _bytes(fresh.state_dict())))
-    except BaseException as exc:  # the test process reports it
-        results.put((rank, "error", repr(exc), None))
+def _round_trip(role, build) -> tuple[dict, dict]:
+    """Play k steps of the job, then save, rebuild, load and save again."""
+    role.run()
+    saved = role.state_dict()
+    fresh = build()
+    fresh.load_state_dict(saved)
+    return saved, fresh.state_dict()
 
 
 def run_job(tmp_path: Path, strategy: str, **fields) -> dict[int, tuple]:
     config = make_config({"strategy": strategy, "workers": 2, "epochs": 1, "dataset": "digits",
                           "steps_per_epoch": STEPS, "out": str(tmp_path), **fields})
-    ctx = mp.get_context("forkserver")  # as the launcher: torch imported once
-    ctx.set_forkserver_preload(PRELOAD)
-    results = ctx.Queue()
-    procs = [ctx.Process(target=_round_trip, args=(rank, config.to_dict(),
-                                                   str(tmp_path / "store"), results))
-             for rank in range(config.world_size)]
-    for p in procs:
-        p.start()
-    got = {}
-    for _ in procs:
-        rank, role, saved, loaded = results.get(timeout=120)
-        assert role != "error", f"rank {rank}: {saved}"
-        got[rank] = (role, _load(saved), _load(loaded))
-    for p in procs:
-        p.join(timeout=30)
-    return got
+    return {rank: (role, *states)
+            for rank, (role, states) in play_ranks(tmp_path, config, _round_trip).items()}
 
 
 def check_round_trip(got: dict) -> tuple[list[dict], list[dict]]:

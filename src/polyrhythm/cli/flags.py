@@ -40,10 +40,26 @@ def add_flag(parser: argparse.ArgumentParser, p: Param, help_text: str) -> None:
                             action=argparse.BooleanOptionalAction, help=help_text)
         return
     kwargs: dict[str, Any] = {"dest": p.name, "default": None, "metavar": metavar(p),
-                              "type": p.item if p.kind is list else p.kind, "help": help_text}
-    if p.kind is list:
-        kwargs["nargs"] = "+"
+                              "type": p.kind, "help": help_text}
+    if p.kind is list:  # --slowdown 1 1 3 or --slowdown 1,1,3
+        kwargs |= {"nargs": "+", "action": _Entries, "type": _items(p.item)}
     parser.add_argument(p.flag, **kwargs)
+
+
+class _Entries(argparse.Action):
+    """A list flag's words, each a list of entries, as one list (given twice: both)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        entries = getattr(namespace, self.dest) or []
+        setattr(namespace, self.dest, entries + [x for word in values for x in word])
+
+
+def _items(kind: type):
+    """One command-line word of a list flag: one entry, or several joined by commas."""
+    def parse(word: str) -> list:
+        return [kind(part) for part in word.split(",") if part]
+    parse.__name__ = kind.__name__  # argparse names it in "invalid float value: ..."
+    return parse
 
 
 def _component_flags(parser: argparse.ArgumentParser, section: str, exclude: tuple) -> None:

@@ -36,12 +36,15 @@ def format_summary(s: dict) -> str:
     for e in s.get("epoch_metrics", []):
         lines.append(f"  epoch {e['epoch'] + 1}: train loss {e['train_loss']:.4f}  "
                      f"val loss {e['val_loss']:.4f}  val acc {e['val_accuracy']:.4f}  "
-                     f"{e['samples_per_s']:.0f} samples/s")
+                     f"{e['samples_per_s']:.0f} samples/s"
+                     + (f"  {e['phase']}" if e.get("phase") else ""))
     lines.append(f"  final validation accuracy {s['final_val_accuracy']:.4f}, loss "
                  f"{s['final_val_loss']:.4f}; {s['samples_per_s']:.0f} samples/s; "
                  f"{s['wall_s']:.1f} s")
     lines.append(f"  weight updates {s['weight_updates']}; staleness mean "
                  f"{s['staleness_mean']:.2f}, max {s['staleness_max']}")
+    if "switch_rule" in s:
+        lines.append("  " + switch_line(s))
     if cluster := s.get("cluster"):
         lines.append("  " + cluster_line(cluster))
     lines.append(f"  stored in {s['run_dir']}")
@@ -60,3 +63,13 @@ def cluster_line(cluster: dict) -> str:
         return line + (f"the emulator was the bottleneck on host {', '.join(bound)} (starved "
                        "of CPU its share promised): do not trust its timings")
     return line + "the emulator kept up"
+
+
+def switch_line(s: dict) -> str:
+    """When a switch run switched, why, how long the switch took and each phase's time."""
+    (first, before), (then, after) = s["phase_s"].items()
+    phases = f"{first} {before:.1f} s, {then} {after:.1f} s"
+    if s["switch_epoch"] is None:
+        return f"never switched (rule {s['switch_rule']}: {s['switch_why']}); {phases}"
+    return (f"switched {first} -> {then} after epoch {s['switch_epoch']} (rule "
+            f"{s['switch_rule']}: {s['switch_why']}) in {s['switch_s']:.3f} s; {phases}")

@@ -8,6 +8,12 @@
           1 once the server has ended training (k-BSP and backup workers: the run's rounds
           are done), and the worker stops at once
 
+  handover = [switched, steps, weights of each bucket ..., momentum of each bucket ...]
+          worker 0 -> server, tag HANDOVER, once, in a Strategy-Switch run
+          (strategies/switch.py): the state the server starts from, its buckets in order;
+          `switched` is 0 when the run ended before its switch (the server then only holds
+          the final model), `steps` the global steps taken so far
+
 `kind` is a sum of flags: GRADIENT (the values are a gradient, or another update for the
 policy), REPLY (the worker waits for the parameters), DONE (the worker leaves). A usual push is
 GRADIENT + REPLY; Downpour pushes without fetching and fetches without pushing.
@@ -21,3 +27,5 @@ PUSH = GRADIENT | REPLY
 FETCH = REPLY
 PUSH_HEADER = 5
 REPLY_HEADER = 2
+HANDOVER = 1 << 20  # a tag no bucket id reaches
+HANDOVER_HEADER = 2

@@ -121,6 +121,19 @@ class Transport:
 
         all_reduce(self, tensor, self._members[group], self.rank, algorithm)
 
+    def rows_of_members(self, row: torch.Tensor, group: str = WORKERS) -> torch.Tensor:
+        """Every member's `row` (1-D float64), as a table by member, on every member.
+
+        One all-reduce of a table that holds this member's row and zeros elsewhere: each
+        entry is one member's value plus zeros, so every member gets the same bits whatever
+        order the reduction adds in, and a decision taken from the table is the same on all.
+        """
+        members = self._members[group]
+        table = torch.zeros(len(members), row.numel(), dtype=torch.float64)
+        table[members.index(self.rank)] = row
+        self.all_reduce(table, group)
+        return table
+
     def gather_object(self, obj: Any, dst: int = 0) -> list[Any] | None:
         """Every rank's `obj` on rank `dst` (a list by rank), None elsewhere. Used for the
         reports at the end of a run, once their traffic figures are taken: not counted."""

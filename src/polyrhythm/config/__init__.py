@@ -34,6 +34,7 @@ from typing import Any, NamedTuple
 
 import tomli_w
 
+from polyrhythm.config.composed import into_halves
 from polyrhythm.config.declared import DEFAULT_BUCKET_KB, GENERAL, OPTIMIZER
 from polyrhythm.config.emulation import (
     CLUSTER,
@@ -132,6 +133,8 @@ class RunConfig:
 
     def __init__(self, **values: Any) -> None:
         given = sectioned(values)
+        given["strategy"] = into_halves(given["strategy"], STRATEGIES,
+                                        COMPONENTS["strategy"].default)
         general = {p.name: p.resolve(given.get(p.name), None) for p in GENERAL}
         general |= _batch(given, general)
         run = Settings(general)
@@ -323,6 +326,8 @@ def unread_fields(fields: Mapping[str, Any]) -> set[str]:
     drops them from a point. A section whose component is not a known name reads all (the
     config's validation then says what is wrong with it)."""
     given = sectioned(fields)
+    given["strategy"] = into_halves(given["strategy"], STRATEGIES,
+                                    COMPONENTS["strategy"].default)
     unread: set[str] = set()
     for section, kind in COMPONENTS.items():
         name = given[section].get("name", kind.default)

@@ -1,8 +1,10 @@
 """The SQLite run store (`<out>/polyrhythm.db`).
 
-Schema version 2 (version 1 had `runs` and `epochs`; opening an older store adds the rest):
+Schema version 3 (version 1 had `runs` and `epochs`, 2 added the event tables, 3 the
+Strategy-Switch columns of `epochs`; opening an older store adds what it lacks):
 - runs: one row per run (status, config, summary, headline figures);
-- epochs: per run and epoch (losses, validation accuracy, samples/s, wall time);
+- epochs: per run and epoch (losses, validation accuracy, samples/s, wall time; for a switch
+  run the phase, and the rule's score, whether it fired and why, asked after the epoch);
 - iterations: per run, worker and training step: when it started (seconds since the job's
   start), and the seconds of compute, push, wait, pull and apply, and in all;
 - pushes: per run and gradient applied on a server: when, from which worker, its staleness and
@@ -23,7 +25,7 @@ from pathlib import Path
 from polyrhythm.errors import StoreError
 from polyrhythm.metrics.recorder import SPAN_NAMES
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -99,6 +101,13 @@ CREATE INDEX IF NOT EXISTS updates_run ON updates(run_id);
 CREATE INDEX IF NOT EXISTS resources_run ON resources(run_id);
 """
 
+_SCHEMA_3 = """
+ALTER TABLE epochs ADD COLUMN phase TEXT;
+ALTER TABLE epochs ADD COLUMN rule_score REAL;
+ALTER TABLE epochs ADD COLUMN rule_fired INTEGER;
+ALTER TABLE epochs ADD COLUMN rule_why TEXT;
+"""
+
 # The per-event tables and their columns after run_id, in the order of the rows runs report.
 SERIES = {
     "iterations": ("worker", "step", "epoch", "t", *(f"{s}_s" for s in SPAN_NAMES), "total_s"),
@@ -109,7 +118,9 @@ SERIES = {
 }
 
 RUN_COLUMNS = ("strategy", "workers", "servers", "epochs", "dataset", "model")
-EPOCH_COLUMNS = ("epoch", "train_loss", "val_loss", "val_accuracy", "samples_per_s", "wall_s")
+RULE_FIELDS = ("phase", "rule_score", "rule_fired", "rule_why")  # None but in switch runs
+EPOCH_COLUMNS = ("epoch", "train_loss", "val_loss", "val_accuracy", "samples_per_s", "wall_s",
+                 *RULE_FIELDS)
 
 
 class RunStore:
@@ -145,6 +156,8 @@ class RunStore:
             conn.executescript(_SCHEMA)
         if version < 2:
             conn.executescript(_SCHEMA_2)
+        if version < 3:
+            conn.executescript(_SCHEMA_3)
         if version < SCHEMA_VERSION:
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
@@ -169,7 +182,7 @@ class RunStore:
             conn.executemany(
                 f"INSERT OR REPLACE INTO epochs (run_id, {', '.join(EPOCH_COLUMNS)})"
                 f" VALUES (?{', ?' * len(EPOCH_COLUMNS)})",
-                [(run_id, *(row[c] for c in EPOCH_COLUMNS)) for row in epochs])
+                [(run_id, *(row.get(c) for c in EPOCH_COLUMNS)) for row in epochs])
             for table, rows in (series or {}).items():
                 columns = SERIES[table]
                 conn.executemany(

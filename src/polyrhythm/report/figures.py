@@ -28,11 +28,16 @@ class FigureSpec:
 FIGURES = (
     FigureSpec("accuracy_vs_time", "Validation accuracy over wall time",
                "Validation accuracy at the end of each epoch against the wall time since "
-               "training started (x: mean over repeats). " + _BANDS,
+               "training started (x: mean over repeats); dotted lines mark where "
+               "Strategy-Switch runs switched. " + _BANDS,
                training.accuracy_vs_time),
     FigureSpec("accuracy_vs_epoch", "Validation accuracy per epoch",
-               "Validation accuracy at the end of each epoch. " + _BANDS,
+               "Validation accuracy at the end of each epoch; dotted lines mark the epoch "
+               "after which Strategy-Switch runs switched. " + _BANDS,
                training.accuracy_vs_epoch),
+    FigureSpec("throughput_vs_time", "Throughput over time",
+               "Training samples per second of all workers together in each time bin, from "
+               "the iterations they finished. " + _BANDS, training.throughput_vs_time),
     FigureSpec("throughput_vs_workers", "Throughput against workers",
                "Training samples per second of all workers together (warm-up excluded), per "
                "strategy and worker count. " + _BARS, training.throughput_vs_workers),

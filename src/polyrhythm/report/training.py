@@ -57,9 +57,65 @@ def _accuracy(groups: list[Group], by_time: bool):
         ax.set_xticks(sorted({int(e["epoch"]) + 1 for g in groups for r in g.runs
                               for e in r.epochs}))
     ax.set_ylabel("validation accuracy (%)")
-    note(ax, BAND_NOTE + (f"; no epochs for {', '.join(missing)}" if missing else ""))
+    marked = mark_switches(ax, groups, by_time)
+    note(ax, BAND_NOTE + marked + (f"; no epochs for {', '.join(missing)}" if missing else ""))
     legend(ax, title="group")
     return fig
+
+
+def mark_switches(ax, groups: list[Group], by_time: bool) -> str:
+    """A dotted line, in the group's colour, where each Strategy-Switch run switched: at its
+    wall time, or after its switch epoch. Returns the note's words for it ('' if none)."""
+    marked = False
+    for group in groups:
+        for run in group.runs:
+            key = "switched_at_s" if by_time else "switch_epoch"
+            if (at := run.summary.get(key)) is None:
+                continue
+            ax.axvline(float(at), color=group.color, linestyle=":", linewidth=1.4,
+                       label=None if marked else "switch (one line per run)")
+            marked = True
+    return "; dotted: a run's switch" if marked else ""
+
+
+def throughput_vs_time(groups: list[Group]):
+    """Samples/s of all workers over the run, from the iterations each worker finished in
+    each time bin (its batch per iteration)."""
+    fig, (ax,) = new_figure()
+    missing = []
+    for group in groups:
+        runs = [r for r in group.runs if len(r.column("iterations", "t"))]
+        if not runs:
+            missing.append(group.label)
+            continue
+        end = max(float((r.column("iterations", "t") + r.column("iterations", "total_s")).max())
+                  for r in runs)
+        edges = np.linspace(0, end, int(np.clip(end / 0.5, 5, 60)) + 1)
+        centres = (edges[:-1] + edges[1:]) / 2
+        band(ax, centres, column_stats([_samples_per_s(r, edges) for r in runs]), group,
+             group_name(group))
+    if len(missing) == len(groups):
+        raise NoData("no run recorded its iterations (instrumentation off)")
+    ax.set_xlabel("time since job start (s)")
+    ax.set_ylabel("throughput (samples/s, all workers)")
+    from_zero(ax)
+    marked = mark_switches(ax, groups, by_time=True)
+    note(ax, BAND_NOTE + marked + (f"; no iterations for {', '.join(missing)}" if missing
+                                   else ""))
+    legend(ax, title="group")
+    return fig
+
+
+def _samples_per_s(run, edges: np.ndarray) -> np.ndarray:
+    """Samples finished per second in each bin; NaN past the run's last iteration."""
+    worker = run.column("iterations", "worker").astype(int)
+    ends = run.column("iterations", "t") + run.column("iterations", "total_s")
+    batch, n = int(run.config.get("batch_size", 0)), run.workers
+    sizes = np.array([batch // n + (i < batch % n) for i in range(n)], dtype=float)
+    samples, _ = np.histogram(ends, bins=edges, weights=sizes[worker])
+    rate = samples / np.diff(edges)
+    rate[edges[:-1] > ends.max()] = np.nan
+    return rate
 
 
 def accuracy_vs_time(groups: list[Group]):

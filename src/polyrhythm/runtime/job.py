@@ -21,6 +21,7 @@ from polyrhythm.runtime.server import ParameterServerShard
 from polyrhythm.runtime.summary import RunResult, summarise
 from polyrhythm.runtime.worker import Worker
 from polyrhythm.strategies import STRATEGIES
+from polyrhythm.strategies.spec import SWITCHING
 
 
 def prepare_data(config) -> tuple[Dataset, Dataset]:
@@ -62,7 +63,8 @@ def build_role(ctx: RankContext, train: Dataset, val: Dataset) -> Worker | Param
     steps = steps_per_epoch(len(train), config.batch_size, config.steps_per_epoch)
     return ParameterServerShard(ctx, initial.data, layout.of_server(ctx.rank),
                                 layout.capacity(ctx.rank),
-                                lambda: spec.policy(config.strategy, workers), steps)
+                                lambda: spec.policy(config.strategy, workers), steps,
+                                handover=spec.family == SWITCHING)
 
 
 def run_rank(ctx: RankContext, local_workers: int | None = None) -> RunResult | None:

@@ -15,7 +15,15 @@ from dataclasses import replace
 
 import torch
 
-from polyrhythm.comm.messages import DONE, GRADIENT, PUSH_HEADER, REPLY, REPLY_HEADER
+from polyrhythm.comm.messages import (
+    DONE,
+    GRADIENT,
+    HANDOVER,
+    HANDOVER_HEADER,
+    PUSH_HEADER,
+    REPLY,
+    REPLY_HEADER,
+)
 from polyrhythm.context import RankContext
 from polyrhythm.metrics.recorder import StalenessLog
 from polyrhythm.optim import FlatSGD, lr_at
@@ -82,6 +90,18 @@ class Bucket:
         self.version += 1
         self.outbox[0] = self.version
 
+    def take_over(self, weights: torch.Tensor, momentum: torch.Tensor, steps: int) -> None:
+        """Start from a synchronous phase's state (Strategy-Switch): its weights, its
+        momentum buffer and its `steps`, each one update of a global batch, so versions and
+        the learning-rate schedule carry on from there. A policy without momentum (an
+        elastic centre, or momentum the asynchrony correction takes to 0) has no buffer to
+        fill."""
+        self.weights.copy_(weights)
+        if self.optimizer is not None and self.optimizer.buffer is not None:
+            self.optimizer.buffer.copy_(momentum)
+        self.version, self.progress = steps, float(steps)
+        self.outbox[0] = steps
+
     def state_dict(self) -> dict:
         """Weights, optimizer momentum, version, progress, the pending update and the policy:
         everything the bucket holds."""
@@ -105,8 +125,11 @@ class ParameterServerShard:
 
     def __init__(self, ctx: RankContext, initial: torch.Tensor,
                  buckets: dict[int, tuple[int, int]], capacity: int, make_policy,
-                 steps_per_epoch: int) -> None:
+                 steps_per_epoch: int, handover: bool = False) -> None:
         self.ctx = ctx
+        # Strategy-Switch: idle until worker 0 hands over the synchronous phase's state.
+        self.handover = handover
+        self.switched: bool | None = None
         self.buckets = {k: Bucket(initial, a, b, make_policy(), ctx.config.optimizer)
                         for k, (a, b) in buckets.items()}
         self.capacity = capacity  # elements in the largest bucket: pushes are padded to it
@@ -120,6 +143,8 @@ class ParameterServerShard:
     def run(self) -> dict:
         """Serve until every worker has said it is done for every bucket; return a report."""
         topology = self.ctx.topology
+        if self.handover:
+            self.receive_handover()
         pushes = self.ctx.transport.receiver(topology.worker_ranks, PUSH_HEADER + self.capacity)
         unfinished = dict.fromkeys(topology.worker_ranks, len(self.buckets))
         while unfinished:
@@ -152,6 +177,19 @@ class ParameterServerShard:
             pushes.release(src, more)
             self._act(int(key), bucket, decision)
         return self._report()
+
+    def receive_handover(self) -> None:
+        """Wait for worker 0's handover (comm/messages.py) and start every bucket from it.
+        No push can come before it: the workers push only once the switch is made."""
+        sizes = [b.stop - b.start for b in self.buckets.values()]
+        box = torch.empty(HANDOVER_HEADER + 2 * sum(sizes))
+        self.ctx.transport.irecv(box, self.ctx.topology.worker_ranks[0], tag=HANDOVER).wait()
+        switched, steps = box[:HANDOVER_HEADER].tolist()
+        weights, momentum = box[HANDOVER_HEADER:].split(sum(sizes))
+        for bucket, w, m in zip(self.buckets.values(), weights.split(sizes),
+                                momentum.split(sizes), strict=True):
+            bucket.take_over(w, m, int(steps))
+        self.switched = bool(switched)
 
     def _act(self, key: int, bucket: Bucket, decision: Decision) -> None:
         if decision.update and bucket.pending_weight > 0:
@@ -190,4 +228,5 @@ class ParameterServerShard:
             "pushes": self.pushes,
             "updates": self.updates,
             "finished_at": time.time(),
+            "switched": self.switched,  # None: not a Strategy-Switch run
         }

@@ -11,6 +11,7 @@ import torch
 from polyrhythm.data.datasets import Dataset
 from polyrhythm.flat import FlatParameters
 from polyrhythm.metrics.recorder import SPAN_NAMES, StalenessLog
+from polyrhythm.metrics.store import RULE_FIELDS
 from polyrhythm.models.build import build_model
 from polyrhythm.runtime.worker import evaluate
 
@@ -53,6 +54,7 @@ def summarise(config, reports: list[dict], val: Dataset, wall_s: float) -> RunRe
         **StalenessLog.summarise(staleness),
         "per_worker": [_worker_times(w) for w in workers],
         "traffic_per_rank": [{"rank": r["rank"], **r["traffic"]} for r in reports],
+        **_strategy_figures(workers),
     }
     series = {"iterations": [row for w in workers for row in w["iterations"]],
               "pushes": [row for s in servers for row in s["pushes"]],
@@ -89,6 +91,15 @@ def _weight_updates(servers: list[dict], workers: list[dict]) -> int:
     return workers[0]["steps"]
 
 
+def _strategy_figures(workers: list[dict]) -> dict:
+    """What the strategy adds to the summary (Strategy.summary): worker 0's figures, but the
+    switch's time as the slowest worker's."""
+    figures = dict(workers[0]["strategy"])
+    if figures.get("switch_s") is not None:
+        figures["switch_s"] = max(w["strategy"]["switch_s"] or 0.0 for w in workers)
+    return figures
+
+
 def _worker_times(worker: dict) -> dict:
     spans, train_s = worker["spans"], _seconds(worker)
     return {"worker": worker["worker"], "steps": worker["steps"], "train_s": train_s,
@@ -100,7 +111,8 @@ def _worker_times(worker: dict) -> dict:
 
 def _epoch_rows(workers: list[dict]) -> list[dict]:
     """Per epoch: mean train loss over workers (those that took steps in it), first worker's
-    validation, cluster samples/s."""
+    validation, cluster samples/s, and where the strategy switches, its phase and its rule's
+    answer after the epoch."""
     rows = []
     for e, first in enumerate(workers[0]["epochs"]):
         per_worker = [w["epochs"][e] for w in workers]
@@ -112,5 +124,6 @@ def _epoch_rows(workers: list[dict]) -> list[dict]:
             "val_accuracy": first["val_accuracy"],
             "samples_per_s": sum(_throughput([p]) for p in per_worker),
             "wall_s": max(p["wall_s"] for p in per_worker),
+            **{key: first.get(key) for key in RULE_FIELDS},
         })
     return rows

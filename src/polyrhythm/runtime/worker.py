@@ -25,19 +25,27 @@ from polyrhythm.metrics.recorder import SPAN_NAMES
 from polyrhythm.models.build import build_model
 from polyrhythm.runtime.compute import compute_times, emulated_step
 from polyrhythm.strategies import STRATEGIES
+from polyrhythm.strategies.base import EpochEnd
 
 PROGRESS_INTERVAL_S = 0.25
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, data: Dataset, batch: int = 1000) -> dict[str, float]:
-    """Mean cross-entropy and accuracy of `model` on `data`."""
+def validation_sums(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                    batch: int = 1000) -> tuple[float, int]:
+    """Summed cross-entropy and correct predictions of `model` on samples x, labels y."""
     loss, correct = 0.0, 0
-    for start in range(0, len(data), batch):
-        logits = model(data.x[start:start + batch])
-        target = data.y[start:start + batch]
+    for start in range(0, len(y), batch):
+        logits = model(x[start:start + batch])
+        target = y[start:start + batch]
         loss += F.cross_entropy(logits, target, reduction="sum").item()
         correct += (logits.argmax(1) == target).sum().item()
+    return loss, correct
+
+
+def evaluate(model: nn.Module, data: Dataset) -> dict[str, float]:
+    """Mean cross-entropy and accuracy of `model` on `data`."""
+    loss, correct = validation_sums(model, data.x, data.y)
     return {"val_loss": loss / len(data), "val_accuracy": correct / len(data)}
 
 
@@ -94,7 +102,7 @@ class Worker:
         self.strategy.start()
         epochs = []
         while self.position.epoch < self.ctx.config.epochs:
-            epochs.append(self._epoch(self.position.epoch))
+            epochs.append(self.train_epoch(self.position.epoch))
             self.position.next_epoch()
         self.strategy.finish()  # decentralised strategies may agree on a final model here
         final = self.flat.data.clone()
@@ -102,8 +110,9 @@ class Worker:
             self._agree_on_snapshots()
         if self.ctx.worker_index == 0:
             for record, snapshot in zip(epochs, self.snapshots, strict=True):
-                self.flat.data.copy_(snapshot)
-                record.update(evaluate(self.model, self.val))
+                if "val_loss" not in record:  # not validated during the run
+                    self.flat.data.copy_(snapshot)
+                    record.update(evaluate(self.model, self.val))
         report = {
             "role": "worker",
             "rank": self.ctx.rank,
@@ -113,15 +122,18 @@ class Worker:
             "spans": dict(self.ctx.spans.totals),
             "traffic": self.ctx.transport.counters.snapshot(),
             "iterations": self.iterations,
+            "strategy": self.strategy.summary(),
         }
         if self.ctx.worker_index == 0 and not self.ctx.topology.servers:  # no server holds it
             report["shard"] = (0, len(self.flat), final)
         return report
 
-    def _epoch(self, epoch: int) -> dict:
+    def train_epoch(self, epoch: int) -> dict:
+        """Train one epoch, let the strategy end it (end_epoch) and return its record."""
         ctx, config = self.ctx, self.ctx.config
         order = epoch_order(self.shard, epoch, config.seed, ctx.worker_index)
         t0, loss_sum, taken = time.perf_counter(), 0.0, 0
+        waited = 0.0  # seconds blocked on peers or servers this epoch
         measured_from = None  # when this epoch's first step after the warm-up began
         position = self.position
         while position.step < self.steps:
@@ -146,6 +158,7 @@ class Worker:
             self.strategy.step(epoch)
             ended = time.perf_counter()
             spans = ctx.spans.take()
+            waited += spans.get("wait", 0.0)
             if config.instrumentation:
                 self.iterations.append((
                     ctx.worker_index, position.taken, epoch, began - ctx.started,
@@ -165,8 +178,10 @@ class Worker:
             record["measured_seconds"] = ended - measured_from
         else:
             record["measured_samples"], record["measured_seconds"] = 0, 0.0
-        # Validated after training: evaluating now would stall the other workers and count
-        # as their communication time.
+        # Validated after training, unless the strategy needs it now (its rule): evaluating
+        # would stall the other workers, and their waiting would count as communication.
+        record |= self.strategy.end_epoch(EpochEnd(epoch + 1, waited, ended - t0,
+                                                   self._validate))
         if self.consensus:
             weight = self.strategy.consensus_weight()
             self.snapshots.append(self.flat.data * weight)
@@ -174,6 +189,20 @@ class Worker:
         elif self.ctx.worker_index == 0:
             self.snapshots.append(self.flat.data.clone())
         return record
+
+    def _validate(self) -> dict[str, float]:
+        """Validate the model now, shared out: each worker evaluates its slice of the
+        validation set and the workers add their sums through one exact all-reduce, so every
+        worker holds the same figures. The time goes to span "validate", not to
+        communication: every worker validates, none waits for another's validation."""
+        with self.ctx.spans("validate"):
+            n, i, size = self.ctx.config.workers, self.ctx.worker_index, len(self.val)
+            part = slice(i * size // n, (i + 1) * size // n)
+            loss, correct = validation_sums(self.model, self.val.x[part], self.val.y[part])
+            rows = self.ctx.transport.rows_of_members(
+                torch.tensor([loss, correct], dtype=torch.float64))
+            loss, correct = rows.sum(0).tolist()
+        return {"val_loss": loss / size, "val_accuracy": correct / size}
 
     def _agree_on_snapshots(self) -> None:
         """Each epoch's snapshot becomes the weighted mean of every worker's (one all-reduce

@@ -1,6 +1,7 @@
 """Every training strategy, by name. A new algorithm is one module and one line here.
 
-The declarations (strategies/parameter_server.py, collective.py, decentralised.py) and their
+The declarations (strategies/parameter_server.py, collective.py, decentralised.py,
+switching.py) and their
 pure rules (consistency.py, cadence.py) import neither torch nor the transport; the worker
 side of each strategy (ps.py, easgd.py, allreduce.py, averaging.py) is loaded when a run
 builds it.
@@ -9,6 +10,7 @@ builds it.
 from polyrhythm.strategies import collective as _collective
 from polyrhythm.strategies import decentralised as _decentralised
 from polyrhythm.strategies import parameter_server as _ps
+from polyrhythm.strategies import switching as _switching
 from polyrhythm.strategies.spec import STRATEGIES, StrategySpec
 
 STRATEGIES.register(_ps.BSP)
@@ -27,5 +29,6 @@ STRATEGIES.register(_collective.TREE)
 STRATEGIES.register(_decentralised.LOCALSGD)
 STRATEGIES.register(_decentralised.DPSGD)
 STRATEGIES.register(_decentralised.GOSSIP)
+STRATEGIES.register(_switching.SWITCH)
 
 __all__ = ["STRATEGIES", "StrategySpec"]

@@ -3,10 +3,25 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from polyrhythm.context import RankContext
 from polyrhythm.flat import FlatParameters
 from polyrhythm.settings import Settings
+
+
+@dataclass
+class EpochEnd:
+    """What a worker knows when an epoch of its ends: how many epochs are done, its seconds
+    waiting for peers or servers and its seconds of training iterations in that epoch, and
+    `validate()`, which validates the model now (every worker must call it together) and
+    returns its val_loss and val_accuracy."""
+
+    epochs_done: int
+    wait_s: float
+    iteration_s: float
+    validate: Callable[[], dict[str, float]]
 
 
 class Strategy(ABC):
@@ -36,8 +51,17 @@ class Strategy(ABC):
     def step(self, epoch: int) -> None:
         """Communicate this step's gradient and leave the next parameters in the model."""
 
+    def end_epoch(self, end: EpochEnd) -> dict:
+        """Called by every worker after each epoch; returns fields for the epoch's record
+        (a val_loss among them means the epoch is validated already)."""
+        return {}
+
     def finish(self) -> None:  # noqa: B027 - optional hook, most strategies need nothing
         """Called once after the last step."""
+
+    def summary(self) -> dict:
+        """Figures this strategy adds to the run's summary (worker 0's)."""
+        return {}
 
     @property
     def stopped(self) -> bool:

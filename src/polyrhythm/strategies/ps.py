@@ -37,6 +37,7 @@ class ServerLink:
         self.over = False  # a server ended training (its reply said so)
         self.sends: list = [None] * len(self.buckets)
         self.receives: list = []
+        self.first_sent: float | None = None  # when the first message left (ctx.now())
 
     def expect_replies(self) -> None:
         """Post every bucket's receive before sending, so a reply never waits for it."""
@@ -53,6 +54,8 @@ class ServerLink:
         if kind & GRADIENT:
             box[PUSH_HEADER:PUSH_HEADER + b - a] = values[a:b]
         self.sends[k] = self.ctx.transport.isend(box, self.ctx.topology.server_ranks[server])
+        if self.first_sent is None:
+            self.first_sent = self.ctx.now()
 
     def send_all(self, kind: int, clock: int, values: torch.Tensor | None = None) -> None:
         for k in range(len(self.buckets)):
@@ -74,6 +77,10 @@ class ServerLink:
                 self.pulled[k] = int(self.inbox[k][0])
                 self.over |= bool(self.inbox[k][1])
                 into[a:b] = self.inbox[k][REPLY_HEADER:]
+
+    def start_at(self, version: int) -> None:
+        """The servers start at `version` (they took over a synchronous phase's state)."""
+        self.pulled = [version] * len(self.buckets)
 
     def leave(self) -> None:
         """Tell every server this worker is done."""

@@ -14,6 +14,7 @@ from polyrhythm.settings import Component, Registry, load_object
 from polyrhythm.strategies.consistency import ConsistencyPolicy
 
 PARAMETER_SERVER, COLLECTIVE, DECENTRALISED = "parameter server", "collective", "decentralised"
+SWITCHING = "switching"  # one strategy, then another (Strategy-Switch)
 
 
 def never(settings: Mapping[str, Any]) -> bool:

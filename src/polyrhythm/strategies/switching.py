@@ -11,15 +11,28 @@ again once it has fired.
   of the last w changes; switch once s falls below the threshold (w = 5, 1 %). It needs
   w + 1 losses, so it never fires earlier.
 - `StragglerRule`: once the synchronous phase's idleness (time waiting for peers / iteration
-  time, over the last epoch) exceeds a threshold: waiting for slow workers then costs more
-  than asynchrony would (Sync-Switch's online policy, Li et al., ICDCS 2021).
+  time, over the last epoch, of the most idle worker) exceeds a threshold: waiting for slow
+  workers then costs more than asynchrony would (Sync-Switch's online policy, Li et al.,
+  ICDCS 2021).
+
+The `switch` strategy is declared here too; its worker side is strategies/switch.py.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
+
+from polyrhythm.settings import Param, at_least, one_of, positive, within
+from polyrhythm.strategies.spec import (
+    COLLECTIVE,
+    PARAMETER_SERVER,
+    STRATEGIES,
+    SWITCHING,
+    StrategySpec,
+)
 
 
 @dataclass(frozen=True)
@@ -45,6 +58,8 @@ def loss_change(losses: Sequence[float], window: int) -> float | None:
 class AtRule:
     """Switch once ⌊fraction · epochs⌋ epochs are done (before training if that is 0)."""
 
+    needs = ""  # what the run must measure for it: nothing
+
     def __init__(self, fraction: float, epochs: int) -> None:
         self.epoch = math.floor(fraction * epochs)
 
@@ -58,6 +73,8 @@ class AtRule:
 class EmpiricalRule:
     """Switch once the validation loss changes by less than `threshold` percent on average
     over the last `window` changes."""
+
+    needs = "validation loss"
 
     def __init__(self, window: int = 5, threshold: float = 1.0) -> None:
         self.window, self.threshold = window, threshold
@@ -76,6 +93,8 @@ class EmpiricalRule:
 class StragglerRule:
     """Switch once the last epoch's idleness exceeds `threshold` (a share, 0-1)."""
 
+    needs = "idleness"
+
     def __init__(self, threshold: float) -> None:
         self.threshold = threshold
 
@@ -86,3 +105,62 @@ class StragglerRule:
         return Decision(idleness > self.threshold, idleness,
                         f"idleness {idleness:.1%} {'>' if idleness > self.threshold else '<='} "
                         f"{self.threshold:.1%}")
+
+
+RULES = {"at": lambda s, epochs: AtRule(s.at, epochs),
+         "empirical": lambda s, epochs: EmpiricalRule(s.window, s.loss_threshold),
+         "straggler": lambda s, epochs: StragglerRule(s.idleness_threshold)}
+
+
+def rule_of(settings: Any, epochs: int) -> AtRule | EmpiricalRule | StragglerRule:
+    """The rule a `switch` strategy's settings choose, for a run of `epochs` epochs."""
+    return RULES[settings.rule](settings, epochs)
+
+
+# The most idle of 4 all-reduce workers on mnist5k here (2 cores), per epoch: 0.43-0.51 with
+# none slowed, 0.59-0.63 with one slowed 2x, 0.70-0.72 with one slowed 3x (README,
+# "Strategy-Switch"); the default lies between none and 2x.
+IDLENESS_THRESHOLD = 0.55
+
+
+def _halves(settings: Any, run: Any) -> str | None:
+    first, then = STRATEGIES[settings["from"].name], STRATEGIES[settings.to.name]
+    if first.family != COLLECTIVE:
+        collective = ", ".join(s.name for s in STRATEGIES.values() if s.family == COLLECTIVE)
+        return f"switch's from must be a collective strategy ({collective}), got {first.name!r}"
+    if then.family != PARAMETER_SERVER:
+        return f"switch's to must be a parameter-server strategy, got {then.name!r}"
+    return None
+
+
+def _to_given(given: Mapping[str, Any]) -> tuple[StrategySpec, Mapping[str, Any]]:
+    """The `to` half as given: its declaration and its settings."""
+    to = given.get("to", "asp")
+    name, settings = (to, {}) if isinstance(to, str) else (to.get("name"), to)
+    return STRATEGIES[name], settings
+
+
+SWITCH = StrategySpec(
+    "switch", "Strategy-Switch: a collective strategy first, then for good a parameter "
+    "server's, when the rule says so", source="Strategy-Switch (004 ch. 4); after "
+    "Sync-Switch, Li et al., ICDCS 2021", family=SWITCHING,
+    worker="polyrhythm.strategies.switch:SwitchWorker", params=(
+        Param("from", str, "the strategy before the switch (a collective one)", "allreduce",
+              section="strategy"),
+        Param("to", str, "the strategy after the switch (a parameter-server one)", "asp",
+              section="strategy"),
+        Param("rule", str, "when to switch: at (a share of the epochs), empirical (the "
+              "validation loss flattens) or straggler (workers wait for a slow one)", "at",
+              rule=one_of(*RULES)),
+        Param("at", float, "rule at: switch after ⌊α·epochs⌋ epochs", 0.5,
+              rule=within(0, 1), metavar="α"),
+        Param("window", int, "rule empirical: loss changes averaged (w; it needs w + 1 "
+              "validation losses)", 5, rule=at_least(1)),
+        Param("loss_threshold", float, "rule empirical: switch when the loss changes by less "
+              "than this many percent on average", 1.0, rule=positive(), metavar="PERCENT"),
+        Param("idleness_threshold", float, "rule straggler: switch when the most idle worker "
+              "waited for peers more than this share of the last epoch", IDLENESS_THRESHOLD,
+              rule=within(0, 1, low_open=True, high_open=True))),
+    check=_halves,
+    policy=lambda s, n: STRATEGIES[s.to.name].policy(s.to, n),
+    whole_gradient=lambda given: _to_given(given)[0].whole_gradient(_to_given(given)[1]))

@@ -1,0 +1,149 @@
+"""Strategy-Switch's worker side (004 ch. 4): the `from` strategy (a collective one) until its
+rule fires, then for good the `to` strategy (a parameter server's), inside the running job.
+
+The servers exist from the start and wait, idle, for the switch; the first phase's
+collectives run among the workers only. The rule (strategies/switching.py) is asked before
+training and after every epoch but the last, on figures every worker holds alike (the
+validation loss or the idleness, added up through one exact all-reduce), so all workers
+decide the same. At the switch worker 0 hands each server its slices of the parameters and of
+the momentum buffer, and the global step count, which the servers' versions and learning-rate
+schedule carry on from (comm/messages.py, runtime/server.py). Buffers (BatchNorm statistics)
+stay in each worker's model, as in every parameter-server strategy. Sync-Switch (Li et al.,
+ICDCS 2021) switches instead by checkpointing and relaunching the cluster.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from polyrhythm.comm.messages import HANDOVER
+from polyrhythm.strategies.base import EpochEnd, Strategy
+from polyrhythm.strategies.spec import STRATEGIES
+from polyrhythm.strategies.switching import rule_of
+
+
+class SwitchWorker(Strategy):
+    """The `from` strategy's worker, then the `to` strategy's, with the rule between."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        ctx, s = self.ctx, self.settings
+        self.first, self.second = (
+            STRATEGIES[half.name].build_worker(ctx, self.flat, self.batch_weight, half)
+            for half in (s["from"], s.to))
+        self.current = self.first
+        self.rule = rule_of(s, ctx.config.epochs)
+        self.steps = 0  # synchronous steps taken (each one update of a global batch)
+        self.losses: list[float] = []  # the validation losses the rule has seen
+        self.switch_epoch: int | None = None  # epochs done when the rule fired
+        self.why = "the rule was never asked"  # its last answer's reason
+        self.last_synchronous = 0.0  # ctx.now() when the last synchronous step ended
+        self.switched_at: float | None = None
+        self.finished_at = 0.0
+
+    @property
+    def names(self) -> tuple[str, str]:
+        return self.settings["from"].name, self.settings.to.name
+
+    def start(self) -> None:
+        self.first.start()
+        decision = self.rule.decide(0)
+        if decision.switch:  # rule at with ⌊α·epochs⌋ = 0
+            self.why = decision.why
+            self._switch(0)
+
+    def begin_step(self, epoch: int) -> None:
+        self.current.begin_step(epoch)
+
+    def step(self, epoch: int) -> None:
+        self.current.step(epoch)
+        if self.current is self.first:
+            self.steps += 1
+            self.last_synchronous = self.ctx.now()
+
+    def end_epoch(self, end: EpochEnd) -> dict:
+        fields = {"phase": self.names[self.current is self.second]}
+        if self.current is self.second or end.epochs_done >= self.ctx.config.epochs:
+            return fields  # one-way; and after the last epoch nothing is left to switch
+        idleness = None
+        if self.rule.needs == "validation loss":
+            fields |= end.validate()
+            self.losses.append(fields["val_loss"])
+        elif self.rule.needs == "idleness":
+            rows = self.ctx.transport.rows_of_members(
+                torch.tensor([end.wait_s, end.iteration_s], dtype=torch.float64))
+            # The most idle worker's: what waiting for the slowest costs the fastest.
+            idleness = max(w / t if t > 0 else 0.0 for w, t in rows.tolist())
+        decision = self.rule.decide(end.epochs_done, self.losses, idleness)
+        fields |= {"rule_score": decision.score, "rule_fired": decision.switch,
+                   "rule_why": decision.why}
+        self.why = decision.why
+        if decision.switch:
+            self._switch(end.epochs_done)
+        return fields
+
+    def _switch(self, epochs_done: int) -> None:
+        self._hand_over(switched=True)
+        self.second.link.start_at(self.steps)
+        self.second.start()
+        self.current, self.switch_epoch = self.second, epochs_done
+        self.switched_at = self.ctx.now()
+
+    def _hand_over(self, switched: bool) -> None:
+        """Worker 0 sends each server its buckets' parameters and momentum (the optimizer
+        copies of all workers are the same after a collective step)."""
+        if self.ctx.worker_index != 0:
+            return
+        weights = self.flat.data
+        momentum = self.first.optimizer.buffer
+        if momentum is None:  # no momentum: the servers' buffers start at 0, as torch's do
+            momentum = torch.zeros_like(weights)
+        sends = []
+        for server, rank in enumerate(self.ctx.topology.server_ranks):
+            ranges = [(a, b) for s, a, b in self.second.link.buckets if s == server]
+            box = torch.cat([torch.tensor([float(switched), float(self.steps)]),
+                             *(weights[a:b] for a, b in ranges),
+                             *(momentum[a:b] for a, b in ranges)])
+            sends.append(self.ctx.transport.isend(box, rank, tag=HANDOVER))
+        for work in sends:
+            work.wait()
+
+    def finish(self) -> None:
+        if self.current is self.first:  # never switched: the servers hold the final model
+            self.first.finish()
+            self._hand_over(switched=False)
+        self.second.finish()  # the servers serve until every worker has left
+        self.finished_at = self.ctx.now()
+
+    @property
+    def stopped(self) -> bool:
+        return self.current.stopped
+
+    def summary(self) -> dict:
+        """When it switched and what each phase took. switch_s: from this worker's last
+        synchronous step to its first asynchronous push (the validation, the rule, the
+        handover and the first step's compute between)."""
+        first, then = self.names
+        switched = self.switched_at is not None
+        end_of_first = self.switched_at if switched else self.finished_at
+        first_push = self.second.link.first_sent
+        return {
+            "switch_rule": self.settings.rule,
+            "switch_epoch": self.switch_epoch,
+            "switch_why": self.why,
+            "switch_s": first_push - self.last_synchronous if switched and first_push else None,
+            "switched_at_s": self.switched_at,
+            "phase_s": {first: end_of_first, then: self.finished_at - end_of_first},
+        }
+
+    def state_dict(self) -> dict:
+        return {"phase": int(self.current is self.second), "steps": self.steps,
+                "losses": list(self.losses), "switch_epoch": self.switch_epoch,
+                "first": self.first.state_dict(), "second": self.second.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.current = self.second if state["phase"] else self.first
+        self.steps, self.losses = state["steps"], list(state["losses"])
+        self.switch_epoch = state["switch_epoch"]
+        self.first.load_state_dict(state["first"])
+        self.second.load_state_dict(state["second"])
