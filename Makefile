@@ -28,6 +28,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/collectives.py
 	$(BIN)/python benchmarks/instrumentation.py
 	$(BIN)/python benchmarks/face.py
+	$(BIN)/python benchmarks/switch.py
 	$(BIN)/python benchmarks/cluster.py
 
 clean:

@@ -58,3 +58,11 @@ def test_cluster_benchmark_smoke_prints_its_ratios():
     shaped = re.findall(r": (\d+\.\d+) \(target (0\.75-1\.25|3\.00-5\.00)\) (PASS|MISS);",
                         out)
     assert len(shaped) == 3 or "bandwidth and cpu shares: SKIP" in out, out
+
+
+def test_switch_benchmark_smoke_prints_the_switch_time():
+    out = smoke("switch.py")
+    row = re.search(r"^switch_s \(default task, median of 1\): (\d+\.\d+) s \(target < 1\.0 s\) "
+                    r"(PASS|MISS); job start-up (\d+\.\d+) s", out, re.MULTILINE)
+    assert row, out
+    assert float(row.group(1)) > 0 and float(row.group(3)) > 0

@@ -22,7 +22,7 @@ from polyrhythm.metrics.store import RunStore
 
 STRATEGY_NAMES = ["allreduce", "asp", "backup", "bsp", "downpour", "dpsgd", "easgd", "gossip",
                   "kasp", "kbsp", "localsgd", "reduce-broadcast", "ring", "softsync", "ssp",
-                  "tree"]
+                  "switch", "tree"]
 MODEL_NAMES = ["cnn", "mlp"]
 DATASET_NAMES = ["cifar10", "cifar100", "digits", "mnist5k", "synthetic"]
 EARLIER_RUN = "20200101-000000-bsp-earlier"

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import polyrhythm
+from polyrhythm.comm.messages import REPLY_HEADER
 from helpers import equivalence_config, max_diff, play_ranks, stored_parameters
 from polyrhythm.config import make_config
 from polyrhythm.errors import ConfigError
@@ -46,14 +47,14 @@ def test_the_servers_start_exactly_where_the_workers_were(tmp_path):
     assert torch.equal(first["momentum"], second["momentum"])
     assert first["momentum"].abs().max() > 0
     buckets = [b for s in servers for b in s["buckets"].values()]
-    weights = torch.cat([b["outbox"][2:] for b in buckets])
+    weights = torch.cat([b["outbox"][REPLY_HEADER:] for b in buckets])
     momentum = torch.cat([b["optimizer"]["momentum_buffer"] for b in buckets])
     assert len(buckets) == 2 and weights.shape == first["weights"].shape
     assert torch.equal(weights, first["weights"])
     assert torch.equal(momentum, first["momentum"])
     for b in buckets:  # versions and the lr schedule go on from the steps taken
         assert b["version"] == STEPS and b["progress"] == STEPS
-        assert b["outbox"][0] == STEPS and b["pending_weight"] == 0.0
+        assert b["outbox"][0] == b["outbox"][2] == STEPS and b["pending_weight"] == 0.0
         assert b["pending"].abs().max() == 0
 
 

@@ -3,10 +3,12 @@
   push  = [kind, clock, pulled version, weight, bucket, values ..., padding]
           worker -> server, tag 0; padded to the server's largest bucket, so one receive
           buffer per worker fits every push of that worker
-  reply = [version, over, parameter slice ...]
+  reply = [version, over, progress, parameter slice ...]
           server -> worker, tag = bucket id, so replies may arrive in any order; `over` is
           1 once the server has ended training (k-BSP and backup workers: the run's rounds
-          are done), and the worker stops at once
+          are done; with shared epochs: the run's global batches are applied), and the
+          worker stops at once; `progress` is the global batches' worth of gradient the
+          bucket has applied (shared epochs end on it)
 
   handover = [switched, steps, weights of each bucket ..., momentum of each bucket ...]
           worker 0 -> server, tag HANDOVER, once, in a Strategy-Switch run
@@ -26,6 +28,6 @@ GRADIENT, REPLY, DONE = 1, 2, 4
 PUSH = GRADIENT | REPLY
 FETCH = REPLY
 PUSH_HEADER = 5
-REPLY_HEADER = 2
+REPLY_HEADER = 3
 HANDOVER = 1 << 20  # a tag no bucket id reaches
 HANDOVER_HEADER = 2

@@ -35,7 +35,7 @@ from typing import Any, NamedTuple
 import tomli_w
 
 from polyrhythm.config.composed import into_halves
-from polyrhythm.config.declared import DEFAULT_BUCKET_KB, GENERAL, OPTIMIZER
+from polyrhythm.config.declared import GENERAL, LEFT_OUT_AT_DEFAULT, OPTIMIZER
 from polyrhythm.config.emulation import (
     CLUSTER,
     check_compute,
@@ -43,13 +43,13 @@ from polyrhythm.config.emulation import (
     settle,
     unemulated_left_out,
 )
+from polyrhythm.config.servers import check_shared_epochs, servers_of
 from polyrhythm.data import DATASETS, VAL_FRACTION
 from polyrhythm.errors import ConfigError
 from polyrhythm.metrics.records import NAME_KEYS, SECTIONS, flatten, from_release_0_1
 from polyrhythm.models import MODELS
 from polyrhythm.settings import Param, Registry, Settings
 from polyrhythm.strategies import STRATEGIES
-from polyrhythm.strategies.spec import StrategySpec
 
 
 class Kind(NamedTuple):
@@ -141,8 +141,10 @@ class RunConfig:
         strategy = _component("strategy", given["strategy"], run)
         cluster = _section("cluster", CLUSTER, given["cluster"], run)
         spec = STRATEGIES[strategy.name]
-        general |= _topology(spec, given, general,
-                             collocated_servers(cluster, general["workers"]))
+        general |= servers_of(spec, given, general,
+                              collocated_servers(cluster, general["workers"]))
+        if general["shared_epochs"]:
+            check_shared_epochs(spec, strategy, general["workers"])
         run = Settings(general)
         sections = {"strategy": strategy,
                     "data": _component("data", given["data"], run),
@@ -185,7 +187,8 @@ class RunConfig:
         """The resolved config in sections, unset values left out: loads back as is. The
         emulation settings are left out too while at their defaults, so a run that emulates
         nothing reads as it did before they existed."""
-        general = {k: v for k, v in self._general.items() if v is not None}
+        general = {k: v for k, v in self._general.items()
+                   if v is not None and LEFT_OUT_AT_DEFAULT.get(k, ...) != v}
         out = general | {section: getattr(self, section).to_dict() for section in SECTIONS}
         return unemulated_left_out(out)
 
@@ -271,30 +274,6 @@ def _misplaced(section: str, key: str) -> str:
     return f"{key} belongs in {f'[{home}]' if home else 'the general settings'}, not [{section}]"
 
 
-def _topology(spec: StrategySpec, given: Mapping[str, Any], general: dict,
-              collocated: int | None) -> dict:
-    """servers and bucket_kb, which depend on the strategy: servers only where it has them
-    (by default 1, or one per worker host on a collocated cluster: `collocated`), buckets
-    only where its policy decides per bucket."""
-    servers, bucket_kb = general["servers"], general["bucket_kb"]
-    whole = spec.uses_servers and spec.whole_gradient(given["strategy"])
-    if bucket_kb is not None and (whole or not spec.uses_servers):
-        why = "it pushes whole gradients" if whole else "it uses no servers"
-        raise ConfigError(f"strategy {spec.name!r} takes no --bucket-kb ({why})")
-    if whole and (servers or 1) != 1:
-        raise ConfigError(f"strategy {spec.name!r} decides on whole gradients, so it runs "
-                          f"with 1 server, got {servers}")
-    if servers is None:
-        servers = 0 if not spec.uses_servers else 1 if whole else collocated or 1
-    if spec.uses_servers and servers < 1:
-        raise ConfigError(f"strategy {spec.name!r} needs at least 1 server, got {servers}")
-    if not spec.uses_servers and servers:
-        raise ConfigError(f"strategy {spec.name!r} uses no servers; drop --servers")
-    if spec.uses_servers and not whole and bucket_kb is None:
-        bucket_kb = DEFAULT_BUCKET_KB
-    return {"servers": servers, "bucket_kb": bucket_kb}
-
-
 def _batch(given: Mapping[str, Any], general: dict) -> dict:
     """batch_size from worker_batch_size, if that is set."""
     per_worker = general["worker_batch_size"]
@@ -337,7 +316,7 @@ def unread_fields(fields: Mapping[str, Any]) -> set[str]:
     name = given["strategy"].get("name", COMPONENTS["strategy"].default)
     spec = STRATEGIES.get(name) if isinstance(name, str) else None
     if spec is not None and not spec.uses_servers:
-        unread |= {"servers", "bucket_kb", "placement"}
+        unread |= {"servers", "bucket_kb", "placement", "shared_epochs"}
     elif spec is not None and spec.whole_gradient(given["strategy"]):
         unread.add("bucket_kb")
     return unread & set(fields)

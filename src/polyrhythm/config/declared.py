@@ -25,6 +25,10 @@ GENERAL = (
           "about this many KiB (whole-gradient strategies: one bucket)",
           derived=f"{DEFAULT_BUCKET_KB} (25 MiB)", rule=at_least(1)),
     Param("epochs", int, "passes over the training set", 3, rule=at_least(1)),
+    Param("shared_epochs", bool, "parameter-server strategies: an epoch is its global "
+          "batches, taken by whichever workers are ready, so faster workers take more (as "
+          "TensorFlow's parameter-server coordinator hands out steps); off: each worker takes "
+          "each epoch's steps from its own shard", False),
     Param("batch_size", int, "global batch B; each worker takes B/N", 64),
     Param("worker_batch_size", int, "batch per worker b: sets batch_size to b x workers, so "
           "a sweep over workers keeps each worker's batch (weak scaling)", rule=at_least(1)),
@@ -54,3 +58,7 @@ OPTIMIZER = (
           0, rule=at_least(0)),
     Param("lr_decay", float, "step learning-rate decay factor", 0.1),
 )
+
+# General settings added since 0.1 whose default changes nothing: a stored config leaves them
+# out at that default, so an older record and its rerun read as the same fields.
+LEFT_OUT_AT_DEFAULT = {"shared_epochs": False}

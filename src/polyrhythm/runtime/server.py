@@ -88,7 +88,7 @@ class Bucket:
         self.progress += self.pending_weight
         self.pending_weight = 0.0
         self.version += 1
-        self.outbox[0] = self.version
+        self.outbox[0], self.outbox[2] = self.version, self.progress
 
     def take_over(self, weights: torch.Tensor, momentum: torch.Tensor, steps: int) -> None:
         """Start from a synchronous phase's state (Strategy-Switch): its weights, its
@@ -100,7 +100,7 @@ class Bucket:
         if self.optimizer is not None and self.optimizer.buffer is not None:
             self.optimizer.buffer.copy_(momentum)
         self.version, self.progress = steps, float(steps)
-        self.outbox[0] = steps
+        self.outbox[0], self.outbox[2] = steps, steps
 
     def state_dict(self) -> dict:
         """Weights, optimizer momentum, version, progress, the pending update and the policy:
@@ -134,7 +134,10 @@ class ParameterServerShard:
                         for k, (a, b) in buckets.items()}
         self.capacity = capacity  # elements in the largest bucket: pushes are padded to it
         self.steps_per_epoch = steps_per_epoch
-        self.rounds = steps_per_epoch * ctx.config.epochs  # for policies with fixed rounds
+        # Global batches in the run: policies with fixed rounds end after as many updates,
+        # shared epochs once this much gradient is applied.
+        self.rounds = steps_per_epoch * ctx.config.epochs
+        self.shared_epochs = ctx.config.shared_epochs
         self.staleness = StalenessLog()
         self.record = ctx.config.instrumentation
         self.pushes: list[tuple] = []  # (server, t, worker, staleness, queue) per gradient
@@ -200,6 +203,8 @@ class ParameterServerShard:
                 self.updates.append((self.ctx.rank, began, self.ctx.now() - began))
             if bucket.policy.fixed_rounds and bucket.version >= self.rounds:
                 bucket.end()
+            elif self.shared_epochs and bucket.progress >= self.rounds - 1e-6:
+                bucket.end()  # tolerance: batch shares like 1/3 do not add up exactly
         ranks = [self.ctx.topology.worker_ranks[w] for w in decision.release]
         for work in [self.ctx.transport.isend(bucket.outbox, r, tag=key) for r in ranks]:
             work.wait()

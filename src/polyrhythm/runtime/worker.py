@@ -100,10 +100,12 @@ class Worker:
     def run(self) -> dict:
         """Train for the configured epochs; return this worker's report."""
         self.strategy.start()
+        shared = self.ctx.config.shared_epochs  # epochs are the servers' count, not ours
         epochs = []
-        while self.position.epoch < self.ctx.config.epochs:
-            epochs.append(self.train_epoch(self.position.epoch))
-            self.position.next_epoch()
+        for epoch in range(0 if shared else self.position.epoch, self.ctx.config.epochs):
+            epochs.append(self.train_epoch(epoch))
+            if not shared:
+                self.position.next_epoch()
         self.strategy.finish()  # decentralised strategies may agree on a final model here
         final = self.flat.data.clone()
         if self.consensus:
@@ -131,14 +133,19 @@ class Worker:
     def train_epoch(self, epoch: int) -> dict:
         """Train one epoch, let the strategy end it (end_epoch) and return its record."""
         ctx, config = self.ctx, self.ctx.config
-        order = epoch_order(self.shard, epoch, config.seed, ctx.worker_index)
+        order, ordered = None, None  # the data epoch's batch order, and that data epoch
         t0, loss_sum, taken = time.perf_counter(), 0.0, 0
         waited = 0.0  # seconds blocked on peers or servers this epoch
         measured_from = None  # when this epoch's first step after the warm-up began
         position = self.position
-        while position.step < self.steps:
+        while not self._epoch_done(epoch):
             if self.strategy.stopped:
                 break  # the servers ended the run (k-BSP: its rounds are done)
+            if position.step >= self.steps:  # shared epochs: through this shard once more
+                position.next_epoch()
+            if ordered != position.epoch:
+                ordered = position.epoch
+                order = epoch_order(self.shard, ordered, config.seed, ctx.worker_index)
             step = position.step
             began = time.perf_counter()
             if measured_from is None and position.taken >= config.warmup_steps:
@@ -166,7 +173,7 @@ class Worker:
             position.advance()
             taken += 1
             loss_sum += loss
-            self._progress(epoch, step + 1, loss, (step + 1) * self.batch / (ended - t0))
+            self._progress(epoch, step + 1, loss, taken * self.batch / (ended - t0))
         ended = time.perf_counter()
         record = {"epoch": epoch, "train_loss": loss_sum / taken if taken else math.nan,
                   "samples": taken * self.batch, "seconds": ended - t0,
@@ -189,6 +196,15 @@ class Worker:
         elif self.ctx.worker_index == 0:
             self.snapshots.append(self.flat.data.clone())
         return record
+
+    def _epoch_done(self, epoch: int) -> bool:
+        """This worker's steps of the epoch are taken; with shared epochs, the servers have
+        applied the epoch's global batches, whoever computed them."""
+        if not self.ctx.config.shared_epochs:
+            return self.position.step >= self.steps
+        progress = self.strategy.progress
+        # Tolerance: batch shares like 1/3 add up to a hair under a whole batch.
+        return progress is not None and progress >= (epoch + 1) * self.steps - 1e-3
 
     def _validate(self) -> dict[str, float]:
         """Validate the model now, shared out: each worker evaluates its slice of the

@@ -69,6 +69,12 @@ class Strategy(ABC):
         once the run's rounds are done): the worker takes no more steps."""
         return False
 
+    @property
+    def progress(self) -> float | None:
+        """Global batches' worth of gradient the model has received, as this worker last
+        heard (shared epochs end on it); None where the strategy does not count them."""
+        return None
+
     def consensus_weight(self) -> float | None:
         """Where workers hold different models: this worker's weight in their consensus (the
         model validated at epoch ends is the weighted mean). None: worker 0's model is it."""

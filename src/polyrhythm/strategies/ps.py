@@ -35,6 +35,7 @@ class ServerLink:
         self.inbox = [torch.empty(REPLY_HEADER + b - a) for _, a, b in self.buckets]
         self.pulled = [0] * len(self.buckets)
         self.over = False  # a server ended training (its reply said so)
+        self.progress = 0.0  # global batches applied, as the last replies said (the least)
         self.sends: list = [None] * len(self.buckets)
         self.receives: list = []
         self.first_sent: float | None = None  # when the first message left (ctx.now())
@@ -77,10 +78,13 @@ class ServerLink:
                 self.pulled[k] = int(self.inbox[k][0])
                 self.over |= bool(self.inbox[k][1])
                 into[a:b] = self.inbox[k][REPLY_HEADER:]
+            self.progress = min(float(box[2]) for box in self.inbox)
 
     def start_at(self, version: int) -> None:
-        """The servers start at `version` (they took over a synchronous phase's state)."""
+        """The servers start at `version`, a global batch each (they took over a synchronous
+        phase's state)."""
         self.pulled = [version] * len(self.buckets)
+        self.progress = float(version)
 
     def leave(self) -> None:
         """Tell every server this worker is done."""
@@ -88,11 +92,13 @@ class ServerLink:
         self.wait_sends()
 
     def state_dict(self) -> dict:
-        """The server version each bucket was last pulled at, and whether training is over."""
-        return {"pulled": list(self.pulled), "over": self.over}
+        """The server version each bucket was last pulled at, whether training is over and
+        the progress last heard of."""
+        return {"pulled": list(self.pulled), "over": self.over, "progress": self.progress}
 
     def load_state_dict(self, state: dict) -> None:
         self.pulled, self.over = list(state["pulled"]), state["over"]
+        self.progress = state["progress"]
 
 
 class ParameterServerWorker(Strategy):
@@ -167,6 +173,10 @@ class ParameterServerWorker(Strategy):
     @property
     def stopped(self) -> bool:
         return self.link.over
+
+    @property
+    def progress(self) -> float:
+        return self.link.progress
 
     def finish(self) -> None:
         if self.cadence.final_push():  # Downpour: gradients of the last steps, not pushed

@@ -119,6 +119,10 @@ class SwitchWorker(Strategy):
     def stopped(self) -> bool:
         return self.current.stopped
 
+    @property
+    def progress(self) -> float | None:
+        return float(self.steps) if self.current is self.first else self.second.progress
+
     def summary(self) -> dict:
         """When it switched and what each phase took. switch_s: from this worker's last
         synchronous step to its first asynchronous push (the validation, the rule, the
