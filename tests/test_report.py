@@ -404,3 +404,23 @@ def test_groups_sort_their_numbers_as_numbers(tmp_path):
            for i, latency in enumerate(("100ms", "10ms", "50ms"))]
     assert [g.label for g in group_runs(load_runs(store.path, ids))] == [
         "bsp latency=10ms", "bsp latency=50ms", "bsp latency=100ms"]
+
+
+def test_switch_runs_get_a_table_of_when_and_how_long_they_switched(tmp_path):
+    store = RunStore(tmp_path / "runs" / "polyrhythm.db")
+    plain = fabricate_run(store, tmp_path, "bsp", 0, workers=2, index=0)
+    switched = [fabricate_run(store, tmp_path, "asp", seed, workers=2, index=1 + seed)
+                for seed in (0, 1)]
+    for run_id, epoch, seconds in zip(switched, (1, None), (0.02, None), strict=True):
+        summary = {**load_runs(store.path, [run_id])[0].summary, "switch_rule": "empirical",
+                   "switch_epoch": epoch, "switch_s": seconds, "switched_at_s": 1.5,
+                   "phase_s": {"allreduce": 1.5 if epoch else 3.0,
+                               "asp": 1.5 if epoch else 0.0}}
+        store.amend_summary(run_id, summary)
+    text = write_report(store.path, [plain, *switched], tmp_path / "md", "Switch",
+                        fmt="md").read_text()
+    (row,) = [line for line in text.split("## Strategy-Switch")[1].splitlines()
+              if line.startswith("| asp")]
+    assert row.endswith("| empirical | 1, – | 0.020 | allreduce 2.2 ± 1.1 | asp 0.8 ± 1.1 |")
+    only_plain = write_report(store.path, [plain], tmp_path / "md2", "Plain", fmt="md")
+    assert "## Strategy-Switch" not in only_plain.read_text()

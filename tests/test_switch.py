@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import polyrhythm
-from polyrhythm.comm.messages import REPLY_HEADER
 from helpers import equivalence_config, max_diff, play_ranks, stored_parameters
+from polyrhythm.comm.messages import REPLY_HEADER
 from polyrhythm.config import make_config
 from polyrhythm.errors import ConfigError
 from polyrhythm.metrics.store import RunStore

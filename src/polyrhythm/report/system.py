@@ -21,7 +21,6 @@ from polyrhythm.report.measures import (
 from polyrhythm.report.plot import (
     BAND_NOTE,
     NoData,
-    band,
     from_zero,
     group_ticks,
     legend,
@@ -29,7 +28,7 @@ from polyrhythm.report.plot import (
     note,
     spread,
 )
-from polyrhythm.report.training import group_name
+from polyrhythm.report.training import bands_over_time, group_name
 
 PHASE_COLORS = {"compute": "#4c72b0", "push": "#dd8452", "wait": "#c44e52", "pull": "#55a868",
                 "apply": "#8172b3", "other": "#c7c7c7"}
@@ -134,19 +133,13 @@ def staleness_histogram(groups: list[Group]):
 
 def staleness_over_time(groups: list[Group]):
     fig, (ax,) = new_figure()
-    missing = []
-    for group in groups:
-        runs = [r for r in group.runs if len(r.column("pushes", "t"))]
-        if not runs:
-            missing.append(group.label)
-            continue
-        end = max(float(r.column("pushes", "t").max()) for r in runs)
-        pushes = sum(len(r.column("pushes", "t")) for r in runs) / len(runs)
-        edges = np.linspace(0, end, int(np.clip(pushes / 20, 5, 60)) + 1)
-        centres = (edges[:-1] + edges[1:]) / 2
-        band(ax, centres, column_stats([_bin_means(r.column("pushes", "t"),
-                                                   r.column("pushes", "staleness"), edges)
-                                        for r in runs]), group, group_name(group))
+    missing = bands_over_time(
+        ax, groups, "pushes", lambda r: float(r.column("pushes", "t").max()),
+        # about 20 pushes a bin
+        lambda runs, end: int(np.clip(sum(len(r.column("pushes", "t")) for r in runs)
+                                      / len(runs) / 20, 5, 60)),
+        lambda r, edges: _bin_means(r.column("pushes", "t"), r.column("pushes", "staleness"),
+                                    edges))
     if len(missing) == len(groups):
         raise NoData("no server recorded pushes (no parameter servers)")
     ax.set_xlabel("time since job start (s)")

@@ -136,7 +136,34 @@ def cluster_table(runs: list[Run]) -> Table | None:
                   "waiting threads", "starved (%)", "machine busy (%)", "fidelity"), rows)
 
 
+def switch_table(groups: list[Group]) -> Table | None:
+    """Per group of Strategy-Switch runs: when each run switched, how long the switch took
+    and the time in each phase; None if no group has one."""
+    rows = []
+    for g in groups:
+        summaries = [r.summary for r in g.runs if "switch_rule" in r.summary]
+        if not summaries:
+            continue
+        epochs = ", ".join(NONE if s["switch_epoch"] is None else str(s["switch_epoch"])
+                           for s in summaries)
+        switch_s = stats(s["switch_s"] for s in summaries if s["switch_s"] is not None)
+        phases = [list(s["phase_s"].items()) for s in summaries]
+        (first, _), (then, _) = phases[0]
+        rows.append((g.label, summaries[0]["switch_rule"], epochs,
+                     _mean_std(switch_s, 3),
+                     f"{first} " + _mean_std(stats(p[0][1] for p in phases), 1),
+                     f"{then} " + _mean_std(stats(p[1][1] for p in phases), 1)))
+    if not rows:
+        return None
+    return Table("switch-table", "Strategy-Switch", "Per group of switch runs: the rule, the "
+                 "epochs completed before each run switched (– : never), the switch's time "
+                 "(last synchronous step to first asynchronous push, the slowest worker's) and "
+                 "the seconds in each phase, mean ± std over repeats.",
+                 ("group", "rule", "switched after epoch", "switch (s)", "first phase (s)",
+                  "second phase (s)"), rows)
+
+
 def tables(runs: list[Run], groups: list[Group]) -> list[Table]:
-    cluster = cluster_table(runs)
+    optional = [cluster_table(runs), switch_table(groups)]
     return [runs_table(runs), groups_table(groups), breakdown_table(groups),
-            *([cluster] if cluster else [])]
+            *(t for t in optional if t is not None)]

@@ -4,10 +4,11 @@ scaling efficiency against the worker count."""
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 
 import numpy as np
 
-from polyrhythm.report.data import Group
+from polyrhythm.report.data import Group, Run
 from polyrhythm.report.measures import column_stats, stats, throughput
 from polyrhythm.report.plot import (
     BAND_NOTE,
@@ -24,6 +25,26 @@ from polyrhythm.report.plot import (
 def group_name(group: Group) -> str:
     n = len(group.runs)
     return f"{group.label} ({n} runs)" if n > 1 else group.label
+
+
+def bands_over_time(ax, groups: list[Group], table: str, last: Callable[[Run], float],
+                    bins: Callable[[list[Run], float], int],
+                    curve: Callable[[Run, np.ndarray], np.ndarray]) -> list[str]:
+    """Per group, a band over time bins from 0 to its runs' latest `last(run)`: `curve(run,
+    edges)` is a run's value in each bin, `bins(runs, end)` how many bins. Only runs with rows
+    in the event `table` count; returns the labels of groups with none."""
+    missing = []
+    for group in groups:
+        runs = [r for r in group.runs if len(r.column(table, "t"))]
+        if not runs:
+            missing.append(group.label)
+            continue
+        end = max(last(r) for r in runs)
+        edges = np.linspace(0, end, bins(runs, end) + 1)
+        centres = (edges[:-1] + edges[1:]) / 2
+        band(ax, centres, column_stats([curve(r, edges) for r in runs]), group,
+             group_name(group))
+    return missing
 
 
 def _epoch_columns(group: Group, keys: tuple[str, ...]):
@@ -82,18 +103,9 @@ def throughput_vs_time(groups: list[Group]):
     """Samples/s of all workers over the run, from the iterations each worker finished in
     each time bin (its batch per iteration)."""
     fig, (ax,) = new_figure()
-    missing = []
-    for group in groups:
-        runs = [r for r in group.runs if len(r.column("iterations", "t"))]
-        if not runs:
-            missing.append(group.label)
-            continue
-        end = max(float((r.column("iterations", "t") + r.column("iterations", "total_s")).max())
-                  for r in runs)
-        edges = np.linspace(0, end, int(np.clip(end / 0.5, 5, 60)) + 1)
-        centres = (edges[:-1] + edges[1:]) / 2
-        band(ax, centres, column_stats([_samples_per_s(r, edges) for r in runs]), group,
-             group_name(group))
+    missing = bands_over_time(ax, groups, "iterations", lambda r: float(_ends(r).max()),
+                              lambda runs, end: int(np.clip(end / 0.5, 5, 60)),
+                              _samples_per_s)
     if len(missing) == len(groups):
         raise NoData("no run recorded its iterations (instrumentation off)")
     ax.set_xlabel("time since job start (s)")
@@ -106,10 +118,10 @@ def throughput_vs_time(groups: list[Group]):
     return fig
 
 
-def _samples_per_s(run, edges: np.ndarray) -> np.ndarray:
+def _samples_per_s(run: Run, edges: np.ndarray) -> np.ndarray:
     """Samples finished per second in each bin; NaN past the run's last iteration."""
     worker = run.column("iterations", "worker").astype(int)
-    ends = run.column("iterations", "t") + run.column("iterations", "total_s")
+    ends = _ends(run)
     batch, n = int(run.config.get("batch_size", 0)), run.workers
     sizes = np.array([batch // n + (i < batch % n) for i in range(n)], dtype=float)
     samples, _ = np.histogram(ends, bins=edges, weights=sizes[worker])
@@ -204,3 +216,8 @@ def speedup_vs_workers(groups: list[Group]):
 
 def efficiency_vs_workers(groups: list[Group]):
     return _scaling(groups, "efficiency")
+
+
+def _ends(run: Run) -> np.ndarray:
+    """When each recorded iteration ended (seconds since the job started)."""
+    return run.column("iterations", "t") + run.column("iterations", "total_s")
