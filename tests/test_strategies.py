@@ -56,8 +56,9 @@ def test_quorum_rounds_cancel_a_straggler_and_end_with_the_rounds(tmp_path, stra
     *fast, slow = summary["per_worker"]
     assert summary["weight_updates"] == steps
     assert [w["steps"] for w in fast] == [steps] * 3
+    # It stopped when the rounds were done, not after its own 30 steps (alone, at the full
+    # lr). Its steps say so whatever the machine's load; the wall time does not.
     assert slow["steps"] < steps / 2
-    assert summary["wall_s"] < steps * delay / 2
     # The model stored is the one the first worker pulled last: no update came after it.
     (last,) = summary["epoch_metrics"]
     assert summary["final_val_accuracy"] == last["val_accuracy"]
