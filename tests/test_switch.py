@@ -10,6 +10,7 @@ import torch
 
 import polyrhythm
 from helpers import equivalence_config, max_diff, play_ranks, stored_parameters
+from polyrhythm.cli.train import switch_line
 from polyrhythm.comm.messages import REPLY_HEADER
 from polyrhythm.config import make_config
 from polyrhythm.errors import ConfigError
@@ -129,3 +130,17 @@ def test_a_halfs_flags_reach_that_half():
 def test_bad_switch_settings_are_one_line_errors(fields, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         make_config({"strategy": "switch", "workers": 2, **fields})
+
+
+def test_train_prints_when_and_why_it_switched():
+    switched = {"switch_rule": "empirical", "switch_epoch": 11, "switch_s": 0.0808,
+                "switch_why": "loss change s = 0.413 % < 1 %",
+                "phase_s": {"allreduce": 40.86, "asp": 1.43}}
+    assert switch_line(switched) == (
+        "switched allreduce -> asp after epoch 11 (rule empirical: loss change s = 0.413 % "
+        "< 1 %) in 0.081 s; allreduce 40.9 s, asp 1.4 s")
+    stayed = {**switched, "switch_epoch": None, "switch_s": None,
+              "switch_why": "loss change s = 1.305 % >= 1 %",
+              "phase_s": {"allreduce": 42.3, "asp": 0.0}}
+    assert switch_line(stayed) == ("never switched (rule empirical: loss change s = 1.305 % "
+                                   ">= 1 %); allreduce 42.3 s, asp 0.0 s")
