@@ -146,4 +146,4 @@ def play_ranks(tmp_path: Path, config: RunConfig,
         got[rank] = (role, torch.load(io.BytesIO(data), weights_only=True))
     for p in procs:
         p.join(timeout=30)
-    return got
+    return dict(sorted(got.items()))  # ranks in order, not in the order they finished
