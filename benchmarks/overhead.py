@@ -51,16 +51,16 @@ from torch.nn.parallel import DistributedDataParallel
 
 import polyrhythm
 from polyrhythm.config import RunConfig, make_config
-from polyrhythm.data.datasets import Dataset
+from polyrhythm.data.plan import DataPlan
 from polyrhythm.data.sharding import (
     batch_slice,
     epoch_order,
-    random_shards,
     steps_per_epoch,
     worker_batch_sizes,
 )
+from polyrhythm.data.source import Dataset
 from polyrhythm.models.build import build_model
-from polyrhythm.runtime.job import prepare_data, set_threads
+from polyrhythm.runtime.job import set_threads, whole_data
 
 HOST = "127.0.0.1"
 RESULT_TIMEOUT_S = 600.0
@@ -99,11 +99,15 @@ def job_values(strategy: str, workers: int, args: argparse.Namespace) -> dict:
 # --- the plain PyTorch baselines (run in spawned processes) ------------------------------------
 
 
-def train_epochs(model: torch.nn.Module, optimizer: torch.optim.Optimizer, train: Dataset,
-                 config, worker: int) -> list[EpochTiming]:
-    """A textbook loop over this worker's shard, batches in polyrhythm's order, timed per epoch."""
+def train_epochs(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 data: tuple[DataPlan, Dataset], config, worker: int) -> list[EpochTiming]:
+    """A textbook loop over this worker's shard, batches in polyrhythm's order, timed per epoch:
+    the whole training set normalised once up front, as float32 (polyrhythm keeps bytes and
+    normalises each batch)."""
+    plan, train = data
+    x, y = train.batch(slice(None))
     batch = worker_batch_sizes(config.batch_size, config.workers)[worker]
-    shard = random_shards(len(train), config.workers, config.seed)[worker]
+    shard = plan.shards[worker]
     steps = steps_per_epoch(len(train), config.batch_size, config.steps_per_epoch)
     timings = []
     for epoch in range(config.epochs):
@@ -113,7 +117,7 @@ def train_epochs(model: torch.nn.Module, optimizer: torch.optim.Optimizer, train
         for step in range(steps):
             idx = torch.from_numpy(batch_slice(order, batch, step))
             optimizer.zero_grad()
-            loss = F.cross_entropy(model(train.x[idx]), train.y[idx])
+            loss = F.cross_entropy(model(x[idx]), y[idx])
             loss.backward()
             optimizer.step()
             loss_sum += loss.item()  # read every step, as a polyrhythm worker does
@@ -127,12 +131,14 @@ def make_optimizer(model: torch.nn.Module, config) -> torch.optim.SGD:
                            weight_decay=config.optimizer.weight_decay)
 
 
-def setup(values: dict) -> tuple[RunConfig, Dataset, torch.nn.Module]:
-    """Config, threads, training set and the model polyrhythm starts from (same seeded init)."""
+def setup(values: dict) -> tuple[RunConfig, tuple[DataPlan, Dataset], torch.nn.Module]:
+    """Config, threads, (data plan, training set) and the model polyrhythm starts from (same
+    seeded init)."""
     config = make_config(values)
     set_threads(config, "worker", config.workers)  # exactly what a polyrhythm worker gets
-    train, _ = prepare_data(config)
-    return config, train, build_model(config.model, train.shape, train.classes, config.seed)
+    plan, train, _ = whole_data(config)
+    return config, (plan, train), build_model(config.model, train.shape, train.classes,
+                                              config.seed)
 
 
 def plain_main(values: dict, results: Queue) -> None:

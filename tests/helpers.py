@@ -14,17 +14,12 @@ import torch.nn.functional as F
 from polyrhythm.comm.transport import Transport
 from polyrhythm.config import RunConfig, make_config
 from polyrhythm.context import RankContext, Topology
-from polyrhythm.data.sharding import (
-    batch_slice,
-    epoch_order,
-    random_shards,
-    steps_per_epoch,
-    worker_batch_sizes,
-)
+from polyrhythm.data.sharding import batch_slice, epoch_order, steps_per_epoch, worker_batch_sizes
+from polyrhythm.flat import RunningStatistics
 from polyrhythm.launch.local import PRELOAD
 from polyrhythm.models.build import build_model
 from polyrhythm.optim import lr_at
-from polyrhythm.runtime.job import build_role, prepare_data
+from polyrhythm.runtime.job import agree_on_plan, build_role, whole_data
 
 
 def small_config(tmp_path, **fields):
@@ -48,7 +43,8 @@ def worker_gradient(model, x: torch.Tensor, y: torch.Tensor) -> list[torch.Tenso
 
 
 def reference_parameters(config, weights: list[float] | None = None) -> torch.Tensor:
-    """Train in one process with the global batch; return the flat parameters.
+    """Train in one process with the global batch; return the flat state (parameters, and
+    running statistics as the workers' batch-weighted mean).
 
     Every step takes each worker's batch, computes its gradient as a worker does (with the
     workers' thread count, one by one) and applies the batch-weighted sum, sum_i (b_i/B) g_i
@@ -58,17 +54,20 @@ def reference_parameters(config, weights: list[float] | None = None) -> torch.Te
     union batch, another thread count) lets grow over the steps. That the weighted sum is
     the gradient of the mean loss over the union of the batches is
     test_equivalence.py::test_weighted_worker_gradients_are_the_global_gradient. Other
-    `weights` (one per worker) make the reference of a wrongly weighted sum.
+    `weights` (one per worker) make the reference of a wrongly weighted sum. Each worker's
+    running statistics (BatchNorm) are its own, swapped in for its forward pass.
     """
     torch.set_num_threads(config.threads)
-    train, _ = prepare_data(config)
+    plan, train, _ = whole_data(config)
     model = build_model(config.model, train.shape, train.classes, config.seed)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.optimizer.lr,
                                 momentum=config.optimizer.momentum,
                                 weight_decay=config.optimizer.weight_decay)
-    shards = random_shards(len(train), config.workers, config.seed)
+    shards = plan.shards
     sizes = worker_batch_sizes(config.batch_size, config.workers)
     weights = weights or [size / config.batch_size for size in sizes]
+    statistics = RunningStatistics(model)
+    own = [statistics.get() for _ in sizes]
     for epoch in range(config.epochs):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(config.optimizer, epoch)
@@ -76,14 +75,17 @@ def reference_parameters(config, weights: list[float] | None = None) -> torch.Te
         for step in range(steps_per_epoch(len(train), config.batch_size,
                                           config.steps_per_epoch)):
             total = [torch.zeros_like(p, dtype=torch.float64) for p in model.parameters()]
-            for order, size, weight in zip(orders, sizes, weights, strict=True):
+            for i, (order, size, weight) in enumerate(zip(orders, sizes, weights, strict=True)):
                 idx = torch.from_numpy(batch_slice(order, size, step))
-                grads = worker_gradient(model, train.x[idx], train.y[idx])
+                statistics.set(own[i])
+                grads = worker_gradient(model, *train.batch(idx))
+                own[i] = statistics.get()
                 for t, g in zip(total, grads, strict=True):
                     t.add_(g, alpha=weight)
             for p, t in zip(model.parameters(), total, strict=True):
                 p.grad = t.float()
             optimizer.step()
+    statistics.set(sum(s * size / config.batch_size for s, size in zip(own, sizes, strict=True)))
     return flat(model.state_dict())
 
 
@@ -111,10 +113,10 @@ def _play_rank(rank: int, values: dict, store: str, play, results) -> None:
         transport.open(rank, topology.world_size, topology.worker_ranks)
         ctx = RankContext(config, rank, topology, transport)
         torch.set_num_threads(1)
-        train, val = prepare_data(config)
-        role = build_role(ctx, train, val)
+        plan, source = agree_on_plan(ctx)
+        role = build_role(ctx, plan, source)
         transport.barrier()
-        got = play(role, lambda: build_role(ctx, train, val))
+        got = play(role, lambda: build_role(ctx, plan, source))
         transport.barrier()
         dist.destroy_process_group()
         buffer = io.BytesIO()  # as bytes: states must save with torch.save

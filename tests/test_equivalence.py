@@ -26,16 +26,17 @@ from helpers import (
 )
 from polyrhythm.data.sharding import worker_batch_sizes
 from polyrhythm.models.build import build_model
-from polyrhythm.runtime.job import prepare_data
+from polyrhythm.runtime.job import whole_data
 
 
 def test_weighted_worker_gradients_are_the_global_gradient(tmp_path):
     # In float64, one step: sum_i (b_i/B) g_i is the gradient of the mean loss over the
     # union of the workers' batches, for an uneven split (22 + 21 + 21 of 64).
     config = equivalence_config(tmp_path, workers=3, batch_size=64)
-    train, _ = prepare_data(config)
+    _, train, _ = whole_data(config)
     model = build_model(config.model, train.shape, train.classes, config.seed).double()
-    x, y = train.x[:64].double(), train.y[:64]
+    x, y = train.batch(slice(0, 64))
+    x = x.double()
     sizes = worker_batch_sizes(64, 3)
     weighted = [torch.zeros_like(p) for p in model.parameters()]
     start = 0

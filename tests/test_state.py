@@ -15,8 +15,9 @@ from helpers import play_ranks
 from polyrhythm.comm.transport import Transport
 from polyrhythm.config import make_config
 from polyrhythm.context import RankContext, Topology
+from polyrhythm.data.datasets import open_source
 from polyrhythm.models import MODELS, ModelSpec
-from polyrhythm.runtime.job import build_role, prepare_data
+from polyrhythm.runtime.job import build_role, plan_data
 
 STEPS = 5
 
@@ -148,13 +149,14 @@ def test_a_workers_state_holds_the_models_buffers(tmp_path):
         config = make_config({"strategy": "allreduce", "workers": 1, "model": "bn-toy",
                               "dataset": "digits", "out": str(tmp_path)})
         ctx = RankContext(config, 0, Topology(0, 1), Transport())
-        train, val = prepare_data(config)
-        worker = build_role(ctx, train, val)
+        source = open_source(config.data, config.seed)
+        plan = plan_data(config, source)
+        worker = build_role(ctx, plan, source)
         worker.model.norm.running_mean.fill_(0.5)
         state = worker.state_dict()
         assert {"norm.running_mean", "norm.running_var", "norm.num_batches_tracked"} <= set(
             state["model"])
-        fresh = build_role(ctx, train, val)
+        fresh = build_role(ctx, plan, source)
         fresh.load_state_dict(state)
         assert torch.equal(fresh.model.norm.running_mean, torch.full((64,), 0.5))
         assert_same(fresh.state_dict(), state)

@@ -6,7 +6,7 @@ import polyrhythm
 from helpers import flat, small_config, stored_parameters
 from polyrhythm.comm.messages import PUSH_HEADER
 from polyrhythm.models.build import build_model
-from polyrhythm.runtime.job import prepare_data
+from polyrhythm.runtime.job import whole_data
 from polyrhythm.strategies import STRATEGIES
 
 
@@ -139,7 +139,7 @@ def test_gradients_of_the_last_steps_reach_the_servers(tmp_path, strategy, extra
                           steps_per_epoch=3, **extra)
     summary = polyrhythm.train(config)
     assert summary["weight_updates"] == 2  # one per worker, at the end
-    train, _ = prepare_data(config)
+    _, train, _ = whole_data(config)
     initial = flat(build_model(config.model, train.shape, train.classes, config.seed)
                    .state_dict())
     assert (stored_parameters(summary) - initial).abs().max() > 1e-3

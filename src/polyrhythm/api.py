@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from polyrhythm.config import RunConfig, layered, load_config
-from polyrhythm.data.datasets import load_dataset
+from polyrhythm.data.datasets import open_source
 from polyrhythm.launch.cluster import can_emulate
 from polyrhythm.launch.emulated import launch_emulated
 from polyrhythm.launch.local import launch_local
@@ -36,9 +36,9 @@ def train(config: RunConfig | dict | str | Path | None = None, *, show_progress:
     a process of the job fails (the run is then stored as failed).
     """
     config = resolve_config(config, **overrides)
-    # Fail on what is missing (data, a run to replay, root for a cluster) before a run
-    # record exists.
-    load_dataset(config.data, config.seed)
+    # Fail on what is missing or unsafe (data, a run to replay, root for a cluster) before a
+    # run record exists; the data is read through, not kept (workers read their shards).
+    open_source(config.data, config.seed).check()
     if config.compute_from is not None:
         measured_compute(config.out, config.compute_from)
     if config.cluster.hosts:

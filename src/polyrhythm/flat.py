@@ -73,3 +73,30 @@ class BucketLayout:
     def capacity(self, server: int) -> int:
         """Elements in the server's largest bucket: every push to it is padded to this."""
         return max(b - a for a, b in self.of_server(server).values())
+
+
+class RunningStatistics:
+    """A model's buffers (BatchNorm's running mean and variance, and its batch counter) as
+    one flat vector. They are statistics, not gradients: each worker keeps its own while
+    training, and the model validated or stored carries the workers' batch-weighted mean
+    (a counter's mean rounded: the steps taken, when every worker took as many)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.buffers = list(model.buffers())
+
+    def __bool__(self) -> bool:
+        return bool(self.buffers)
+
+    def get(self) -> torch.Tensor:
+        """A copy of the statistics, in float64 (a weighted sum adds them exactly enough)."""
+        if not self.buffers:
+            return torch.zeros(0, dtype=torch.float64)
+        return torch.cat([b.detach().reshape(-1).double() for b in self.buffers])
+
+    def set(self, values: torch.Tensor) -> None:
+        offset = 0
+        for b in self.buffers:
+            n = b.numel()
+            part = values[offset:offset + n].view_as(b)
+            b.copy_(part if b.is_floating_point() else part.round())
+            offset += n

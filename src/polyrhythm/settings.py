@@ -154,11 +154,15 @@ C = TypeVar("C", bound=Component)
 
 class Registry(Generic[C]):
     """The components of one kind ("strategy", "dataset", "model") by name. A new one is
-    one `register` call; nothing else needs to know of it."""
+    one `register` call; nothing else needs to know of it.
 
-    def __init__(self, kind: str) -> None:
+    With `custom`, a name of the form "package.module:function" is also valid: the user's
+    own component, `custom(name)` making its declaration (imported only when used)."""
+
+    def __init__(self, kind: str, custom: Callable[[str], C] | None = None) -> None:
         self.kind = kind
         self._entries: dict[str, C] = {}
+        self._custom = custom
 
     def register(self, component: C) -> C:
         if component.name in self._entries:
@@ -179,18 +183,22 @@ class Registry(Generic[C]):
 
     def lookup(self, name: str) -> C:
         """The component, or a one-line ConfigError listing the valid names."""
-        if name not in self._entries:
-            raise ConfigError(f"unknown {self.kind} {name!r}; valid: {', '.join(sorted(self))}")
-        return self._entries[name]
+        if name not in self:
+            own = " or package.module:function" if self._custom else ""
+            raise ConfigError(f"unknown {self.kind} {name!r}; valid: "
+                              f"{', '.join(sorted(self))}{own}")
+        return self[name]
 
     def get(self, name: str, default: C | None = None) -> C | None:
-        return self._entries.get(name, default)
+        return self[name] if name in self else default  # noqa: SIM401 (custom names)
 
     def __getitem__(self, name: str) -> C:
+        if name not in self._entries and self._custom and is_reference(name):
+            return self._custom(name)
         return self._entries[name]
 
     def __contains__(self, name: object) -> bool:
-        return name in self._entries
+        return name in self._entries or (self._custom is not None and is_reference(name))
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._entries)
@@ -254,6 +262,15 @@ class Settings(Mapping[str, Any]):
                 for k, v in self._values.items() if v is not None}
 
 
+def is_reference(name: object) -> bool:
+    """Whether `name` reads as "package.module:attribute"."""
+    if not isinstance(name, str):
+        return False
+    module, colon, attribute = name.partition(":")
+    return bool(colon and attribute.isidentifier()
+                and all(part.isidentifier() for part in module.split(".")))
+
+
 def load_object(ref: str | Callable[..., Any]) -> Any:
     """The object a reference names: "package.module:attribute", or the object itself."""
     if not isinstance(ref, str):
@@ -261,5 +278,6 @@ def load_object(ref: str | Callable[..., Any]) -> Any:
     module, _, attribute = ref.partition(":")
     try:
         return getattr(importlib.import_module(module), attribute)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"cannot load {ref!r}: {exc}") from None
+    except Exception as exc:  # the user's module may fail in any way while importing
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError(f"cannot load {ref!r}: {reason}") from None

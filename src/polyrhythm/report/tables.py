@@ -163,7 +163,36 @@ def switch_table(groups: list[Group]) -> Table | None:
                   "second phase (s)"), rows)
 
 
+def sharding_table(groups: list[Group]) -> Table | None:
+    """Per group: how its data was split, and the run-to-run spread of its final training
+    loss and validation accuracy (what better splits are meant to lower); None if no run
+    stored a split."""
+    rows = []
+    for g in groups:
+        data = [r.summary["data"] for r in g.runs if r.summary.get("data", {}).get("shards")]
+        if not data:
+            continue
+        sizes = [s["examples"] for s in data[0]["shards"]]
+        imbalance = [s["imbalance"] for s in data[0]["shards"]]
+        loss = stats(r.epochs[-1]["train_loss"] for r in g.runs if r.epochs)
+        acc = stats(final_accuracy(r) for r in g.runs)
+        rows.append((g.label, data[0]["sharding"], f"{min(sizes):,} – {max(sizes):,}",
+                     _num(data[0]["shards"][0]["copies"]),
+                     "∞" if None in imbalance else _num(max(imbalance), 3),
+                     _num(max(s["distance"] for s in data[0]["shards"]), 4),
+                     _mean_std(loss, 4), _mean_std(acc, 2, 100)))
+    if not rows:
+        return None
+    return Table("sharding-table", "Data sharding", "Per group, its first run's split: "
+                 "examples per worker, copies each worker holds, the largest imbalance "
+                 "(largest class share over smallest on a worker) and class-mix distance "
+                 "(total variation from the whole training set), and over repeats the final "
+                 "training loss and validation accuracy, mean ± std.",
+                 ("group", "sharding", "examples per worker", "copies", "max imbalance",
+                  "max distance", "final train loss", "final val acc (%)"), rows)
+
+
 def tables(runs: list[Run], groups: list[Group]) -> list[Table]:
-    optional = [cluster_table(runs), switch_table(groups)]
+    optional = [cluster_table(runs), switch_table(groups), sharding_table(groups)]
     return [runs_table(runs), groups_table(groups), breakdown_table(groups),
             *(t for t in optional if t is not None)]

@@ -12,8 +12,10 @@ import torch
 
 from polyrhythm.config.emulation import host_ranks, per_host
 from polyrhythm.context import RankContext
-from polyrhythm.data.datasets import Dataset, load_dataset, train_val_split
+from polyrhythm.data.datasets import open_source
+from polyrhythm.data.plan import DataPlan, load_part, load_val, make_plan
 from polyrhythm.data.sharding import steps_per_epoch
+from polyrhythm.data.source import Dataset, Source
 from polyrhythm.flat import BucketLayout, FlatParameters
 from polyrhythm.metrics.sampler import ResourceSampler
 from polyrhythm.models.build import build_model
@@ -24,10 +26,28 @@ from polyrhythm.strategies import STRATEGIES
 from polyrhythm.strategies.spec import SWITCHING
 
 
-def prepare_data(config) -> tuple[Dataset, Dataset]:
-    """The training and validation sets; identical on every process for a given seed."""
-    data = load_dataset(config.data, config.seed)
-    return train_val_split(data, config.data.val_fraction, config.seed)
+def plan_data(config, source: Source | None = None) -> DataPlan:
+    """The run's data plan (data/plan.py), from its source."""
+    source = source or open_source(config.data, config.seed)
+    return make_plan(source, config.data, config.workers, config.seed)
+
+
+def whole_data(config) -> tuple[DataPlan, Dataset, Dataset]:
+    """(plan, the whole training set, the validation set): a single-process view."""
+    source = open_source(config.data, config.seed)
+    plan = plan_data(config, source)
+    return (plan, *load_part(source, plan, None))
+
+
+def agree_on_plan(ctx: RankContext) -> tuple[DataPlan, Source | None]:
+    """The run's data plan, made once by the first worker and sent to every rank, and this
+    rank's source of data (None on a server: it reads none)."""
+    config, first = ctx.config, ctx.topology.worker_ranks[0]
+    source = None
+    if ctx.topology.role(ctx.rank) == "worker":
+        source = open_source(config.data, config.seed)
+    plan = plan_data(config, source) if ctx.rank == first else None
+    return ctx.transport.broadcast_object(plan, src=first), source
 
 
 def set_threads(config, role: str, local_workers: int, rank: int | None = None) -> None:
@@ -52,15 +72,17 @@ def host_cores(config, rank: int | None) -> float:
     return min(cores, per_host(cluster.cpu, cluster.hosts)[host])
 
 
-def build_role(ctx: RankContext, train: Dataset, val: Dataset) -> Worker | ParameterServerShard:
-    """This rank's role, as the topology says: a worker, or one parameter-server shard."""
-    if ctx.topology.role(ctx.rank) == "worker":
-        return Worker(ctx, train, val)
+def build_role(ctx: RankContext, plan: DataPlan,
+               source: Source | None) -> Worker | ParameterServerShard:
+    """This rank's role, as the topology says: a worker with its shard of the data, or one
+    parameter-server shard (which reads no data)."""
     config = ctx.config
-    initial = FlatParameters(build_model(config.model, train.shape, train.classes, config.seed))
+    steps = steps_per_epoch(len(plan.train), config.batch_size, config.steps_per_epoch)
+    if ctx.topology.role(ctx.rank) == "worker":
+        return Worker(ctx, *load_part(source, plan, ctx.worker_index), steps)
+    initial = FlatParameters(build_model(config.model, plan.shape, plan.classes, config.seed))
     layout = BucketLayout(len(initial), config.servers, config.bucket_kb)
     spec, workers = STRATEGIES[config.strategy.name], config.workers
-    steps = steps_per_epoch(len(train), config.batch_size, config.steps_per_epoch)
     return ParameterServerShard(ctx, initial.data, layout.of_server(ctx.rank),
                                 layout.capacity(ctx.rank),
                                 lambda: spec.policy(config.strategy, workers), steps,
@@ -70,13 +92,14 @@ def build_role(ctx: RankContext, train: Dataset, val: Dataset) -> Worker | Param
 def run_rank(ctx: RankContext, local_workers: int | None = None) -> RunResult | None:
     """Play this rank's role in the job; rank 0 returns the run's result, others None."""
     config = ctx.config
-    set_threads(config, ctx.topology.role(ctx.rank), local_workers or config.workers, ctx.rank)
-    train, val = prepare_data(config)
-    role = build_role(ctx, train, val)  # before the clock starts: building is set-up
+    role_name = ctx.topology.role(ctx.rank)
+    set_threads(config, role_name, local_workers or config.workers, ctx.rank)
+    plan, source = agree_on_plan(ctx)
+    role = build_role(ctx, plan, source)  # before the clock starts: building is set-up
     ctx.transport.barrier()  # start the clock when every process is ready
     ctx.started, trained_from = time.perf_counter(), time.time()
     if config.instrumentation:
-        with ResourceSampler(ctx.rank, ctx.topology.role(ctx.rank), ctx.now,
+        with ResourceSampler(ctx.rank, role_name, ctx.now,
                              ctx.transport.counters.moved) as sampler:
             report = role.run()
         report["resources"] = sampler.samples
@@ -85,7 +108,11 @@ def run_rank(ctx: RankContext, local_workers: int | None = None) -> RunResult | 
     reports = ctx.transport.gather_object(report, dst=0)
     if ctx.rank != 0:
         return None
+    # Rank 0 is a worker holding the validation set, or a server reading it only now.
+    val = role.val if isinstance(role, Worker) else load_val(
+        open_source(config.data, config.seed), plan)
     result = summarise(config, reports, val, ctx.now())
+    result.summary["data"] = plan.summary()
     # When training ran, by the wall clock: what an emulated cluster's fidelity guard judges.
     result.summary["training_window"] = [trained_from, time.time()]
     return result

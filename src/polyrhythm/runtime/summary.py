@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
-from polyrhythm.data.datasets import Dataset
-from polyrhythm.flat import FlatParameters
+from polyrhythm.data.source import Dataset
+from polyrhythm.flat import FlatParameters, RunningStatistics
 from polyrhythm.metrics.recorder import SPAN_NAMES, StalenessLog
 from polyrhythm.metrics.store import RULE_FIELDS
 from polyrhythm.models.build import build_model
@@ -64,10 +64,15 @@ def summarise(config, reports: list[dict], val: Dataset, wall_s: float) -> RunRe
 
 
 def _final_model(config, reports: list[dict], val: Dataset) -> torch.nn.Module:
+    """The model the servers' shards (or worker 0) hold, with the workers' mean running
+    statistics."""
     model = build_model(config.model, val.shape, val.classes, config.seed)
     flat = FlatParameters(model)
     for start, stop, values in (r["shard"] for r in reports if "shard" in r):
         flat.data[start:stop] = values
+    for r in reports:
+        if "statistics" in r:
+            RunningStatistics(model).set(r["statistics"])
     return model
 
 

@@ -4,23 +4,19 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from polyrhythm.comm.transport import WORKERS
 from polyrhythm.context import RankContext
-from polyrhythm.data.datasets import Dataset
-from polyrhythm.data.sharding import (
-    DataPosition,
-    batch_slice,
-    epoch_order,
-    random_shards,
-    steps_per_epoch,
-    worker_batch_sizes,
-)
-from polyrhythm.flat import FlatParameters
+from polyrhythm.data.sharding import DataPosition, batch_slice, epoch_order, worker_batch_sizes
+from polyrhythm.data.source import Dataset
+from polyrhythm.flat import FlatParameters, RunningStatistics
 from polyrhythm.metrics.recorder import SPAN_NAMES
 from polyrhythm.models.build import build_model
 from polyrhythm.runtime.compute import compute_times, emulated_step
@@ -31,22 +27,34 @@ PROGRESS_INTERVAL_S = 0.25
 
 
 @torch.no_grad()
-def validation_sums(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+def validation_sums(model: nn.Module, data: Dataset, part: slice = slice(None),
                     batch: int = 1000) -> tuple[float, int]:
-    """Summed cross-entropy and correct predictions of `model` on samples x, labels y."""
+    """Summed cross-entropy and correct predictions of `model`, in eval mode (BatchNorm
+    uses its running statistics), on rows `part` of `data`."""
     loss, correct = 0.0, 0
-    for start in range(0, len(y), batch):
-        logits = model(x[start:start + batch])
-        target = y[start:start + batch]
-        loss += F.cross_entropy(logits, target, reduction="sum").item()
-        correct += (logits.argmax(1) == target).sum().item()
+    rows = range(len(data))[part]
+    model.eval()
+    try:
+        for start in range(rows.start, rows.stop, batch):
+            x, target = data.batch(slice(start, min(start + batch, rows.stop)))
+            logits = model(x)
+            loss += F.cross_entropy(logits, target, reduction="sum").item()
+            correct += (logits.argmax(1) == target).sum().item()
+    finally:
+        model.train()
     return loss, correct
 
 
 def evaluate(model: nn.Module, data: Dataset) -> dict[str, float]:
-    """Mean cross-entropy and accuracy of `model` on `data`."""
-    loss, correct = validation_sums(model, data.x, data.y)
+    """Mean cross-entropy and accuracy of `model` on `data`, in eval mode."""
+    loss, correct = validation_sums(model, data)
     return {"val_loss": loss / len(data), "val_accuracy": correct / len(data)}
+
+
+def batch_generator(seed: int, worker: int, step: int) -> torch.Generator:
+    """The random source of one batch's augmentation: the same for the same step anywhere."""
+    state = np.random.SeedSequence([seed, worker, step]).generate_state(1)[0]
+    return torch.Generator().manual_seed(int(state))
 
 
 def train_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
@@ -60,14 +68,17 @@ def train_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
 class Worker:
     """One data-parallel worker: its shard, its batches, its model replica and its strategy."""
 
-    def __init__(self, ctx: RankContext, train: Dataset, val: Dataset) -> None:
+    def __init__(self, ctx: RankContext, train: Dataset, val: Dataset, steps: int) -> None:
+        """`train` is this worker's shard; `steps` its steps per epoch (the run's)."""
         c, i = ctx.config, ctx.worker_index
         self.ctx, self.train, self.val = ctx, train, val
         self.model = build_model(c.model, train.shape, train.classes, c.seed)
         self.flat = FlatParameters(self.model)
+        self.statistics = RunningStatistics(self.model)
         self.batch = worker_batch_sizes(c.batch_size, c.workers)[i]
-        self.shard = random_shards(len(train), c.workers, c.seed)[i]
-        self.steps = steps_per_epoch(len(train), c.batch_size, c.steps_per_epoch)
+        self.share = self.batch / c.batch_size  # of the global batch: its weight in means
+        self.shard = np.arange(len(train))  # positions in the shard held
+        self.steps = steps
         self.delay = c.worker_delay_s[i] if i < len(c.worker_delay_s) else 0.0
         self.slowdown = c.slowdown[i] if i < len(c.slowdown) else 1.0
         self.emulated = compute_times(c, i)  # None: real forward and backward
@@ -80,6 +91,8 @@ class Worker:
         self.consensus = self.strategy.consensus_weight() is not None
         self.snapshots: list[torch.Tensor] = []
         self.snapshot_weights: list[float] = []
+        # Each epoch end's running statistics, weighted by this worker's batch share.
+        self.statistics_snapshots: list[torch.Tensor] = []
         # Per iteration: (worker, step, epoch, t, compute, push, wait, pull, apply, total).
         self.iterations: list[tuple] = []
 
@@ -110,11 +123,13 @@ class Worker:
         final = self.flat.data.clone()
         if self.consensus:
             self._agree_on_snapshots()
+        statistics = self._agree_on_statistics()
         if self.ctx.worker_index == 0:
-            for record, snapshot in zip(epochs, self.snapshots, strict=True):
+            for e, (record, snapshot) in enumerate(zip(epochs, self.snapshots, strict=True)):
                 if "val_loss" not in record:  # not validated during the run
                     self.flat.data.copy_(snapshot)
-                    record.update(evaluate(self.model, self.val))
+                    with self._statistics(statistics[e] if statistics else None):
+                        record.update(evaluate(self.model, self.val))
         report = {
             "role": "worker",
             "rank": self.ctx.rank,
@@ -128,6 +143,8 @@ class Worker:
         }
         if self.ctx.worker_index == 0 and not self.ctx.topology.servers:  # no server holds it
             report["shard"] = (0, len(self.flat), final)
+        if self.ctx.worker_index == 0 and statistics:
+            report["statistics"] = statistics[-1]  # the final model's
         return report
 
     def train_epoch(self, epoch: int) -> dict:
@@ -159,7 +176,9 @@ class Worker:
                 if self.emulated is not None:
                     loss = emulated_step(self.model, self.emulated())
                 else:
-                    loss = train_step(self.model, self.train.x[idx], self.train.y[idx])
+                    augment = self.train.augment and batch_generator(
+                        config.seed, ctx.worker_index, position.taken)
+                    loss = train_step(self.model, *self.train.batch(idx, augment or None))
                 if self.slowdown > 1:  # a slower node: this step's compute, stretched
                     time.sleep((self.slowdown - 1) * (time.perf_counter() - computing))
             self.strategy.step(epoch)
@@ -195,6 +214,8 @@ class Worker:
             self.snapshot_weights.append(weight)
         elif self.ctx.worker_index == 0:
             self.snapshots.append(self.flat.data.clone())
+        if self.statistics:
+            self.statistics_snapshots.append(self.statistics.get() * self.share)
         return record
 
     def _epoch_done(self, epoch: int) -> bool:
@@ -214,7 +235,12 @@ class Worker:
         with self.ctx.spans("validate"):
             n, i, size = self.ctx.config.workers, self.ctx.worker_index, len(self.val)
             part = slice(i * size // n, (i + 1) * size // n)
-            loss, correct = validation_sums(self.model, self.val.x[part], self.val.y[part])
+            mean = None
+            if self.statistics:
+                mean = self.statistics.get() * self.share
+                self.ctx.transport.all_reduce(mean, WORKERS)
+            with self._statistics(mean):
+                loss, correct = validation_sums(self.model, self.val, part)
             rows = self.ctx.transport.rows_of_members(
                 torch.tensor([loss, correct], dtype=torch.float64))
             loss, correct = rows.sum(0).tolist()
@@ -231,6 +257,28 @@ class Worker:
         self.ctx.transport.all_reduce(models, WORKERS)
         self.ctx.transport.all_reduce(weights, WORKERS)
         self.snapshots = list(models.div_(weights.unsqueeze(1).float()))
+
+    def _agree_on_statistics(self) -> list[torch.Tensor]:
+        """Each epoch end's running statistics as the workers' batch-weighted mean (one
+        all-reduce among the workers, after training); none for a model without any."""
+        if not self.statistics:
+            return []
+        stacked = torch.stack(self.statistics_snapshots)
+        self.ctx.transport.all_reduce(stacked, WORKERS)
+        return list(stacked)
+
+    @contextmanager
+    def _statistics(self, values: torch.Tensor | None) -> Iterator[None]:
+        """The model with these running statistics for a while; its own again after."""
+        if values is None:
+            yield
+            return
+        own = self.statistics.get()
+        self.statistics.set(values)
+        try:
+            yield
+        finally:
+            self.statistics.set(own)
 
     def _progress(self, epoch: int, step: int, loss: float, samples_per_s: float) -> None:
         now = time.perf_counter()

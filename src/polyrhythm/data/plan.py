@@ -1,0 +1,82 @@
+"""A run's data plan: which rows train and which validate, and each worker's shard.
+
+The plan is computed once per run, by one process, and handed to the others (runtime/job.py
+sends it over the process group); each worker then reads only its own shard and the
+validation rows from the source (`load_part`), and a server reads nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from polyrhythm.data.source import Dataset, Source, normalise
+from polyrhythm.data.splitters import ToSplit, shard_stats, split
+
+
+@dataclass(frozen=True)
+class DataPlan:
+    """`train` and `val` are source rows, with their labels; `shards[w]` indexes `train`
+    (worker w's examples, copies allowed). `stats` describe the shards
+    (splitters.shard_stats)."""
+
+    shape: tuple[int, ...]
+    classes: int
+    train: np.ndarray
+    train_labels: np.ndarray
+    val: np.ndarray
+    val_labels: np.ndarray
+    shards: list[np.ndarray]
+    sharding: str
+    stats: list[dict]
+    split_s: float
+
+    def summary(self) -> dict:
+        """What a run stores of its plan."""
+        return {"sharding": self.sharding, "train_examples": len(self.train),
+                "val_examples": len(self.val), "split_s": self.split_s, "shards": self.stats}
+
+
+def hold_out(size: int, given_val: int, val_fraction: float,
+             seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(train rows, validation rows): the source's own validation part if it has one, else
+    a seeded random share (the same seed gives the same split on every process)."""
+    if given_val:
+        return np.arange(size - given_val), np.arange(size - given_val, size)
+    perm = np.random.default_rng([seed, 0x5EED]).permutation(size)
+    n_val = max(1, round(size * val_fraction))
+    return perm[n_val:], perm[:n_val]
+
+
+def make_plan(source: Source, settings, workers: int, seed: int) -> DataPlan:
+    """Hold out the validation rows and split the training rows across `workers`."""
+    labels = source.labels()
+    train, val = hold_out(len(labels), source.given_val, settings.val_fraction, seed)
+
+    def features() -> np.ndarray:
+        (x,) = source.rows(train)
+        return normalise(torch.from_numpy(x).float(), source.norm).reshape(len(x), -1).numpy()
+
+    began = time.perf_counter()
+    shards = split(ToSplit(labels[train], source.classes, features), workers, seed, settings)
+    split_s = time.perf_counter() - began
+    return DataPlan(tuple(source.shape), source.classes, train, labels[train], val,
+                    labels[val], shards, settings.sharding or "random",
+                    shard_stats(shards, labels[train], source.classes), split_s)
+
+
+def load_part(source: Source, plan: DataPlan, worker: int | None) -> tuple[Dataset, Dataset]:
+    """(worker's shard, validation set), read in one pass; `worker` None: the whole
+    training set (a single-process reference)."""
+    mine = slice(None) if worker is None else plan.shards[worker]
+    x, x_val = source.rows(plan.train[mine], plan.val)
+    return (Dataset.of(source, x, plan.train_labels[mine]),
+            Dataset.of(source, x_val, plan.val_labels))
+
+
+def load_val(source: Source, plan: DataPlan) -> Dataset:
+    (x,) = source.rows(plan.val)
+    return Dataset.of(source, x, plan.val_labels)
