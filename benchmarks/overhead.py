@@ -25,6 +25,7 @@ levels keep a burst of unrelated load on a small shared machine from deciding th
 
     python benchmarks/overhead.py            # about 1-3 minutes on 2 cores
     python benchmarks/overhead.py --quick    # smoke run for CI, well under 30 seconds
+    python benchmarks/overhead.py --model resnet20 --dataset cifar10 --data-path PATH
 """
 
 from __future__ import annotations
@@ -93,6 +94,7 @@ def job_values(strategy: str, workers: int, args: argparse.Namespace) -> dict:
         "epochs": args.epochs,
         "steps_per_epoch": args.steps_per_epoch,
         "seed": args.seed,
+        **({"data_path": args.data_path} if args.data_path else {}),
     }
 
 
@@ -324,6 +326,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help=f"smoke run: 1 repeat, 2 epochs of {QUICK_STEPS} steps")
     parser.add_argument("--model", default="cnn")
     parser.add_argument("--dataset", default="mnist5k")
+    parser.add_argument("--data-path", help="cifar10, cifar100, npz: the data file or folder")
     parser.add_argument("--batch-size", type=int, default=64, help="global batch (default 64)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)

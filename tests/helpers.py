@@ -42,7 +42,8 @@ def worker_gradient(model, x: torch.Tensor, y: torch.Tensor) -> list[torch.Tenso
     return [p.grad for p in model.parameters()]
 
 
-def reference_parameters(config, weights: list[float] | None = None) -> torch.Tensor:
+def reference_parameters(config, weights: list[float] | None = None,
+                         own_statistics: list | None = None) -> torch.Tensor:
     """Train in one process with the global batch; return the flat state (parameters, and
     running statistics as the workers' batch-weighted mean).
 
@@ -55,7 +56,8 @@ def reference_parameters(config, weights: list[float] | None = None) -> torch.Te
     the gradient of the mean loss over the union of the batches is
     test_equivalence.py::test_weighted_worker_gradients_are_the_global_gradient. Other
     `weights` (one per worker) make the reference of a wrongly weighted sum. Each worker's
-    running statistics (BatchNorm) are its own, swapped in for its forward pass.
+    running statistics (BatchNorm) are its own, swapped in for its forward pass (and, with
+    `own_statistics`, added to it at the end, one flat vector per worker).
     """
     torch.set_num_threads(config.threads)
     plan, train, _ = whole_data(config)
@@ -85,6 +87,8 @@ def reference_parameters(config, weights: list[float] | None = None) -> torch.Te
             for p, t in zip(model.parameters(), total, strict=True):
                 p.grad = t.float()
             optimizer.step()
+    if own_statistics is not None:
+        own_statistics.extend(own)
     statistics.set(sum(s * size / config.batch_size for s, size in zip(own, sizes, strict=True)))
     return flat(model.state_dict())
 

@@ -61,8 +61,8 @@ def test_flat_keys_sections_and_both_give_the_same_config():
 
 @pytest.mark.parametrize(("values", "message"), [
     ({"dataset": "mnist5k", "synthetic_size": 100},
-     "dataset 'mnist5k' takes no --synthetic-size (its parameters: --val-fraction; "
-     "--synthetic-size is for synthetic)"),
+     "dataset 'mnist5k' takes no --synthetic-size (its parameters: --val-fraction, "
+     "--sharding, --components, --clusters, --max-iter; --synthetic-size is for synthetic)"),
     ({"data": "digits"}, "data must be a table ([data]); or dataset = ..., got 'digits'"),
     ({"seed": -1}, "seed must be at least 0, got -1"),
     ({"strategy": {"name": "bsp", "lr": 0.1}}, "lr belongs in [optimizer], not [strategy]"),

@@ -20,7 +20,7 @@ from polyrhythm.report import FIGURE_NAMES, write_report
 from polyrhythm.report.data import group_runs, load_runs
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-TABLE_IDS = ("runs-table", "groups-table", "breakdown-table")
+TABLE_IDS = ("runs-table", "groups-table", "breakdown-table", "sharding-table")
 STEPS_PER_EPOCH = 40
 EPOCHS = 3
 # Seconds per step in each phase by strategy: (compute, push, wait, pull, apply).
@@ -82,6 +82,11 @@ def fabricate_run(store: RunStore, tmp_path, strategy: str, seed: int, workers: 
         "traffic_per_rank": [{"rank": r, "bytes_sent": 1000, "bytes_received": 1000,
                               "messages_sent": 10, "messages_received": 10,
                               "native_collective_bytes": 0} for r in range(servers + workers)],
+        "data": {"sharding": "random", "train_examples": 400 * workers, "val_examples": 100,
+                 "split_s": 0.01, "shards": [
+                     {"worker": w, "examples": 400, "copies": 0,
+                      "class_counts": rng.multinomial(400, [0.1] * 10).tolist(),
+                      "imbalance": 1.3, "distance": 0.02} for w in range(workers)]},
     }
     store.complete_run(run_id, summary, epochs, {
         "iterations": iterations, "pushes": pushes, "updates": updates,
@@ -419,8 +424,8 @@ def test_switch_runs_get_a_table_of_when_and_how_long_they_switched(tmp_path):
         store.amend_summary(run_id, summary)
     text = write_report(store.path, [plain, *switched], tmp_path / "md", "Switch",
                         fmt="md").read_text()
-    (row,) = [line for line in text.split("## Strategy-Switch")[1].splitlines()
-              if line.startswith("| asp")]
+    switch_table = text.split("## Strategy-Switch")[1].split("\n## ")[0]
+    (row,) = [line for line in switch_table.splitlines() if line.startswith("| asp")]
     assert row.endswith("| empirical | 1, – | 0.020 | allreduce 2.2 ± 1.1 | asp 0.8 ± 1.1 |")
     only_plain = write_report(store.path, [plain], tmp_path / "md2", "Plain", fmt="md")
     assert "## Strategy-Switch" not in only_plain.read_text()

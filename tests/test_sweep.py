@@ -343,7 +343,7 @@ def test_a_point_that_fails_at_run_time_leaves_the_others_and_exits_1(tmp_path):
     assert proc.returncode == 1, stderr
     assert "Traceback" not in stdout + stderr
     assert "2 runs, 1 completed (0 earlier), 1 failed" in stdout
-    assert "is neither a directory nor a tar archive" in stdout.split("failed:\n", 1)[1]
+    assert "neither a complete tar archive nor a directory" in stdout.split("failed:\n", 1)[1]
     assert "[1/2]" in stderr and "[2/2]" in stderr
     (run,) = RunStore(out / STORE_NAME).runs()
     assert run["status"] == "completed"

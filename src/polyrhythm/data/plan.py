@@ -7,6 +7,8 @@ validation rows from the source (`load_part`), and a server reads nothing.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import time
 from dataclasses import dataclass
 
@@ -73,8 +75,20 @@ def load_part(source: Source, plan: DataPlan, worker: int | None) -> tuple[Datas
     training set (a single-process reference)."""
     mine = slice(None) if worker is None else plan.shards[worker]
     x, x_val = source.rows(plan.train[mine], plan.val)
+    give_back_freed_memory()
     return (Dataset.of(source, x, plan.train_labels[mine]),
             Dataset.of(source, x_val, plan.val_labels))
+
+
+def give_back_freed_memory() -> None:
+    """Return the heap pages freed after reading to the system. Reading a member allocates
+    and frees tens of MB; glibc serves such blocks from its heap once one was freed (its
+    mmap threshold rises) and keeps the freed pages, so a worker would hold the size of the
+    whole data set long after reading it (measured: 464 MB against 279 MB)."""
+    libc = ctypes.util.find_library("c")
+    trim = getattr(ctypes.CDLL(libc), "malloc_trim", None) if libc else None
+    if trim is not None:
+        trim(0)
 
 
 def load_val(source: Source, plan: DataPlan) -> Dataset:
