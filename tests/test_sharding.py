@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -115,3 +117,21 @@ def test_sharding_flags_are_checked():
     plan = plan_data(make_config({"dataset": "digits", "workers": 2, "seed": 3}))
     again = plan_data(make_config({"dataset": "digits", "workers": 2, "seed": 3}))
     assert all(np.array_equal(a, b) for a, b in zip(plan.shards, again.shards, strict=True))
+
+
+def test_polyrhythm_shard_prints_each_workers_share_and_draws_it(tmp_path):
+    plot = tmp_path / "shards.png"
+    run = subprocess.run([sys.executable, "-m", "polyrhythm.cli", "shard", "--dataset", "digits",
+                          "--workers", "3", "--sharding", "stratified", "--plot", str(plot)],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert lines[0].startswith("digits, 3 workers, sharding stratified (seed 0): 1,617 training")
+    rows = [line.split() for line in lines[2:5]]
+    assert [r[0] for r in rows] == ["0", "1", "2"] and [r[1] for r in rows] == ["539"] * 3
+    counts = np.array([[int(c) for c in r[5:]] for r in rows])
+    assert counts.shape == (3, 10) and (counts.max(0) - counts.min(0) <= 1).all()
+    assert plot.read_bytes().startswith(b"\x89PNG\r\n\x1a\n") and plot.stat().st_size > 10_000
+    bad = subprocess.run([sys.executable, "-m", "polyrhythm.cli", "shard", "--plot", "x.jpg"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "PNG" in bad.stderr
