@@ -7,19 +7,26 @@ stays light.
 
 from typing import Any
 
-from polyrhythm.errors import ConfigError, DataError, PolyrhythmError, RunFailed, StoreError
+from polyrhythm.errors import (
+    ConfigError,
+    DataError,
+    Diverged,
+    PolyrhythmError,
+    RunFailed,
+    StoreError,
+)
 
 __version__ = "0.1.0"
 
-__all__ = ["ConfigError", "DataError", "PolyrhythmError", "RunConfig", "RunFailed", "StoreError",
-           "train"]
+__all__ = ["ConfigError", "DataError", "Diverged", "PolyrhythmError", "RunConfig", "RunFailed",
+           "StoreError", "resume", "train"]
 
 
 def __getattr__(name: str) -> Any:
-    if name == "train":
-        from polyrhythm.api import train
+    if name in ("train", "resume"):
+        from polyrhythm import api
 
-        return train
+        return getattr(api, name)
     if name == "RunConfig":
         from polyrhythm.config import RunConfig
 

@@ -8,11 +8,13 @@ from typing import Any
 
 from polyrhythm.config import RunConfig, layered, load_config
 from polyrhythm.data.datasets import open_source
+from polyrhythm.errors import ConfigError
 from polyrhythm.launch.cluster import can_emulate
 from polyrhythm.launch.emulated import launch_emulated
 from polyrhythm.launch.local import launch_local
 from polyrhythm.launch.progress import ProgressBoard
-from polyrhythm.metrics.records import measured_compute, start_run
+from polyrhythm.metrics.records import RunRecord, measured_compute, reopen_run, start_run
+from polyrhythm.runtime.checkpoint import latest
 
 
 def resolve_config(config: RunConfig | dict | str | Path | None = None,
@@ -47,3 +49,30 @@ def train(config: RunConfig | dict | str | Path | None = None, *, show_progress:
     record = start_run(config)
     board = ProgressBoard(config.workers, enabled=True) if show_progress else None
     return launch_local(config, record, board)
+
+
+# What a resumed run may change: the servers (the flat model is re-sliced), and how long and
+# how often it checkpoints. Anything else would make it another run.
+RESUMABLE = {"servers", "epochs", "checkpoint_every"}
+
+
+def resume(run_id: str, out: str | Path = "runs", *, show_progress: bool = False,
+           say=print, **overrides: Any) -> dict:
+    """Carry on a failed or interrupted run from its newest usable checkpoint, to its
+    configured epochs, in the same run record; return its summary as `train` does."""
+    record = RunRecord(Path(out), run_id)
+    if not (record.dir / "config.toml").is_file():
+        raise ConfigError(f"no run {run_id!r} in {str(out)!r}")
+    changed = set(overrides) - RESUMABLE
+    if changed:
+        raise ConfigError(f"a resumed run keeps its config: {', '.join(sorted(changed))} "
+                          f"cannot change (only {', '.join(sorted(RESUMABLE))} can)")
+    stored = load_config(record.dir / "config.toml", out=str(out))
+    config = resolve_config(stored, **overrides)
+    if config.cluster.hosts:
+        raise ConfigError("resuming a run on an emulated cluster is not supported yet")
+    point, done = latest(record.dir, stored.workers, stored.servers, say=say)
+    reopen_run(record)
+    say(f"resuming run {run_id} after epoch {done} of {config.epochs}")
+    board = ProgressBoard(config.workers, enabled=True) if show_progress else None
+    return launch_local(config, record, board, resume=point)

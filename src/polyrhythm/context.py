@@ -61,6 +61,8 @@ class RankContext:
     spans: Spans = field(default_factory=Spans)
     progress: ProgressSink = no_progress
     started: float = field(default_factory=time.perf_counter)  # reset when the job starts
+    run_dir: Any = None  # the run record's folder (Path): checkpoints go there; None: none
+    resume: Any = None  # a checkpoint to start from (runtime/checkpoint.py Resume)
 
     @property
     def worker_index(self) -> int:

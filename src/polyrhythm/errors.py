@@ -33,6 +33,12 @@ class RunFailed(PolyrhythmError):
         self.run_id, self.interrupted = run_id, interrupted
 
 
+class Diverged(PolyrhythmError):
+    """Training produced a non-finite loss or parameter: the run stops as `diverged`."""
+
+    exit_code = 1
+
+
 class ClusterError(PolyrhythmError):
     """An emulated cluster that cannot be made or used here: not root, no `ip` or `tc`, no
     cgroup CPU controller, or a command that failed."""

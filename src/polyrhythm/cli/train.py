@@ -7,6 +7,7 @@ import sys
 
 from polyrhythm.cli.flags import add_config_flags, config_flags
 from polyrhythm.config import load_config
+from polyrhythm.errors import ConfigError
 from polyrhythm.metrics.records import summary_json_line
 from polyrhythm.sweep import count
 
@@ -16,10 +17,24 @@ def add_parser(commands) -> None:
     train.add_argument("--config", metavar="FILE.toml", help="config file; flags override it")
     train.add_argument("--json", action="store_true",
                        help="print the summary as one JSON object on the last line")
+    train.add_argument("--resume", metavar="RUN_ID", help="carry on this failed or "
+                       "interrupted run (under --out) from its last checkpoint, in the same "
+                       "record; --servers, --epochs and --checkpoint-every may change")
     add_config_flags(train)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.resume:
+        flags = config_flags(args)
+        out = flags.pop("out", "runs")
+        if args.config:
+            raise ConfigError("--resume takes the run's own config: drop --config")
+        from polyrhythm.api import resume
+
+        summary = resume(args.resume, out, show_progress=sys.stderr.isatty(),
+                         say=lambda line: print(line, file=sys.stderr), **flags)
+        print(summary_json_line(summary) if args.json else format_summary(summary))
+        return 0
     config = load_config(args.config, **config_flags(args))  # bad input fails before torch
     from polyrhythm.api import train
 

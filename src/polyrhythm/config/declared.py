@@ -45,6 +45,11 @@ GENERAL = (
     Param("instrumentation", bool, "record every iteration's spans, server events and ~1 Hz "
           "resource samples in the store (off: totals only)", True),
     Param("out", str, "directory that holds run records and the store", "runs", metavar="DIR"),
+    Param("checkpoint_every", int, "write a checkpoint every this many epochs, and at the "
+          "end (0: never); `polyrhythm train --resume RUN_ID` goes on from the last", 1,
+          rule=at_least(0)),
+    Param("timeout", float, "seconds any process waits for a peer (a message, a collective) "
+          "before the run fails naming the silent peer", 300.0, rule=positive()),
     *COMPUTE,
 )
 
@@ -61,4 +66,4 @@ OPTIMIZER = (
 
 # General settings added since 0.1 whose default changes nothing: a stored config leaves them
 # out at that default, so an older record and its rerun read as the same fields.
-LEFT_OUT_AT_DEFAULT = {"shared_epochs": False}
+LEFT_OUT_AT_DEFAULT = {"shared_epochs": False, "checkpoint_every": 1, "timeout": 300.0}

@@ -33,6 +33,7 @@ from polyrhythm.context import Topology
 from polyrhythm.errors import RunFailed
 from polyrhythm.launch.progress import ProgressBoard
 from polyrhythm.metrics.records import RunRecord, fail_run, read_summary
+from polyrhythm.runtime.checkpoint import Resume
 
 HOST = "127.0.0.1"
 # Imported once by the forkserver; every rank is forked with them loaded.
@@ -48,7 +49,8 @@ def process_name(rank: int) -> str:
     return f"polyrhythm-r{rank}"
 
 
-def launch_local(config, record: RunRecord, progress: ProgressBoard | None = None) -> dict:
+def launch_local(config, record: RunRecord, progress: ProgressBoard | None = None,
+                 resume: Resume | None = None) -> dict:
     """Run the job in local processes; return the summary or raise RunFailed.
 
     Whatever ends the run early (a rank failing, Ctrl-C, SIGTERM, an error here) stops every
@@ -70,7 +72,7 @@ def launch_local(config, record: RunRecord, progress: ProgressBoard | None = Non
             alive, alive_w = pipe = ctx.Pipe(duplex=False)
             procs = [ctx.Process(target=_rank_main, name=process_name(rank),
                                  args=(config.to_dict(), rank, store.port, record, events,
-                                       alive))
+                                       alive, resume))
                      for rank in range(topology.world_size)]
             with _child_environment():
                 for p in procs:
@@ -185,7 +187,27 @@ def _failure_message(failed: list[int], procs: list, errors: dict[int, str],
             how = f"was killed by signal {-code}"
     else:
         how = f"failed: {errors.get(first, f'exit code {code}')}"
+        if "Timed out" in how:  # Gloo's words when a wait passed the run's timeout
+            return _silent_peers(procs, topology, how)
     return f"rank {first} ({topology.describe(first)}) {how}"
+
+
+def _silent_peers(procs: list, topology: Topology, how: str) -> str:
+    """A wait timed out: name the ranks that stopped (SIGSTOP, a debugger) or hang."""
+    stopped = [r for r, p in enumerate(procs) if p.is_alive() and _state(p.pid) in ("T", "t")]
+    if stopped:
+        names = ", ".join(f"rank {r} ({topology.describe(r)})" for r in stopped)
+        return (f"{names} stopped answering: no message from it within the timeout "
+                "(--timeout)")
+    return f"a peer stopped answering within the timeout (--timeout): {how}"
+
+
+def _state(pid: int) -> str:
+    """A process's state letter from /proc (R, S, T stopped, ...); '' if unreadable."""
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
 
 
 def _teardown(procs: list) -> None:
@@ -200,7 +222,7 @@ def _teardown(procs: list) -> None:
 
 
 def _rank_main(config_values: dict, rank: int, port: int, record: RunRecord, events,
-               alive) -> None:
+               alive, resume: Resume | None) -> None:
     """Entry point of one rank."""
     _bind_to_parent(rank, alive)
     _redirect_output(record.log_path(rank))
@@ -212,11 +234,11 @@ def _rank_main(config_values: dict, rank: int, port: int, record: RunRecord, eve
     def join() -> None:
         store = dist.TCPStore(HOST, port, None, False, timeout=RENDEZVOUS_TIMEOUT)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=config.world_size,
-                                timeout=timedelta(seconds=600))
+                                timeout=timedelta(seconds=config.timeout))
 
     try:
         lifecycle(config, rank, join, record if rank == 0 else None,
-                  progress=lambda e: _offer(events, e))
+                  progress=lambda e: _offer(events, e), run_dir=record.dir, resume=resume)
         code = 0
     except KeyboardInterrupt:
         code = 130

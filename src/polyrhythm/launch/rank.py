@@ -6,6 +6,7 @@ run on rank 0, and leave together.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -13,6 +14,7 @@ import torch.distributed as dist
 from polyrhythm.comm.transport import Transport
 from polyrhythm.context import ProgressSink, RankContext, Topology, no_progress
 from polyrhythm.metrics.records import RunRecord, complete_run
+from polyrhythm.runtime.checkpoint import Resume
 from polyrhythm.runtime.job import run_rank
 from polyrhythm.units import Delay, duration
 
@@ -30,15 +32,17 @@ def latency(config, rank: int) -> Callable[[], float] | None:
 
 
 def lifecycle(config, rank: int, join: JoinGroup, record: RunRecord | None,
-              progress: ProgressSink = no_progress,
-              local_workers: int | None = None) -> dict | None:
+              progress: ProgressSink = no_progress, local_workers: int | None = None,
+              run_dir: Path | None = None, resume: Resume | None = None) -> dict | None:
     """Run this rank of the job; rank 0 completes the run's record (given as `record`) and
-    returns the summary. Raises whatever ended the rank early."""
+    returns the summary. Every rank writes its checkpoints under `run_dir` (None: none) and,
+    resuming, starts from `resume`. Raises whatever ended the rank early."""
     join()
     topology = Topology(config.servers, config.workers)
     transport = Transport()
     transport.open(rank, topology.world_size, topology.worker_ranks, latency(config, rank))
-    ctx = RankContext(config, rank, topology, transport, progress=progress)
+    ctx = RankContext(config, rank, topology, transport, progress=progress, run_dir=run_dir,
+                      resume=resume)
     result = run_rank(ctx, local_workers)
     summary = None
     if result is not None and record is not None:

@@ -81,9 +81,12 @@ def run_node(config_path: str, run_id: str | None = None) -> dict | None:
     try:
         return lifecycle(config, rank,
                          lambda: dist.init_process_group("gloo", rank=rank, world_size=world,
-                                                         timeout=timedelta(seconds=600)),
+                                                         timeout=timedelta(
+                                                             seconds=config.timeout)),
                          record, progress=_log_progress,
-                         local_workers=sum(r >= config.servers for r in here))
+                         local_workers=sum(r >= config.servers for r in here),
+                         run_dir=record.dir if record else (
+                             Path(config.out) / run_id if run_id else None))
     except BaseException as exc:
         if record:
             who = Topology(config.servers, config.workers).describe(rank)

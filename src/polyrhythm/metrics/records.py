@@ -84,6 +84,14 @@ def fail_run(record: RunRecord, error: str) -> None:
     (record.dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 
 
+def reopen_run(record: RunRecord) -> None:
+    """A failed run being resumed: running again, in the same record. One-line StoreError
+    if it is not failed (completed: nothing to resume; running: another process has it)."""
+    if not record.store.reopen_run(record.run_id):
+        raise StoreError(f"run {record.run_id} is not a failed run: only a failed or "
+                         "interrupted run can be resumed")
+
+
 def summary_json_line(summary: dict) -> str:
     """The summary as one JSON line (per-epoch metrics left out: they are in summary.json)."""
     return json.dumps({k: v for k, v in summary.items() if k != "epoch_metrics"})

@@ -202,6 +202,13 @@ class RunStore:
                                   " WHERE run_id = ? AND status = 'running'", (error, run_id))
             return cursor.rowcount == 1
 
+    def reopen_run(self, run_id: str) -> bool:
+        """Mark a failed run running again (it is being resumed). True if marked."""
+        with self._connect() as conn:
+            cursor = conn.execute("UPDATE runs SET status = 'running', error = NULL"
+                                  " WHERE run_id = ? AND status = 'failed'", (run_id,))
+            return cursor.rowcount == 1
+
     def runs(self) -> list[dict]:
         """Every stored run, oldest first."""
         if not self.path.exists():

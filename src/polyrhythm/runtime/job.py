@@ -96,6 +96,8 @@ def run_rank(ctx: RankContext, local_workers: int | None = None) -> RunResult | 
     set_threads(config, role_name, local_workers or config.workers, ctx.rank)
     plan, source = agree_on_plan(ctx)
     role = build_role(ctx, plan, source)  # before the clock starts: building is set-up
+    if ctx.resume is not None:
+        role.resume(ctx.resume)
     ctx.transport.barrier()  # start the clock when every process is ready
     ctx.started, trained_from = time.perf_counter(), time.time()
     if config.instrumentation:

@@ -27,6 +27,7 @@ from polyrhythm.comm.messages import (
 from polyrhythm.context import RankContext
 from polyrhythm.metrics.recorder import StalenessLog
 from polyrhythm.optim import FlatSGD, lr_at
+from polyrhythm.runtime import checkpoint
 from polyrhythm.strategies.consistency import ConsistencyPolicy, Decision
 
 
@@ -142,6 +143,37 @@ class ParameterServerShard:
         self.record = ctx.config.instrumentation
         self.pushes: list[tuple] = []  # (server, t, worker, staleness, queue) per gradient
         self.updates: list[tuple] = []  # (server, t, seconds) per weight update
+        # Checkpoints: after every `checkpoint_every` epochs' worth of global batches.
+        self.every = ctx.config.checkpoint_every
+        self.checkpointed = 0  # epochs done at the last checkpoint written
+
+    def resume(self, resume) -> None:
+        """Carry on from a checkpoint: its server files if it has them (none: the model was
+        with the workers, as before a Strategy-Switch). Written by as many servers as now,
+        each bucket loads as it was; by another number, the flat model is re-sliced and each
+        bucket starts from its slice, the version and the progress."""
+        if not resume.servers_expected:
+            return
+        states = resume.server_states()
+        epochs_done = int(resume.folder.name.split("-")[1])
+        self.checkpointed = epochs_done
+        self.handover, self.switched = False, True if self.handover else self.switched
+        mine = states[self.ctx.rank] if resume.servers == self.ctx.topology.servers else None
+        if mine is not None and mine["ranges"] == [(b.start, b.stop)
+                                                   for b in self.buckets.values()]:
+            self.load_state_dict(mine)
+            return
+        buckets = [b for s in states for b in s["buckets"].values()]
+        weights = torch.cat([b["outbox"][REPLY_HEADER:] for b in buckets])
+        optimizers = [b["optimizer"] for b in buckets]
+        momentum = (torch.cat([o["momentum_buffer"] for o in optimizers])
+                    if optimizers[0] and optimizers[0]["momentum_buffer"] is not None
+                    else torch.zeros_like(weights))
+        for bucket in self.buckets.values():
+            bucket.take_over(weights[bucket.start:bucket.stop],
+                             momentum[bucket.start:bucket.stop], buckets[0]["version"])
+            bucket.progress = buckets[0]["progress"]
+            bucket.outbox[2] = bucket.progress
 
     def run(self) -> dict:
         """Serve until every worker has said it is done for every bucket; return a report."""
@@ -193,6 +225,8 @@ class ParameterServerShard:
                                 momentum.split(sizes), strict=True):
             bucket.take_over(w, m, int(steps))
         self.switched = bool(switched)
+        # The workers checkpointed the epochs before the switch themselves.
+        self.checkpointed = int(steps) // self.steps_per_epoch
 
     def _act(self, key: int, bucket: Bucket, decision: Decision) -> None:
         if decision.update and bucket.pending_weight > 0:
@@ -205,13 +239,30 @@ class ParameterServerShard:
                 bucket.end()
             elif self.shared_epochs and bucket.progress >= self.rounds - 1e-6:
                 bucket.end()  # tolerance: batch shares like 1/3 do not add up exactly
+            self._checkpoint()
         ranks = [self.ctx.topology.worker_ranks[w] for w in decision.release]
         for work in [self.ctx.transport.isend(bucket.outbox, r, tag=key) for r in ranks]:
             work.wait()
 
+    def _checkpoint(self) -> None:
+        """Once every bucket has the next checkpoint's epochs' worth of global batches
+        (tolerance: batch shares like 1/3 do not add up exactly), write this server's file."""
+        ctx, config = self.ctx, self.ctx.config
+        if ctx.run_dir is None or not self.every:
+            return
+        epochs = min(b.progress for b in self.buckets.values()) / self.steps_per_epoch
+        due = min(self.checkpointed + self.every, config.epochs)
+        if due <= self.checkpointed or epochs < due - 1e-6:
+            return
+        folder = checkpoint.epoch_dir(ctx.run_dir, due)
+        checkpoint.save(self.state_dict(), folder / f"server-{ctx.rank}.pt")
+        checkpoint.prune(ctx.run_dir, f"server-{ctx.rank}.pt", config.workers, config.servers)
+        self.checkpointed = due
+
     def state_dict(self) -> dict:
-        """Every bucket's state, by bucket id."""
-        return {"buckets": {k: b.state_dict() for k, b in self.buckets.items()}}
+        """Every bucket's state, by bucket id, and the buckets' places in the flat model."""
+        return {"buckets": {k: b.state_dict() for k, b in self.buckets.items()},
+                "ranges": [(b.start, b.stop) for b in self.buckets.values()]}
 
     def load_state_dict(self, state: dict) -> None:
         for k, bucket in self.buckets.items():

@@ -16,9 +16,11 @@ from polyrhythm.comm.transport import WORKERS
 from polyrhythm.context import RankContext
 from polyrhythm.data.sharding import DataPosition, batch_slice, epoch_order, worker_batch_sizes
 from polyrhythm.data.source import Dataset
+from polyrhythm.errors import Diverged
 from polyrhythm.flat import FlatParameters, RunningStatistics
 from polyrhythm.metrics.recorder import SPAN_NAMES
 from polyrhythm.models.build import build_model
+from polyrhythm.runtime import checkpoint
 from polyrhythm.runtime.compute import compute_times, emulated_step
 from polyrhythm.strategies import STRATEGIES
 from polyrhythm.strategies.base import EpochEnd
@@ -52,6 +54,16 @@ def evaluate(model: nn.Module, data: Dataset) -> dict[str, float]:
     """Mean cross-entropy and accuracy of `model` on `data`, in eval mode."""
     loss, correct = validation_sums(model, data)
     return {"val_loss": loss / len(data), "val_accuracy": correct / len(data)}
+
+
+def plain_sgd_state(flat: FlatParameters, momentum: torch.Tensor | None) -> dict:
+    """A flat momentum buffer as torch.optim.SGD's state_dict (one entry per parameter, in
+    model.parameters() order), so plain PyTorch can carry on from a checkpoint."""
+    state = {}
+    if momentum is not None:
+        state = {i: {"momentum_buffer": momentum[a:b].view_as(p).clone()}
+                 for i, (p, (a, b)) in enumerate(zip(flat.params, flat.ranges, strict=True))}
+    return {"state": state, "param_groups": [{"params": list(range(len(flat.params)))}]}
 
 
 def batch_generator(seed: int, worker: int, step: int) -> torch.Generator:
@@ -96,6 +108,7 @@ class Worker:
         self.snapshot_weights: list[float] = []
         # Each epoch end's running statistics, weighted by this worker's batch share.
         self.statistics_snapshots: list[torch.Tensor] = []
+        self.epochs: list[dict] = []  # the records of the epochs done
         # Per iteration: (worker, step, epoch, t, compute, push, wait, pull, apply, total).
         self.iterations: list[tuple] = []
 
@@ -114,14 +127,16 @@ class Worker:
         torch.set_rng_state(state["rng"])
 
     def run(self) -> dict:
-        """Train for the configured epochs; return this worker's report."""
+        """Train for the configured epochs (those a checkpoint holds are done); return this
+        worker's report."""
         self.strategy.start()
         shared = self.ctx.config.shared_epochs  # epochs are the servers' count, not ours
-        epochs = []
-        for epoch in range(0 if shared else self.position.epoch, self.ctx.config.epochs):
+        epochs = self.epochs
+        for epoch in range(len(epochs), self.ctx.config.epochs):
             epochs.append(self.train_epoch(epoch))
             if not shared:
                 self.position.next_epoch()
+            self._checkpoint(epoch + 1)
         self.strategy.finish()  # decentralised strategies may agree on a final model here
         final = self.flat.data.clone()
         if self.consensus:
@@ -182,6 +197,9 @@ class Worker:
                     augment = self.train.augment and batch_generator(
                         config.seed, ctx.worker_index, position.taken)
                     loss = train_step(self.model, *self.train.batch(idx, augment or None))
+                    if not math.isfinite(loss):  # before its gradient reaches anyone
+                        raise Diverged(f"diverged at epoch {epoch + 1}, step {step + 1}: "
+                                       f"training loss {loss}")
                 if self.slowdown > 1:  # a slower node: this step's compute, stretched
                     time.sleep((self.slowdown - 1) * (time.perf_counter() - computing))
             self.strategy.step(epoch)
@@ -197,6 +215,9 @@ class Worker:
             loss_sum += loss
             self._progress(epoch, step + 1, loss, taken * self.batch / (ended - t0))
         ended = time.perf_counter()
+        if not torch.isfinite(self.flat.data).all():
+            raise Diverged(f"diverged at epoch {epoch + 1}, step {position.step}: "
+                           "non-finite parameters")
         record = {"epoch": epoch, "train_loss": loss_sum / taken if taken else math.nan,
                   "samples": taken * self.batch, "seconds": ended - t0,
                   "wall_s": ended - ctx.started}
@@ -260,6 +281,40 @@ class Worker:
         self.ctx.transport.all_reduce(models, WORKERS)
         self.ctx.transport.all_reduce(weights, WORKERS)
         self.snapshots = list(models.div_(weights.unsqueeze(1).float()))
+
+    def checkpoint_state(self) -> dict:
+        """This worker's part of a checkpoint: its state, and what its report needs of the
+        epochs done (their records, and the snapshots validated after training)."""
+        return {"worker": self.state_dict(), "epochs": self.epochs,
+                "snapshots": self.snapshots, "snapshot_weights": self.snapshot_weights,
+                "statistics_snapshots": self.statistics_snapshots}
+
+    def resume(self, resume) -> None:
+        """Carry on from a checkpoint (runtime/checkpoint.py Resume)."""
+        state = resume.load(f"worker-{self.ctx.worker_index}.pt")
+        self.load_state_dict(state["worker"])
+        self.epochs = list(state["epochs"])
+        self.snapshots = list(state["snapshots"])
+        self.snapshot_weights = list(state["snapshot_weights"])
+        self.statistics_snapshots = list(state["statistics_snapshots"])
+
+    def _checkpoint(self, epochs_done: int) -> None:
+        ctx, config = self.ctx, self.ctx.config
+        every = config.checkpoint_every
+        if ctx.run_dir is None or not every or (
+                epochs_done % every and epochs_done != config.epochs):
+            return
+        i = ctx.worker_index
+        if i == 0:
+            if self.strategy.progress is not None:  # servers hold the model now
+                checkpoint.mark_servers_expected(ctx.run_dir, epochs_done)
+            model = self.model.state_dict()
+            momentum = getattr(getattr(self.strategy, "optimizer", None), "buffer", None)
+            checkpoint.save({"model": model, "optimizer": plain_sgd_state(self.flat, momentum)},
+                            checkpoint.epoch_dir(ctx.run_dir, epochs_done) / "model.pt")
+        checkpoint.save(self.checkpoint_state(),
+                        checkpoint.epoch_dir(ctx.run_dir, epochs_done) / f"worker-{i}.pt")
+        checkpoint.prune(ctx.run_dir, f"worker-{i}.pt", config.workers, config.servers)
 
     def _agree_on_statistics(self) -> list[torch.Tensor]:
         """Each epoch end's running statistics as the workers' batch-weighted mean (one

@@ -98,6 +98,8 @@ class ServerLink:
 
     def load_state_dict(self, state: dict) -> None:
         self.pulled, self.over = list(state["pulled"]), state["over"]
+        if len(self.pulled) != len(self.buckets):  # resumed with another server layout
+            self.pulled = [max(self.pulled)] * len(self.buckets)
         self.progress = state["progress"]
 
 

@@ -1,0 +1,118 @@
+"""Checkpoints: every rank's state at epoch ends, so a failed or interrupted run can go on.
+
+A checkpoint is a folder `<run>/checkpoints/epoch-NNNN/` (N: epochs completed) with one file
+per rank: `worker-<i>.pt` (the worker's state_dict, its epoch records so far, and worker 0's
+snapshots for validation) and, while servers hold the model, `server-<j>.pt` (its buckets,
+with their place in the flat model, so a resume may use another number of servers). Worker
+0 also writes `model.pt`, its model's plain `state_dict` with the optimizer's momentum in
+`torch.optim.SGD`'s layout, loadable by plain PyTorch. Each file is written atomically
+(written, flushed to disk, renamed), so a crash while writing leaves the previous one usable.
+A checkpoint is complete when every file it needs is there; each rank keeps its files of the
+last two complete checkpoints.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from polyrhythm.errors import DataError
+
+FOLDER = "checkpoints"
+SERVERS_EXPECTED = "servers-expected"  # worker 0's mark: this checkpoint needs server files
+_EPOCH = re.compile(r"epoch-(\d{4,})$")
+
+
+def epoch_dir(run_dir: Path, epochs_done: int) -> Path:
+    return Path(run_dir) / FOLDER / f"epoch-{epochs_done:04d}"
+
+
+def save(state: dict, path: Path) -> None:
+    """Write `state` to `path` atomically: a reader sees the old file or the whole new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    with partial.open("wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(partial, path)
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)  # the rename itself reaches the disk
+    finally:
+        os.close(folder)
+
+
+def mark_servers_expected(run_dir: Path, epochs_done: int) -> None:
+    folder = epoch_dir(run_dir, epochs_done)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / SERVERS_EXPECTED).touch()
+
+
+def is_complete(folder: Path, workers: int, servers: int) -> bool:
+    names = {p.name for p in folder.iterdir()} if folder.is_dir() else set()
+    needed = {f"worker-{i}.pt" for i in range(workers)}
+    if SERVERS_EXPECTED in names:
+        needed |= {f"server-{j}.pt" for j in range(servers)}
+    return needed <= names
+
+
+def complete_epochs(run_dir: Path, workers: int, servers: int) -> list[int]:
+    """Epochs-completed counts of the complete checkpoints, oldest first."""
+    root = Path(run_dir) / FOLDER
+    found = [(int(m.group(1)), p) for p in root.iterdir()
+             if (m := _EPOCH.match(p.name))] if root.is_dir() else []
+    return sorted(e for e, p in found if is_complete(p, workers, servers))
+
+
+def prune(run_dir: Path, own: str, workers: int, servers: int) -> None:
+    """Remove this rank's files (`own`: "worker-0.pt") older than the second-newest complete
+    checkpoint (each rank prunes only its own: no rank removes what another may still need)."""
+    complete = complete_epochs(run_dir, workers, servers)
+    for epochs_done in range(min(complete[-2:], default=0)):
+        (epoch_dir(run_dir, epochs_done) / own).unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Where a resumed run's ranks read their states: a complete checkpoint folder, and the
+    number of servers that wrote it (the flat model is re-sliced if it changed)."""
+
+    folder: Path
+    servers: int
+
+    def load(self, name: str) -> dict:
+        """One file of the checkpoint, loaded with weights_only (tensors and plain values
+        only: nothing else is unpickled)."""
+        return torch.load(self.folder / name, weights_only=True)
+
+    def server_states(self) -> list[dict]:
+        return [self.load(f"server-{j}.pt") for j in range(self.servers)]
+
+    @property
+    def servers_expected(self) -> bool:
+        return (self.folder / SERVERS_EXPECTED).exists()
+
+
+def latest(run_dir: Path, workers: int, servers: int,
+           say=print) -> tuple[Resume, int]:
+    """The newest complete checkpoint whose files all load, and its epochs completed; an
+    unreadable one is passed over, and `say` says so. One-line DataError if none is left."""
+    complete = complete_epochs(run_dir, workers, servers)
+    for epochs_done in reversed(complete):
+        resume = Resume(epoch_dir(run_dir, epochs_done), servers)
+        try:
+            for p in sorted(resume.folder.glob("*.pt")):
+                resume.load(p.name)
+        except Exception as exc:  # truncated or corrupted: whatever torch.load raised
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            say(f"checkpoint after epoch {epochs_done} is unreadable ({reason}); trying the "
+                "one before it")
+            continue
+        return resume, epochs_done
+    raise DataError(f"no usable checkpoint in {str(Path(run_dir) / FOLDER)!r}: the run "
+                    "cannot be resumed")

@@ -1,0 +1,135 @@
+"""Checkpoints and resume: a run killed part-way and resumed ends where an uninterrupted run
+ends; a damaged checkpoint is passed over with a word; a diverging run stops as such."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+import polyrhythm
+from helpers import max_diff, stored_parameters
+from polyrhythm.metrics.store import RunStore
+from polyrhythm.runtime.checkpoint import complete_epochs
+
+EPOCHS = 4
+
+
+def _kill_a_worker_after(out: Path, fields: dict, epochs_done: int) -> str:
+    """Start `polyrhythm train` with these fields, SIGKILL a worker rank once a complete
+    checkpoint of `epochs_done` epochs exists; the run's id (stored as failed)."""
+    args = [sys.executable, "-m", "polyrhythm.cli", "train", "--out", str(out)]
+    for key, value in fields.items():
+        flag = "--" + key.replace("_", "-")
+        args += [flag, ",".join(map(str, value))] if isinstance(value, list) else [
+            flag, str(value)]
+    launcher = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    run_dir = None
+    while time.monotonic() < deadline:
+        dirs = [d for d in out.glob("2*") if d.is_dir()] if out.exists() else []
+        if dirs and epochs_done in complete_epochs(dirs[0], fields["workers"],
+                                                   fields.get("servers", 1)):
+            run_dir = dirs[0]
+            break
+        time.sleep(0.02)
+    assert run_dir is not None, "no checkpoint came"
+    # Ranks are children of the launcher's forkserver: look among all its descendants.
+    ranks = [p.pid for p in psutil.Process(launcher.pid).children(recursive=True)
+             if p.name() == "polyrhythm-r1"]
+    assert ranks, "no rank 1 process"
+    os.kill(ranks[0], signal.SIGKILL)
+    _, stderr = launcher.communicate(timeout=60)
+    assert launcher.returncode == 1 and "killed by SIGKILL" in stderr, stderr
+    return run_dir.name
+
+
+@pytest.mark.parametrize(("strategy", "extra"), [
+    ("bsp", {}), ("allreduce", {}), ("switch", {"at": 0.25}),
+])
+def test_a_killed_run_resumed_ends_where_an_uninterrupted_one_ends(tmp_path, strategy, extra):
+    fields = {"strategy": strategy, "workers": 2, "epochs": EPOCHS, "dataset": "digits",
+              "steps_per_epoch": 10, "threads": 1, "worker_delay_s": [0.03, 0.03],
+              "lr_decay_every": 1, "lr_decay": 0.5, **extra}
+    out = tmp_path / "runs"
+    run_id = _kill_a_worker_after(out, {**fields, "servers": 1} if strategy == "bsp" else fields,
+                                  epochs_done=2)
+    said = []
+    summary = polyrhythm.resume(run_id, out, say=said.append)
+    assert summary["run_id"] == run_id and summary["status"] == "completed"
+    assert said[-1].startswith(f"resuming run {run_id} after epoch ")
+    assert len(summary["epoch_metrics"]) == EPOCHS
+    whole = polyrhythm.train({**fields, "out": str(tmp_path / "w")})
+    assert max_diff(stored_parameters(summary), stored_parameters(whole)) <= 1e-5
+    (row,) = [r for r in RunStore(out / "polyrhythm.db").runs() if r["run_id"] == run_id]
+    assert row["status"] == "completed" and len(RunStore(out / "polyrhythm.db").epochs(
+        run_id)) == EPOCHS
+
+
+def test_resuming_with_two_servers_instead_of_one_matches(tmp_path):
+    fields = {"strategy": "bsp", "workers": 2, "servers": 1, "epochs": EPOCHS,
+              "dataset": "digits", "steps_per_epoch": 10, "threads": 1,
+              "worker_delay_s": [0.03, 0.03], "lr_decay_every": 1, "lr_decay": 0.5}
+    out = tmp_path / "runs"
+    run_id = _kill_a_worker_after(out, fields, epochs_done=2)
+    summary = polyrhythm.resume(run_id, out, say=lambda line: None, servers=2)
+    assert summary["servers"] == 2
+    whole = polyrhythm.train({**fields, "out": str(tmp_path / "w")})
+    assert max_diff(stored_parameters(summary), stored_parameters(whole)) <= 1e-5
+
+
+def test_a_truncated_checkpoint_is_passed_over_and_said(tmp_path):
+    fields = {"strategy": "allreduce", "workers": 2, "epochs": EPOCHS, "dataset": "digits",
+              "steps_per_epoch": 10, "worker_delay_s": [0.03, 0.03]}
+    out = tmp_path / "runs"
+    run_id = _kill_a_worker_after(out, fields, epochs_done=2)
+    newest = complete_epochs(out / run_id, 2, 0)[-1]
+    damaged = out / run_id / "checkpoints" / f"epoch-{newest:04d}" / "worker-1.pt"
+    damaged.write_bytes(damaged.read_bytes()[:100])
+    said = []
+    summary = polyrhythm.resume(run_id, out, say=said.append)
+    assert f"checkpoint after epoch {newest} is unreadable" in said[0]
+    assert said[-1].startswith(f"resuming run {run_id} after epoch {newest - 1}")
+    assert summary["status"] == "completed"
+    model = torch.load(out / run_id / "checkpoints" / f"epoch-{EPOCHS:04d}" / "model.pt",
+                       weights_only=True)
+    assert set(model) == {"model", "optimizer"}  # plain PyTorch state_dicts
+
+
+def test_a_diverging_run_stops_with_one_line_naming_epoch_and_step(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "polyrhythm.cli", "train", "--dataset",
+                          "digits", "--lr", "1e6", "--workers", "2", "--epochs", "2",
+                          "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1 and run.stderr.count("\n") == 1, run.stderr
+    assert "diverged at epoch 1, step" in run.stderr and "training loss nan" in run.stderr
+
+
+def test_a_frozen_peer_becomes_a_timeout_error_naming_it_and_every_process_ends(tmp_path):
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "polyrhythm.cli", "train", "--strategy", "asp", "--workers", "2",
+         "--dataset", "digits", "--epochs", "50", "--timeout", "4", "--out", str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    ranks = []
+    while time.monotonic() < deadline and not ranks:
+        time.sleep(0.5)
+        ranks = [p for p in psutil.Process(launcher.pid).children(recursive=True)
+                 if p.name() == "polyrhythm-r0"]  # the server: every worker waits on it
+    assert ranks
+    time.sleep(2)  # training, not starting up
+    family = psutil.Process(launcher.pid).children(recursive=True)
+    os.kill(ranks[0].pid, signal.SIGSTOP)
+    frozen = time.monotonic()
+    _, stderr = launcher.communicate(timeout=60)
+    assert time.monotonic() - frozen <= 4 + 10
+    assert launcher.returncode == 1 and stderr.count("\n") == 1, stderr
+    assert "rank 0 (server 0) stopped answering" in stderr
+    gone, alive = psutil.wait_procs(family, timeout=10)
+    assert not alive, alive
