@@ -6,7 +6,8 @@ ranks at once on the same cores); the forkserver stays up for the launcher's lat
 forks from a process that has run no torch operation, so no OpenMP pool or Gloo state is
 copied.
 
-The launcher hosts the rendezvous store on a free port, so there is no port race. Any rank
+The ranks meet through a file store in the run's folder: no port race, and nothing listens
+beyond loopback (Gloo binds 127.0.0.1; a TCP store would listen on every interface). Any rank
 failing, Ctrl-C or SIGTERM ends every process; ranks also leave the moment the launcher is
 gone (they watch a pipe only the launcher holds), and then the forkserver exits too, so no
 process outlives the run.
@@ -35,12 +36,12 @@ from polyrhythm.launch.progress import ProgressBoard
 from polyrhythm.metrics.records import RunRecord, fail_run, read_summary
 from polyrhythm.runtime.checkpoint import Resume
 
-HOST = "127.0.0.1"
 # Imported once by the forkserver; every rank is forked with them loaded.
 PRELOAD = ["polyrhythm.launch.local", "polyrhythm.launch.rank"]
 RENDEZVOUS_TIMEOUT = timedelta(seconds=120)
+RENDEZVOUS_FILE = "rendezvous"
 GRACE_S = 3.0
-CHILD_ENVIRONMENT = {"GOMP_SPINCOUNT": "10000"}
+CHILD_ENVIRONMENT = {"GOMP_SPINCOUNT": "10000", "GLOO_SOCKET_IFNAME": "lo"}
 _PR_SET_NAME, _PR_SET_PDEATHSIG = 15, 1
 
 
@@ -62,8 +63,8 @@ def launch_local(config, record: RunRecord, progress: ProgressBoard | None = Non
     pipe: tuple = ()
     try:
         with signal_handlers(sigterm=raise_interrupt):
-            store = dist.TCPStore(HOST, 0, None, True, timeout=RENDEZVOUS_TIMEOUT,
-                                  wait_for_workers=False)
+            rendezvous = record.dir / RENDEZVOUS_FILE
+            rendezvous.unlink(missing_ok=True)  # a resumed run's old one
             ctx = mp.get_context("forkserver")
             ctx.set_forkserver_preload(PRELOAD)
             events = ctx.Queue()
@@ -71,8 +72,8 @@ def launch_local(config, record: RunRecord, progress: ProgressBoard | None = Non
             # gone.
             alive, alive_w = pipe = ctx.Pipe(duplex=False)
             procs = [ctx.Process(target=_rank_main, name=process_name(rank),
-                                 args=(config.to_dict(), rank, store.port, record, events,
-                                       alive, resume))
+                                 args=(config.to_dict(), rank, str(rendezvous), record,
+                                       events, alive, resume))
                      for rank in range(topology.world_size)]
             with _child_environment():
                 for p in procs:
@@ -86,6 +87,7 @@ def launch_local(config, record: RunRecord, progress: ProgressBoard | None = Non
             _teardown(procs)
             for end in pipe:
                 end.close()
+            (record.dir / RENDEZVOUS_FILE).unlink(missing_ok=True)
 
 
 def recorded_failure(record: RunRecord, exc: BaseException) -> RunFailed:
@@ -128,7 +130,9 @@ def _child_environment() -> Iterator[None]:
     ranks, a worker's spinning thread steals the core its server and Gloo's I/O threads need
     during push/pull (measured on 2 cores: push 1.9 ms -> 0.3 ms per step). Passive waiting
     (no spin) slows compute instead (+10 % per step), as threads sleep between operators; a
-    short spin keeps them warm within a step and asleep between steps. A value the user set
+    short spin keeps them warm within a step and asleep between steps. Gloo binds loopback
+    only (GLOO_SOCKET_IFNAME=lo): torch.distributed has no authentication, so a local run
+    listens to nobody beyond this machine. A value the user set
     is kept. Ranks fork from the forkserver, so they get the environment it was started
     with, by the first run of this process: later changes do not reach them.
     """
@@ -221,7 +225,7 @@ def _teardown(procs: list) -> None:
             p.join()
 
 
-def _rank_main(config_values: dict, rank: int, port: int, record: RunRecord, events,
+def _rank_main(config_values: dict, rank: int, rendezvous: str, record: RunRecord, events,
                alive, resume: Resume | None) -> None:
     """Entry point of one rank."""
     _bind_to_parent(rank, alive)
@@ -232,7 +236,8 @@ def _rank_main(config_values: dict, rank: int, port: int, record: RunRecord, eve
     config = RunConfig(**config_values)
 
     def join() -> None:
-        store = dist.TCPStore(HOST, port, None, False, timeout=RENDEZVOUS_TIMEOUT)
+        store = dist.FileStore(rendezvous, config.world_size)
+        store.set_timeout(RENDEZVOUS_TIMEOUT)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=config.world_size,
                                 timeout=timedelta(seconds=config.timeout))
 
