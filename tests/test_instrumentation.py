@@ -113,7 +113,7 @@ def test_a_version_1_store_is_migrated_in_place(tmp_path):
     assert [r["run_id"] for r in store.runs()] == ["old-run"]
     assert store.series("iterations", "old-run") == []
     with sqlite3.connect(path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
     assert set(SERIES) <= tables
     # Version 3's Strategy-Switch columns, empty for an old run's epochs.

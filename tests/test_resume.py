@@ -109,6 +109,8 @@ def test_a_diverging_run_stops_with_one_line_naming_epoch_and_step(tmp_path):
                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert run.returncode == 1 and run.stderr.count("\n") == 1, run.stderr
     assert "diverged at epoch 1, step" in run.stderr and "training loss nan" in run.stderr
+    (row,) = RunStore(tmp_path / "polyrhythm.db").runs()
+    assert row["status"] == "diverged" and row["error"].startswith("diverged at epoch 1")
 
 
 def test_a_frozen_peer_becomes_a_timeout_error_naming_it_and_every_process_ends(tmp_path):

@@ -28,9 +28,9 @@ class RunFailed(PolyrhythmError):
     exit_code = 1
 
     def __init__(self, message: str, run_id: str | None = None,
-                 interrupted: bool = False) -> None:
+                 interrupted: bool = False, diverged: bool = False) -> None:
         super().__init__(message)
-        self.run_id, self.interrupted = run_id, interrupted
+        self.run_id, self.interrupted, self.diverged = run_id, interrupted, diverged
 
 
 class Diverged(PolyrhythmError):

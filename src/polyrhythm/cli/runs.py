@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from polyrhythm.metrics.records import STORE_NAME
-from polyrhythm.metrics.store import RunStore
+from polyrhythm.metrics.store import LAUNCHER_GONE, RunStore
 
 
 def add_parser(commands) -> None:
@@ -20,17 +20,30 @@ def run(args: argparse.Namespace) -> int:
     rows = RunStore(Path(args.out) / STORE_NAME).runs()
     if args.json:
         for r in rows:
-            print(json.dumps({k: v for k, v in r.items() if k not in ("config", "summary")}))
+            fields = {k: v for k, v in r.items() if k not in ("config", "summary")}
+            if fields.get("launcher"):
+                fields["launcher"] = json.loads(fields["launcher"])
+            print(json.dumps(fields))
         return 0
     if not rows:
         print(f"no runs stored in {args.out}")
         return 0
-    print(f"{'run id':<36} {'status':<10} {'strategy':<16} {'N':>3} {'S':>3} {'ep':>3} "
+    statuses = [status(r) for r in rows]
+    width = max(10, *map(len, statuses))
+    print(f"{'run id':<36} {'status':<{width}} {'strategy':<16} {'N':>3} {'S':>3} {'ep':>3} "
           f"{'val acc':>8} {'samples/s':>10} {'wall s':>8}")
-    for r in rows:
+    for r, shown in zip(rows, statuses, strict=True):
         acc = f"{r['final_val_accuracy']:.4f}" if r["final_val_accuracy"] is not None else "-"
         sps = f"{r['samples_per_s']:.0f}" if r["samples_per_s"] is not None else "-"
         wall = f"{r['wall_s']:.1f}" if r["wall_s"] is not None else "-"
-        print(f"{r['run_id']:<36} {r['status']:<10} {r['strategy']:<16} {r['workers']:>3} "
+        print(f"{r['run_id']:<36} {shown:<{width}} {r['strategy']:<16} {r['workers']:>3} "
               f"{r['servers']:>3} {r['epochs']:>3} {acc:>8} {sps:>10} {wall:>8}")
     return 0
+
+
+def status(row: dict) -> str:
+    """A run's status as listed: `failed (launcher gone)` for a run whose launcher died
+    without recording its end (the store found it so when opened)."""
+    if row["status"] == "failed" and row["error"] == LAUNCHER_GONE:
+        return f"failed ({LAUNCHER_GONE})"
+    return row["status"]

@@ -93,16 +93,17 @@ def launch_local(config, record: RunRecord, progress: ProgressBoard | None = Non
 def recorded_failure(record: RunRecord, exc: BaseException) -> RunFailed:
     """Store the run as failed with what ended it; the RunFailed to raise."""
     reason = failure_reason(exc)
-    fail_run(record, reason)
+    diverged = isinstance(exc, RunFailed) and exc.diverged
+    fail_run(record, reason, "diverged" if diverged else "failed")
     return RunFailed(f"run {record.run_id} {reason}", record.run_id,
-                     interrupted=isinstance(exc, KeyboardInterrupt))
+                     interrupted=isinstance(exc, KeyboardInterrupt), diverged=diverged)
 
 
 def failure_reason(exc: BaseException) -> str:
     if isinstance(exc, KeyboardInterrupt):
         return "interrupted; all processes stopped"
     if isinstance(exc, RunFailed):
-        return f"failed: {exc}"
+        return str(exc) if exc.diverged else f"failed: {exc}"
     return f"failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
 
@@ -162,7 +163,7 @@ def _supervise(procs: list, events, board: ProgressBoard, topology: Topology) ->
         failed = [r for r in ended if procs[r].exitcode != 0]
         if failed:
             _drain(events, board, errors)
-            raise RunFailed(_failure_message(failed, procs, errors, topology))
+            raise _failure(failed, procs, errors, topology)
     _drain(events, board, errors)
     board.draw(force=True)
 
@@ -177,6 +178,20 @@ def _drain(events, board: ProgressBoard, errors: dict[int, str]) -> None:
             errors[event["rank"]] = event["error"]
         else:
             board.update(event)
+
+
+def _failure(failed: list[int], procs: list, errors: dict[int, str],
+             topology: Topology) -> RunFailed:
+    """What ended the run: a worker whose loss diverged, or the rank that failed first."""
+    diverged = sorted(r for r in failed if errors.get(r, "").startswith(DIVERGED))
+    if diverged:
+        first = diverged[0]
+        what = errors[first].removeprefix(DIVERGED)
+        return RunFailed(f"{what} ({topology.describe(first)})", diverged=True)
+    return RunFailed(_failure_message(failed, procs, errors, topology))
+
+
+DIVERGED = "Diverged: "  # how a rank's Diverged error reads in its error event
 
 
 def _failure_message(failed: list[int], procs: list, errors: dict[int, str],

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from polyrhythm.errors import StoreError
-from polyrhythm.metrics.store import RunStore
+from polyrhythm.metrics.store import RunStore, process_identity
 
 STORE_NAME = "polyrhythm.db"
 MODEL_NAME = "model.pt"
@@ -44,7 +44,9 @@ class RunRecord:
 
 
 def start_run(config) -> RunRecord:
-    """Create the run's directory and its 'running' row, before any process starts.
+    """Create the run's directory and its 'running' row, before any process starts. The row
+    names this process as the run's launcher: should it die without recording the run's end
+    (SIGKILL), the next listing of the store shows the run `failed` (`launcher gone`).
 
     `config` is the RunConfig: its `out`, `columns()` (the store's headline columns) and
     `to_toml()` are what the record needs."""
@@ -59,7 +61,8 @@ def start_run(config) -> RunRecord:
     except OSError as exc:
         raise StoreError(f"cannot write run directory {str(record.dir)!r}: "
                          f"{exc.strerror}") from None
-    record.store.add_run(run_id, now.isoformat(timespec="seconds"), columns, toml)
+    record.store.add_run(run_id, now.isoformat(timespec="seconds"), columns, toml,
+                         launcher=process_identity())
     return record
 
 
@@ -74,12 +77,12 @@ def complete_run(record: RunRecord, summary: dict, epochs: list[dict],
     return summary
 
 
-def fail_run(record: RunRecord, error: str) -> None:
-    """Mark the run failed with a one-line reason (the summary says so too). A run whose
-    results are already recorded stays completed."""
-    if not record.store.fail_run(record.run_id, error):
+def fail_run(record: RunRecord, error: str, status: str = "failed") -> None:
+    """Mark the run failed (or `diverged`) with a one-line reason (the summary says so
+    too). A run whose results are already recorded stays completed."""
+    if not record.store.fail_run(record.run_id, error, status):
         return
-    summary = {"run_id": record.run_id, "status": "failed", "error": error,
+    summary = {"run_id": record.run_id, "status": status, "error": error,
                "run_dir": str(record.dir)}
     (record.dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 
@@ -87,7 +90,7 @@ def fail_run(record: RunRecord, error: str) -> None:
 def reopen_run(record: RunRecord) -> None:
     """A failed run being resumed: running again, in the same record. One-line StoreError
     if it is not failed (completed: nothing to resume; running: another process has it)."""
-    if not record.store.reopen_run(record.run_id):
+    if not record.store.reopen_run(record.run_id, launcher=process_identity()):
         raise StoreError(f"run {record.run_id} is not a failed run: only a failed or "
                          "interrupted run can be resumed")
 

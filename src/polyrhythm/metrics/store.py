@@ -1,8 +1,10 @@
 """The SQLite run store (`<out>/polyrhythm.db`).
 
-Schema version 3 (version 1 had `runs` and `epochs`, 2 added the event tables, 3 the
-Strategy-Switch columns of `epochs`; opening an older store adds what it lacks):
-- runs: one row per run (status, config, summary, headline figures);
+Schema version 4 (version 1 had `runs` and `epochs`, 2 added the event tables, 3 the
+Strategy-Switch columns of `epochs`, 4 the `launcher` of `runs`; opening an older store adds
+what it lacks):
+- runs: one row per run (status, config, summary, headline figures, and the process that
+  launched it: host, boot, pid and start time, as JSON);
 - epochs: per run and epoch (losses, validation accuracy, samples/s, wall time; for a switch
   run the phase, and the rule's score, whether it fired and why, asked after the epoch);
 - iterations: per run, worker and training step: when it started (seconds since the job's
@@ -12,11 +14,26 @@ Strategy-Switch columns of `epochs`; opening an older store adds what it lacks):
 - updates: per run and weight update on a server: when, and how long it took;
 - resources: per run, process and sample (about 1 Hz): role, CPU %, RSS bytes and the bytes
   the process had sent and received so far.
+
+Several processes use one store at once (launchers, rank 0s completing runs, sweeps, reports):
+the store is in WAL mode (readers never wait for a writer, nor a writer for readers), every
+connection waits up to BUSY_TIMEOUT_S for another's write, a write takes the write lock when
+it begins (BEGIN IMMEDIATE: a transaction that read first cannot fail to upgrade), and a
+migration happens under that lock, once. Every value is an SQL parameter; only table and
+column names, which are constants of this module, are formatted into statements.
+
+A run still `running` whose launcher was a process of this host that is gone (its pid no
+longer exists, or belongs to a process started at another time) is marked `failed` with the
+error `launcher gone` when the runs are listed (`RunStore.runs`: `polyrhythm runs`, reports,
+sweeps). Runs launched on other hosts, or by a process that still lives, are left alone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import socket
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,13 +42,16 @@ from pathlib import Path
 from polyrhythm.errors import StoreError
 from polyrhythm.metrics.recorder import SPAN_NAMES
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
+JOURNAL_MODE = "WAL"
+BUSY_TIMEOUT_S = 30.0  # how long a connection waits for another's write before failing
+LAUNCHER_GONE = "launcher gone"  # the error of a run whose launcher died without saying so
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
     run_id TEXT PRIMARY KEY,
     created TEXT NOT NULL,
-    status TEXT NOT NULL,             -- running | completed | failed
+    status TEXT NOT NULL,             -- running | completed | failed | diverged
     strategy TEXT NOT NULL,
     workers INTEGER NOT NULL,
     servers INTEGER NOT NULL,
@@ -108,6 +128,14 @@ ALTER TABLE epochs ADD COLUMN rule_fired INTEGER;
 ALTER TABLE epochs ADD COLUMN rule_why TEXT;
 """
 
+# The process that launched the run, as JSON (process_identity): host, pidns, boot, pid, start.
+_SCHEMA_4 = """
+ALTER TABLE runs ADD COLUMN launcher TEXT;
+"""
+
+# The scripts that bring a store from version i to i + 1, in order.
+_MIGRATIONS = (_SCHEMA, _SCHEMA_2, _SCHEMA_3, _SCHEMA_4)
+
 # The per-event tables and their columns after run_id, in the order of the rows runs report.
 SERIES = {
     "iterations": ("worker", "step", "epoch", "t", *(f"{s}_s" for s in SPAN_NAMES), "total_s"),
@@ -130,17 +158,29 @@ class RunStore:
         self.path = Path(path)
 
     @contextmanager
-    def _connect(self) -> Iterator[sqlite3.Connection]:
+    def _connect(self, write: bool = True) -> Iterator[sqlite3.Connection]:
+        """A connection in one transaction, committed at the end of the block (rolled back
+        if it raises). `write` takes the write lock at once (BEGIN IMMEDIATE), waiting for
+        another writer up to BUSY_TIMEOUT_S; a reader (write=False) waits for nobody."""
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(self.path, timeout=30)
+            # Autocommit at the driver: the transactions are the ones begun here.
+            conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"cannot open run store {str(self.path)!r}: {exc}") from None
         conn.row_factory = sqlite3.Row
         try:
-            with conn:
-                self._migrate(conn)
+            _use_journal_mode(conn)
+            self._migrate(conn)
+            conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            try:
                 yield conn
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            if conn.in_transaction:
+                conn.execute("COMMIT")
         except sqlite3.Error as exc:
             raise StoreError(f"run store {str(self.path)!r}: {exc}") from None
         finally:
@@ -148,27 +188,39 @@ class RunStore:
 
     @staticmethod
     def _migrate(conn: sqlite3.Connection) -> None:
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
-        if version > SCHEMA_VERSION:
-            raise StoreError(f"run store schema {version} is newer than this polyrhythm's "
-                             f"({SCHEMA_VERSION}); upgrade polyrhythm")
-        if version < 1:
-            conn.executescript(_SCHEMA)
-        if version < 2:
-            conn.executescript(_SCHEMA_2)
-        if version < 3:
-            conn.executescript(_SCHEMA_3)
-        if version < SCHEMA_VERSION:
-            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        """Bring the store to SCHEMA_VERSION (a new one from nothing), once: under the write
+        lock, so processes opening an older store at the same time do not race. `conn` is
+        in autocommit; no transaction is left open."""
+        if _schema_version(conn) == SCHEMA_VERSION:
+            return
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            version = _schema_version(conn)  # another process may have migrated meanwhile
+            for script in _MIGRATIONS[version:]:
+                for statement in _statements(script):
+                    conn.execute(statement)
+            if version < SCHEMA_VERSION:
+                # A constant: PRAGMA takes no parameters.
+                conn.execute(f"PRAGMA user_version = {int(SCHEMA_VERSION)}")
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
 
-    def add_run(self, run_id: str, created: str, columns: dict, config_toml: str) -> None:
+    def add_run(self, run_id: str, created: str, columns: dict, config_toml: str,
+                launcher: dict | None = None) -> None:
         """A 'running' row; `columns` holds strategy, workers, servers, epochs, dataset and
-        model (RunConfig.columns())."""
+        model (RunConfig.columns()); `launcher` is the process that runs it (see
+        process_identity: this process unless given)."""
+        launcher = launcher if launcher is not None else process_identity()
         with self._connect() as conn:
             conn.execute(
                 "INSERT INTO runs (run_id, created, status, strategy, workers, servers, epochs,"
-                " dataset, model, config) VALUES (?, ?, 'running', ?, ?, ?, ?, ?, ?, ?)",
-                (run_id, created, *(columns[c] for c in RUN_COLUMNS), config_toml))
+                " dataset, model, config, launcher)"
+                " VALUES (?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?)",
+                (run_id, created, *(columns[c] for c in RUN_COLUMNS), config_toml,
+                 json.dumps(launcher)))
 
     def complete_run(self, run_id: str, summary: dict, epochs: list[dict],
                      series: dict[str, list[tuple]] | None = None) -> None:
@@ -184,6 +236,8 @@ class RunStore:
                 f" VALUES (?{', ?' * len(EPOCH_COLUMNS)})",
                 [(run_id, *(row.get(c) for c in EPOCH_COLUMNS)) for row in epochs])
             for table, rows in (series or {}).items():
+                if table not in SERIES:  # names only from SERIES go into the statement
+                    raise ValueError(f"unknown series {table!r}")
                 columns = SERIES[table]
                 conn.executemany(
                     f"INSERT INTO {table} (run_id, {', '.join(columns)})"
@@ -195,29 +249,66 @@ class RunStore:
             conn.execute("UPDATE runs SET summary = ? WHERE run_id = ?",
                          (json.dumps(summary), run_id))
 
-    def fail_run(self, run_id: str, error: str) -> bool:
-        """Mark a running run failed; a run already completed stays so. True if marked."""
+    def fail_run(self, run_id: str, error: str, status: str = "failed") -> bool:
+        """Mark a running run failed (or `diverged`: its loss or parameters went non-finite);
+        a run already completed stays so. True if marked. The reason replaces LAUNCHER_GONE,
+        which a listing guessed (an emulated run's janitor, which outlives its launcher, says
+        what happened)."""
         with self._connect() as conn:
-            cursor = conn.execute("UPDATE runs SET status = 'failed', error = ?"
-                                  " WHERE run_id = ? AND status = 'running'", (error, run_id))
+            cursor = conn.execute("UPDATE runs SET status = ?, error = ?"
+                                  " WHERE run_id = ? AND (status = 'running'"
+                                  " OR (status = 'failed' AND error = ?))",
+                                  (status, error, run_id, LAUNCHER_GONE))
             return cursor.rowcount == 1
 
-    def reopen_run(self, run_id: str) -> bool:
-        """Mark a failed run running again (it is being resumed). True if marked."""
+    def reopen_run(self, run_id: str, launcher: dict | None = None) -> bool:
+        """Mark a failed run running again (it is being resumed), by `launcher` (this process
+        unless given): the one now watched for (see fail_orphans). True if marked."""
+        launcher = launcher if launcher is not None else process_identity()
         with self._connect() as conn:
-            cursor = conn.execute("UPDATE runs SET status = 'running', error = NULL"
-                                  " WHERE run_id = ? AND status = 'failed'", (run_id,))
+            cursor = conn.execute("UPDATE runs SET status = 'running', error = NULL,"
+                                  " launcher = ? WHERE run_id = ? AND status IN ('failed',"
+                                  " 'diverged')",
+                                  (json.dumps(launcher), run_id))
             return cursor.rowcount == 1
 
-    def runs(self) -> list[dict]:
-        """Every stored run, oldest first."""
+    def fail_orphans(self) -> list[str]:
+        """Mark failed, with the error LAUNCHER_GONE, every running run whose launcher was a
+        process of this host that is gone; return their ids. Runs of other hosts, and of a
+        launcher that still lives (or that this process cannot tell), are left alone; so is
+        everything if the store cannot be written now (the next listing tries again)."""
         if not self.path.exists():
             return []
-        with self._connect() as conn:
+        with self._connect(write=False) as conn:
+            running = conn.execute("SELECT run_id, launcher FROM runs"
+                                   " WHERE status = 'running' AND launcher IS NOT NULL").fetchall()
+        if not running:
+            return []
+        here = process_identity()
+        gone = [r["run_id"] for r in running if launcher_gone(_loads(r["launcher"]), here)]
+        if not gone:
+            return []
+        try:
+            with self._connect() as conn:
+                # Still running: a run completed meanwhile stays completed.
+                return [run_id for run_id in gone if conn.execute(
+                    "UPDATE runs SET status = 'failed', error = ?"
+                    " WHERE run_id = ? AND status = 'running'",
+                    (LAUNCHER_GONE, run_id)).rowcount == 1]
+        except StoreError:
+            return []
+
+    def runs(self) -> list[dict]:
+        """Every stored run, oldest first (runs whose launcher is gone marked failed first:
+        see fail_orphans)."""
+        if not self.path.exists():
+            return []
+        self.fail_orphans()
+        with self._connect(write=False) as conn:
             return [dict(r) for r in conn.execute("SELECT * FROM runs ORDER BY created, run_id")]
 
     def run(self, run_id: str) -> dict | None:
-        with self._connect() as conn:
+        with self._connect(write=False) as conn:
             row = conn.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchone()
             return dict(row) if row else None
 
@@ -225,12 +316,142 @@ class RunStore:
         """One run's rows of an event table (iterations, pushes, updates, resources)."""
         if table not in SERIES:
             raise ValueError(f"unknown series {table!r}")
-        with self._connect() as conn:
+        with self._connect(write=False) as conn:
             return [dict(r) for r in conn.execute(
                 f"SELECT {', '.join(SERIES[table])} FROM {table} WHERE run_id = ?"
                 f" ORDER BY t", (run_id,))]
 
     def epochs(self, run_id: str) -> list[dict]:
-        with self._connect() as conn:
+        with self._connect(write=False) as conn:
             return [dict(r) for r in conn.execute(
                 "SELECT * FROM epochs WHERE run_id = ? ORDER BY epoch", (run_id,))]
+
+
+def _schema_version(conn: sqlite3.Connection) -> int:
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if version > SCHEMA_VERSION:
+        raise StoreError(f"run store schema {version} is newer than this polyrhythm's "
+                         f"({SCHEMA_VERSION}); upgrade polyrhythm")
+    return version
+
+
+def _statements(script: str) -> Iterator[str]:
+    """The SQL statements of a script, one by one (executescript would commit the open
+    transaction)."""
+    statement = ""
+    for line in script.splitlines(keepends=True):
+        statement += line
+        if sqlite3.complete_statement(statement):
+            yield statement.strip()
+            statement = ""
+    if statement.strip():
+        yield statement.strip()
+
+
+def _use_journal_mode(conn: sqlite3.Connection) -> None:
+    """Switch the store to JOURNAL_MODE (it stays so: a no-op once done). A store that cannot
+    switch now (read-only, or another process holds it) keeps its mode: the busy timeout and
+    immediate write transactions keep it safe, and the next connection tries again."""
+    if conn.execute("PRAGMA journal_mode").fetchone()[0].upper() == JOURNAL_MODE:
+        return
+    with contextlib.suppress(sqlite3.OperationalError):
+        conn.execute(f"PRAGMA journal_mode = {JOURNAL_MODE}")  # a constant
+
+
+# Who launched a run, and whether that process is gone.
+
+_PROC = Path("/proc")
+
+
+def process_identity(pid: int | None = None) -> dict:
+    """A process (this one by default) as the launcher of a run: this host's name, its PID
+    namespace and boot, the pid and the process's start time (in /proc: clock ticks after
+    boot, field 22 of /proc/<pid>/stat; elsewhere psutil's create time). A pid alone is not
+    enough: pids are reused, and a start time tells a reused pid from its first process."""
+    pid = os.getpid() if pid is None else pid
+    return {"host": socket.gethostname(), "pidns": _pid_namespace(), "boot": _boot_id(),
+            "pid": pid, "start": _start_time(pid)}
+
+
+def launcher_gone(launcher: dict | None, here: dict) -> bool:
+    """Whether a run's launcher (as process_identity recorded it) is surely gone, asked on
+    the host `here` (process_identity()). False when unsure: another host (or PID namespace),
+    no launcher recorded, a process this one may not inspect."""
+    if not isinstance(launcher, dict) or launcher.get("host") != here["host"]:
+        return False
+    if launcher.get("pidns") and here["pidns"] and launcher["pidns"] != here["pidns"]:
+        return False  # another container on a host of the same name: its pids are not ours
+    if launcher.get("boot") and here["boot"] and launcher["boot"] != here["boot"]:
+        return True  # the host has rebooted since
+    pid = launcher.get("pid")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass  # alive, another user's
+    except OSError:
+        return False
+    started = launcher.get("start")
+    if started is not None:
+        now = _start_time(pid)
+        if now is not None and now != started:
+            return True  # the pid now belongs to another process
+    return _dead_but_unreaped(pid)
+
+
+def _loads(text: str | None) -> dict | None:
+    try:
+        value = json.loads(text) if text else None
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat from the third (the state) on; None if unreadable."""
+    try:
+        text = (_PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2:].split()  # the name, in parentheses, may hold spaces
+
+
+def _start_time(pid: int) -> str | None:
+    if (_PROC / "self" / "stat").exists():
+        fields = _stat(pid)
+        return fields[19] if fields and len(fields) > 19 else None  # field 22: starttime
+    try:
+        import psutil  # not Linux: no /proc to read
+
+        return f"{psutil.Process(pid).create_time():.3f}"
+    except Exception:  # noqa: BLE001 - no psutil, no such process, access denied: unknown
+        return None
+
+
+def _dead_but_unreaped(pid: int) -> bool:
+    """A zombie: exited, its parent has not yet waited for it (only its main thread left,
+    in state Z: a leader in Z with threads still running is alive)."""
+    fields = _stat(pid)
+    if not fields or fields[0] != "Z":
+        return False
+    try:
+        return len(list((_PROC / str(pid) / "task").iterdir())) <= 1
+    except OSError:
+        return False
+
+
+def _pid_namespace() -> str | None:
+    try:
+        return os.readlink(_PROC / "self" / "ns" / "pid")
+    except OSError:
+        return None
+
+
+def _boot_id() -> str | None:
+    try:
+        return (_PROC / "sys" / "kernel" / "random" / "boot_id").read_text().strip()
+    except OSError:
+        return None
