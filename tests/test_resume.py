@@ -48,6 +48,7 @@ def _kill_a_worker_after(out: Path, fields: dict, epochs_done: int) -> str:
     os.kill(ranks[0], signal.SIGKILL)
     _, stderr = launcher.communicate(timeout=60)
     assert launcher.returncode == 1 and "killed by SIGKILL" in stderr, stderr
+    assert f"`polyrhythm train --resume {run_dir.name} --out {out}` goes on after" in stderr
     return run_dir.name
 
 

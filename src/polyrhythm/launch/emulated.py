@@ -70,7 +70,7 @@ def launch_emulated(config, record: RunRecord, show_progress: bool = False) -> d
                                               "bandwidth": list(shape.bandwidth),
                                               **fidelity}})
     except BaseException as exc:
-        raise recorded_failure(record, exc) from None
+        raise recorded_failure(record, exc, config) from None
     finally:
         with signal_handlers(sigterm=signal.SIG_IGN, sigint=signal.SIG_IGN):
             _tear_down(hosts, groups, own, guard, janitor)

@@ -34,7 +34,7 @@ from polyrhythm.context import Topology
 from polyrhythm.errors import RunFailed
 from polyrhythm.launch.progress import ProgressBoard
 from polyrhythm.metrics.records import RunRecord, fail_run, read_summary
-from polyrhythm.runtime.checkpoint import Resume
+from polyrhythm.runtime.checkpoint import Resume, complete_epochs
 
 # Imported once by the forkserver; every rank is forked with them loaded.
 PRELOAD = ["polyrhythm.launch.local", "polyrhythm.launch.rank"]
@@ -81,7 +81,7 @@ def launch_local(config, record: RunRecord, progress: ProgressBoard | None = Non
             _supervise(procs, events, board, topology)
         return read_summary(record)
     except BaseException as exc:
-        raise recorded_failure(record, exc) from None
+        raise recorded_failure(record, exc, config) from None
     finally:
         with signal_handlers(sigterm=signal.SIG_IGN, sigint=signal.SIG_IGN):  # teardown must finish
             _teardown(procs)
@@ -90,12 +90,17 @@ def launch_local(config, record: RunRecord, progress: ProgressBoard | None = Non
             (record.dir / RENDEZVOUS_FILE).unlink(missing_ok=True)
 
 
-def recorded_failure(record: RunRecord, exc: BaseException) -> RunFailed:
-    """Store the run as failed with what ended it; the RunFailed to raise."""
+def recorded_failure(record: RunRecord, exc: BaseException, config=None) -> RunFailed:
+    """Store the run as failed with what ended it; the RunFailed to raise, which says how to
+    go on if a checkpoint was written (`config`: the run's, to find it)."""
     reason = failure_reason(exc)
     diverged = isinstance(exc, RunFailed) and exc.diverged
     fail_run(record, reason, "diverged" if diverged else "failed")
-    return RunFailed(f"run {record.run_id} {reason}", record.run_id,
+    done = complete_epochs(record.dir, config.workers, config.servers) if config else []
+    hint = (f"; `polyrhythm train --resume {record.run_id} --out {config.out}` goes on after "
+            f"epoch {done[-1]}"
+            if done and not diverged and done[-1] < config.epochs else "")
+    return RunFailed(f"run {record.run_id} {reason}{hint}", record.run_id,
                      interrupted=isinstance(exc, KeyboardInterrupt), diverged=diverged)
 
 
