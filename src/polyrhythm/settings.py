@@ -13,6 +13,7 @@ config against it) imports neither torch nor the module that implements it.
 from __future__ import annotations
 
 import importlib
+import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -20,6 +21,16 @@ from typing import Any, Generic, TypeVar
 from polyrhythm.errors import ConfigError
 
 _KIND_NAMES = {int: "integer", float: "number", bool: "boolean (true or false)", str: "string"}
+_INT_RANGE = range(-(2**63), 2**63)  # TOML's integers: 64-bit signed
+
+
+def shown(value: Any) -> str:
+    """A value as an error message shows it: its repr, even for an integer too long to
+    print (Python refuses str() of more than 4,300 digits)."""
+    try:
+        return repr(value)
+    except ValueError:
+        return "a number too long to show"
 
 
 @dataclass(frozen=True)
@@ -95,14 +106,14 @@ class Param:
         if self.section is not None:
             if not isinstance(value, str | dict):
                 raise ConfigError(f"{self.name} must be a {self.section} name or a table of "
-                                  f"its settings, got {value!r}")
+                                  f"its settings, got {shown(value)}")
             return value
         if self.kind is list:
             if self.single and not isinstance(value, list):
                 value = [value]
             if not isinstance(value, list):
                 raise ConfigError(f"{self.name} must be a list of {_KIND_NAMES[self.item]}s, "
-                                  f"got {value!r}")
+                                  f"got {shown(value)}")
             return [_scalar(self.name, self.item, v) for v in value]
         return _scalar(self.name, self.kind, value)
 
@@ -112,7 +123,7 @@ class Param:
         if value is None:
             value = self.derive(run) if self.derive else self.default
         elif self.rule is not None and not self.rule.holds(value, run):
-            raise ConfigError(f"{self.name} must {self.rule.text(run)}, got {value!r}")
+            raise ConfigError(f"{self.name} must {self.rule.text(run)}, got {shown(value)}")
         return value
 
     def default_text(self) -> str:
@@ -129,11 +140,16 @@ class Param:
 
 
 def _scalar(name: str, kind: type, value: Any) -> Any:
+    if type(value) is int and kind in (int, float) and value not in _INT_RANGE:
+        raise ConfigError(f"{name} must be a valid {_KIND_NAMES[kind]} (at most 64 bits, as "
+                          f"in TOML), got {shown(value)}")
     if kind is float and type(value) in (int, float):
+        if math.isnan(value):  # TOML's nan, or --lr nan: it passes no range check
+            raise ConfigError(f"{name} must be a number, got nan")
         return float(value)
     if type(value) is kind:
         return value
-    raise ConfigError(f"{name} must be a valid {_KIND_NAMES[kind]}, got {value!r}")
+    raise ConfigError(f"{name} must be a valid {_KIND_NAMES[kind]}, got {shown(value)}")
 
 
 @dataclass(frozen=True)
@@ -198,6 +214,8 @@ class Registry(Generic[C]):
         return self._entries[name]
 
     def __contains__(self, name: object) -> bool:
+        if not isinstance(name, str):  # a name from a config may be a list, a table, ...
+            return False
         return name in self._entries or (self._custom is not None and is_reference(name))
 
     def __iter__(self) -> Iterator[str]:

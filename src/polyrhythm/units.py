@@ -8,6 +8,7 @@ byte units (tc reads "mbps" as megabytes per second, a classic mix-up, so it is 
 
 from __future__ import annotations
 
+import math
 import random
 import re
 from dataclasses import dataclass
@@ -23,19 +24,21 @@ DISTRIBUTIONS = ("normal", "uniform", "exponential")
 def duration(text: str, name: str = "duration") -> float:
     """Seconds in a duration such as "120ms", "1.5s" or "250us"."""
     match = re.fullmatch(_NUMBER + r"\s*(us|ms|s)", str(text).strip())
-    if match is None:
+    seconds = float(match[1]) * _DURATION_UNITS[match[2]] if match else math.nan
+    if not math.isfinite(seconds):  # 400 digits read as inf
         raise ConfigError(f"{name} must be a duration such as 120ms, 1.5s or 250us, "
                           f"got {text!r}")
-    return float(match[1]) * _DURATION_UNITS[match[2]]
+    return seconds
 
 
 def rate(text: str, name: str = "rate") -> float:
     """Bits per second in a rate such as "100mbit" or "1gbit"."""
     match = re.fullmatch(_NUMBER + r"\s*([kmgt]?bit)", str(text).strip().lower())
-    if match is None or float(match[1]) <= 0:
+    bits = float(match[1]) * _RATE_UNITS[match[2]] if match else 0.0
+    if not 0 < bits < math.inf:  # 400 digits read as inf
         raise ConfigError(f"{name} must be a positive rate such as 100mbit or 1gbit (bits "
                           f"per second), got {text!r}")
-    return float(match[1]) * _RATE_UNITS[match[2]]
+    return bits
 
 
 def is_duration(text: str) -> bool:

@@ -20,7 +20,13 @@ class Parser(argparse.ArgumentParser):
     """argparse that reports a usage error in one line and exits with 2."""
 
     def error(self, message: str) -> typing.NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        self.exit(2, f"{self.prog}: error: {one_line(message)}\n")
+
+
+def one_line(text: str) -> str:
+    """`text` with line breaks and other unprintable characters escaped as repr() shows
+    them: argparse quotes the user's words as they are ("unrecognized arguments: a\\nb")."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def metavar(p: Param) -> str:

@@ -48,7 +48,7 @@ from polyrhythm.data import DATASETS, SHARDING, VAL_FRACTION, check_sharding
 from polyrhythm.errors import ConfigError
 from polyrhythm.metrics.records import NAME_KEYS, SECTIONS, flatten, from_release_0_1
 from polyrhythm.models import MODELS
-from polyrhythm.settings import Param, Registry, Settings
+from polyrhythm.settings import Param, Registry, Settings, shown
 from polyrhythm.strategies import STRATEGIES
 
 
@@ -113,7 +113,7 @@ def sectioned(values: Mapping[str, Any]) -> dict[str, Any]:
             put(found[key], key, value)
         elif key in SECTIONS:
             hint = f"; or {NAME_KEYS[key]} = ..." if key in NAME_KEYS else ""
-            raise ConfigError(f"{key} must be a table ([{key}]){hint}, got {value!r}")
+            raise ConfigError(f"{key} must be a table ([{key}]){hint}, got {shown(value)}")
         else:
             raise ConfigError(f"unknown config key {key!r}")
     return out
@@ -222,7 +222,7 @@ def _component(section: str, values: Mapping[str, Any], run: Settings,
         raise ConfigError(f"{inside} needs the name of a {kind.registry.kind}")
     name = values.get("name", kind.default)
     if type(name) is not str:
-        raise ConfigError(f"{label} must be a valid string, got {name!r}")
+        raise ConfigError(f"{label} must be a valid string, got {shown(name)}")
     component = kind.registry.lookup(name)
     params = kind.params(name)
     for key in values:
@@ -274,8 +274,11 @@ def _not_read(section: str, component, key: str) -> str:
 def _misplaced(section: str, key: str) -> str:
     home = owners().get(key)
     if home is None:
-        return f"unknown config key '{section}.{key}'"
+        return f"unknown config key {f'{section}.{key}'!r}"
     return f"{key} belongs in {f'[{home}]' if home else 'the general settings'}, not [{section}]"
+
+
+_BATCH_SIZE = next(p for p in GENERAL if p.name == "batch_size")
 
 
 def _batch(given: Mapping[str, Any], general: dict) -> dict:
@@ -288,6 +291,11 @@ def _batch(given: Mapping[str, Any], general: dict) -> dict:
         raise ConfigError(f"batch_size = {given['batch_size']} does not match "
                           f"worker_batch_size = {per_worker} x {general['workers']} workers; "
                           "give one")
+    try:
+        _BATCH_SIZE.parse(total)  # a config stored with it loads back
+    except ConfigError:
+        raise ConfigError(f"worker_batch_size = {per_worker} x {general['workers']} workers "
+                          "is a batch_size beyond 64 bits") from None
     return {"batch_size": total}
 
 
@@ -369,10 +377,16 @@ def load_toml(path: str | os.PathLike) -> dict[str, Any]:
         raise ConfigError(f"cannot read config file {str(p)!r}: {exc.strerror}") from None
     except UnicodeDecodeError:
         raise ConfigError(f"config file {str(p)!r} is not UTF-8 text") from None
+    except ValueError as exc:  # a path no file can have: "embedded null byte"
+        raise ConfigError(f"cannot read config file {str(p)!r}: {exc}") from None
     try:
         return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
+    # tomllib raises ValueError for an integer of more than 4,300 digits and runs out of
+    # stack on arrays or tables nested a thousand deep
+    except (tomllib.TOMLDecodeError, ValueError) as exc:
         raise ConfigError(f"invalid TOML in {str(p)!r}: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"invalid TOML in {str(p)!r}: nested too deeply") from None
 
 
 def load_config(path: str | os.PathLike | None = None, **overrides: Any) -> RunConfig:

@@ -31,6 +31,12 @@ def epoch_dir(run_dir: Path, epochs_done: int) -> Path:
     return Path(run_dir) / FOLDER / f"epoch-{epochs_done:04d}"
 
 
+def snapshot_file(run_dir: Path, worker: int, epoch: int) -> Path:
+    """Worker `worker`'s model snapshot at the end of epoch `epoch`, validated after
+    training: written once (not in every checkpoint, whose size would grow with the epochs)."""
+    return Path(run_dir) / FOLDER / "snapshots" / f"worker-{worker}-epoch-{epoch:04d}.pt"
+
+
 def save(state: dict, path: Path) -> None:
     """Write `state` to `path` atomically: a reader sees the old file or the whole new one."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -77,6 +83,12 @@ def prune(run_dir: Path, own: str, workers: int, servers: int) -> None:
         (epoch_dir(run_dir, epochs_done) / own).unlink(missing_ok=True)
 
 
+def load(path: Path) -> dict:
+    """A checkpoint file, loaded with weights_only: tensors and plain values only, nothing
+    else is unpickled."""
+    return torch.load(path, weights_only=True)
+
+
 @dataclass(frozen=True)
 class Resume:
     """Where a resumed run's ranks read their states: a complete checkpoint folder, and the
@@ -86,9 +98,8 @@ class Resume:
     servers: int
 
     def load(self, name: str) -> dict:
-        """One file of the checkpoint, loaded with weights_only (tensors and plain values
-        only: nothing else is unpickled)."""
-        return torch.load(self.folder / name, weights_only=True)
+        """One file of the checkpoint (see `load`)."""
+        return load(self.folder / name)
 
     def server_states(self) -> list[dict]:
         return [self.load(f"server-{j}.pt") for j in range(self.servers)]

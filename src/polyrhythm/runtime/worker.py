@@ -284,9 +284,10 @@ class Worker:
 
     def checkpoint_state(self) -> dict:
         """This worker's part of a checkpoint: its state, and what its report needs of the
-        epochs done (their records, and the snapshots validated after training)."""
+        epochs done (their records and weights; the model snapshots validated after training
+        are files of their own, each written once: see _checkpoint)."""
         return {"worker": self.state_dict(), "epochs": self.epochs,
-                "snapshots": self.snapshots, "snapshot_weights": self.snapshot_weights,
+                "snapshot_weights": self.snapshot_weights,
                 "statistics_snapshots": self.statistics_snapshots}
 
     def resume(self, resume) -> None:
@@ -294,9 +295,15 @@ class Worker:
         state = resume.load(f"worker-{self.ctx.worker_index}.pt")
         self.load_state_dict(state["worker"])
         self.epochs = list(state["epochs"])
-        self.snapshots = list(state["snapshots"])
         self.snapshot_weights = list(state["snapshot_weights"])
         self.statistics_snapshots = list(state["statistics_snapshots"])
+        self.snapshots = [checkpoint.load(checkpoint.snapshot_file(
+            self.ctx.run_dir, self.ctx.worker_index, e))["snapshot"]
+            for e in range(len(self.epochs)) if self._keeps_snapshots]
+
+    @property
+    def _keeps_snapshots(self) -> bool:
+        return self.consensus or self.ctx.worker_index == 0
 
     def _checkpoint(self, epochs_done: int) -> None:
         ctx, config = self.ctx, self.ctx.config
@@ -305,6 +312,10 @@ class Worker:
                 epochs_done % every and epochs_done != config.epochs):
             return
         i = ctx.worker_index
+        for e in range(len(self.snapshots)):  # each epoch's snapshot, written once
+            path = checkpoint.snapshot_file(ctx.run_dir, i, e)
+            if not path.exists():
+                checkpoint.save({"snapshot": self.snapshots[e]}, path)
         if i == 0:
             if self.strategy.progress is not None:  # servers hold the model now
                 checkpoint.mark_servers_expected(ctx.run_dir, epochs_done)

@@ -1,0 +1,514 @@
+"""Fuzzing the user's input: configs and flags never end in a traceback.
+
+Hypothesis generates TOML config files (the real flat keys and sections with values of every
+TOML type, junk keys, and raw bytes that may be neither TOML nor UTF-8), the same configs as
+`RunConfig(**values)` arguments, argument lists for `polyrhythm train`, `shard` and `compare`
+made of the real flags with good and bad values, and sweep files for `polyrhythm sweep
+--dry-run`. Half the configs are mostly valid, so that validation gets past the first key to
+the rules across keys. Each input must be accepted, or rejected with one ConfigError line (the
+CLI: one line on stderr and exit code 2); any other exception, or a message of more than one
+line, is a bug. Nothing trains: the commands stop at a sentinel where they would start work.
+
+Budget (derandomized: CI runs the same examples every time; about 35 s on two cores):
+    TOML files through load_config        1,200 examples
+    raw text and bytes as config files      500
+    RunConfig(**values)                   1,200
+    `train` argument lists                1,200
+    `shard` argument lists                  300
+    `compare` argument lists                300
+    sweep files                             300
+5,000 examples in all. POLYRHYTHM_FUZZ_SCALE=N runs N times as many, random ones, for a longer
+hunt. Below the fuzz tests, one regular test per bug the fuzzing found.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import functools
+import io
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tomli_w
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+import polyrhythm.api
+import polyrhythm.cli.compare
+import polyrhythm.cli.sweep
+import polyrhythm.runtime.job
+from polyrhythm.cli import main
+from polyrhythm.config import COMPONENTS, RunConfig, flat_keys, load_config, owners
+from polyrhythm.errors import ConfigError, PolyrhythmError
+from polyrhythm.metrics.records import flatten
+from polyrhythm.settings import Param
+from polyrhythm.sweep import parse_sweep
+
+KEYS = flat_keys()
+SECTIONS = ("strategy", "data", "model", "optimizer", "cluster")
+NAMES = sorted(name for kind in COMPONENTS.values() for name in kind.registry)
+WORDS = [*NAMES, "real", "emulated", "dedicated", "collocated", "normal", "uniform",
+         "exponential", "random", "mod", "stratified", "distribution-aware", "120ms", "0ms",
+         "1.5s", "-3ms", "100mbit", "1gbit", "0mbit", "10mbps", "runs", "", " ", "nan",
+         "pkg.mod:fn", "bsp\nasp", "'\"", "\x00", "é"]
+
+
+SCALE = int(os.environ.get("POLYRHYTHM_FUZZ_SCALE", "1"))
+
+
+def budget(examples: int):
+    """Hypothesis settings of one fuzz test: `examples` of them, the same ones every run, no
+    deadline (the first example imports a lot). POLYRHYTHM_FUZZ_SCALE=20 runs twenty times as
+    many, different ones each time: a longer hunt than CI's."""
+    return settings(max_examples=examples * SCALE, derandomize=SCALE == 1, deadline=None,
+                    database=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                           HealthCheck.filter_too_much])
+
+
+# --- values ------------------------------------------------------------------------------------
+
+huge_ints = st.sampled_from([2**31, 2**63 - 1, -(2**63), 2**63, 2**64, -(10**30), 10**400])
+ints = st.integers(-3, 12) | st.integers() | huge_ints
+floats = (st.floats(-2, 3) | st.floats()
+          | st.sampled_from([math.nan, math.inf, -math.inf, -0.0, 1e308, 5e-324]))
+strings = st.sampled_from(WORDS) | st.text(max_size=12)
+scalars = (ints | floats | strings | st.booleans() | st.datetimes() | st.dates() | st.times())
+junk_keys = st.text(max_size=8) | st.sampled_from(["name", *SECTIONS])
+
+
+def arrays_and_tables(inner: st.SearchStrategy, keys: st.SearchStrategy) -> st.SearchStrategy:
+    return st.lists(inner, max_size=3) | st.dictionaries(keys, inner, max_size=3)
+
+
+any_value = st.recursive(
+    scalars, lambda inner: arrays_and_tables(inner, st.sampled_from(sorted(KEYS)) | junk_keys),
+    max_leaves=6)
+STRATEGY_NAMES = sorted(COMPONENTS["strategy"].registry)
+
+
+def plausible(p: Param | None) -> st.SearchStrategy:
+    """Values of a key's own type, mostly near its range, so validation goes deep."""
+    if p is None:  # strategy, dataset, model
+        return st.sampled_from(NAMES)
+    if p.section is not None:  # a composed strategy's half: a name or a table
+        own = sorted(k for k, q in KEYS.items() if q is not None and q.section is None)
+        table = st.tuples(st.sampled_from(STRATEGY_NAMES) | scalars | any_value,
+                          st.lists(st.sampled_from(own).flatmap(
+                              lambda k: st.tuples(st.just(k), plausible(KEYS[k]))), max_size=3))
+        return st.sampled_from(STRATEGY_NAMES) | table.map(lambda t: {"name": t[0], **dict(t[1])})
+    by_kind = {int: ints, float: floats, str: strings, bool: st.booleans()}
+    if p.kind is list:
+        one = by_kind[p.item]
+        return st.lists(one, max_size=5) | (one if p.single else st.nothing())
+    return by_kind[p.kind]
+
+
+PLAUSIBLE = {key: plausible(p) for key, p in KEYS.items()}
+# One key and its value: a real key with a value of its type or any value, or a junk key.
+entries = (st.sampled_from(sorted(KEYS)).flatmap(
+    lambda k: st.tuples(st.just(k), PLAUSIBLE[k] | any_value))
+    | st.tuples(junk_keys, any_value))
+sections = st.tuples(st.sampled_from(SECTIONS),
+                     st.lists(entries, max_size=4).map(dict) | any_value)
+chaotic = st.lists(entries | sections, max_size=8).map(dict)
+
+# Configs that are mostly valid, so validation goes past the first key to the rules across
+# keys (servers, clusters, emulated compute, composed strategies): a strategy, data set and
+# model, a few keys they read with values of the right kind and usual range, now and then one
+# of any kind, flat or in sections.
+OWNERS = owners()
+CHOICES = {"compute": ["real", "emulated"], "compute_distribution": ["normal", "exponential"],
+           "placement": ["dedicated", "collocated"], "rule": ["at", "empirical", "straggler"],
+           "labels": ["fine", "coarse"], "bandwidth": ["100mbit", "1gbit"],
+           "sharding": ["random", "mod", "stratified", "distribution-aware"],
+           **dict.fromkeys(["compute_time", "compute_jitter", "latency", "latency_jitter"],
+                           ["0ms", "120ms", "1.5s"])}
+
+
+def usual(key: str, p: Param) -> st.SearchStrategy:
+    """Values of a key's own type in its usual range (valid more often than not)."""
+    if p.section is not None:
+        return st.sampled_from(STRATEGY_NAMES)
+    if p.kind is list:
+        one = st.sampled_from(CHOICES.get(key, [])) if p.item is str else usual(key, Param(
+            key, p.item, ""))
+        return st.lists(one, max_size=4) | (one if p.single else st.nothing())
+    by_kind = {int: st.integers(0, 8), bool: st.booleans(),
+               float: st.sampled_from([0.0, 0.1, 0.5, 0.9, 1.0, 1.5, 3.0]),
+               str: st.sampled_from(CHOICES.get(key, ["runs"]))}
+    return by_kind[p.kind]
+
+
+@st.composite
+def coherent(draw) -> dict[str, Any]:
+    """A mostly valid config (see above)."""
+    names = {section: draw(st.sampled_from(sorted(kind.registry)))
+             for section, kind in COMPONENTS.items()}
+    read = [k for k, section in OWNERS.items() if section not in COMPONENTS]
+    read += [p.name for section, kind in COMPONENTS.items() for p in kind.params(names[section])]
+    keys = draw(st.lists(st.sampled_from(read), max_size=5, unique=True))
+    values = {key: draw(usual(key, KEYS[key]) if draw(st.integers(0, 9)) else PLAUSIBLE[key])
+              for key in keys}
+    if "data_path" in read and "data_path" not in values:  # cifar10, npz: read at training
+        values["data_path"] = "data"
+    if draw(st.booleans()):  # flat keys
+        return {kind.name_key: names[s] for s, kind in COMPONENTS.items()} | values
+    out: dict[str, Any] = {s: {"name": names[s]} for s in COMPONENTS}
+    for key, value in values.items():
+        section = OWNERS[key]
+        (out.setdefault(section, {}) if section else out)[key] = value
+    return out
+
+
+configs = coherent() | chaotic
+
+
+def check_rejection(exc: PolyrhythmError) -> None:
+    event("rejected")
+    message = str(exc)
+    assert len(message.splitlines()) == 1, repr(message)
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("fuzz")
+
+
+def load(path: Path) -> None:
+    try:
+        config = load_config(path)
+    except PolyrhythmError as exc:
+        check_rejection(exc)
+    else:
+        event("accepted")
+        assert isinstance(config, RunConfig)
+
+
+# --- TOML files and RunConfig ------------------------------------------------------------------
+
+@budget(1200)
+@given(values=configs)
+def test_toml_configs_load_or_are_one_line_errors(scratch: Path, values: dict) -> None:
+    path = scratch / "config.toml"
+    try:
+        path.write_text(tomli_w.dumps(values), encoding="utf-8")
+    except (TypeError, ValueError):  # tomli_w cannot write it: no TOML file holds it
+        return
+    load(path)
+
+
+@budget(500)
+@given(data=st.binary(max_size=200)
+       | st.text(max_size=200).map(lambda t: t.encode("utf-8", "surrogatepass"))
+       | st.lists(st.sampled_from(["workers = ", "[strategy]\n", "name = ", '"ssp"', "\n",
+                                   "= =", "tau = 2", "[[data]]", "lr = nan", "{", "}", "'",
+                                   '"""', "\xff", "0x10", "1e999", "[cluster]\nhosts = "]),
+                  max_size=12).map(lambda parts: "".join(parts).encode("utf-8")))
+def test_raw_files_load_or_are_one_line_errors(scratch: Path, data: bytes) -> None:
+    path = scratch / "raw.toml"
+    path.write_bytes(data)
+    load(path)
+
+
+@budget(1200)
+@given(values=configs)
+def test_run_configs_build_or_are_one_line_errors(values: dict) -> None:
+    try:
+        config = RunConfig(**values)
+    except PolyrhythmError as exc:
+        check_rejection(exc)
+    else:
+        event("accepted")
+        assert RunConfig(**config.to_dict()) == config
+
+
+# --- command-line flags ------------------------------------------------------------------------
+
+JUNK_WORDS = st.sampled_from(["", "x", "1,2,x", ",", "-1", "1e3", "nan", "inf", "0x10", "1_000",
+                              " 2", "2.5", "--", "-", "--workers", "true", "a b", "\n",
+                              "9" * 5000])
+
+
+def value_words(key: str) -> st.SearchStrategy[list[str]]:
+    """The words after a flag: values of its type (as text) or junk."""
+    p = KEYS[key]
+    if p is not None and p.kind is list:
+        item = plausible(Param(key, p.item, "")).map(str)
+        return st.lists(item | JUNK_WORDS | st.lists(item, min_size=1, max_size=3).map(",".join),
+                        max_size=4)
+    if p is not None and p.section is not None:
+        text = st.sampled_from(STRATEGY_NAMES)
+    else:
+        text = PLAUSIBLE[key].map(str)
+    return st.lists(text | JUNK_WORDS | st.text(max_size=8), max_size=2)
+
+
+def flag_words(key: str) -> st.SearchStrategy[list[str]]:
+    """A flag and its words: `--flag a b`, `--flag=a b`, `--flag`, `--no-flag`."""
+    p, flag = KEYS[key], "--" + key.replace("_", "-")
+    if p is not None and p.kind is bool:
+        return st.sampled_from([[flag], ["--no-" + flag[2:]], [f"{flag}=x"]])
+    return value_words(key).flatmap(lambda w: st.sampled_from(
+        [[flag, *w], [f"{flag}={w[0]}", *w[1:]] if w else [flag]]))
+
+
+FLAG_WORDS = {key: flag_words(key) for key in KEYS}
+
+
+def not_help(token: str) -> bool:
+    """Not -h, --help or an abbreviation of it: help prints pages and exits with 0."""
+    return not (token.startswith("-h") or token.startswith("--h")) or token.startswith("--ho")
+
+
+def argv(keys: dict[str, Param | None], files: list[str],
+         extra: tuple[st.SearchStrategy[list[str]], ...] = ()) -> st.SearchStrategy[list[str]]:
+    """An argument list: real flags with values, sometimes --config, --json or junk words."""
+    flags = st.sampled_from(sorted(keys)).flatmap(FLAG_WORDS.__getitem__)
+    chunk = st.one_of(
+        flags, flags, flags,
+        st.sampled_from([*(["--config", f] for f in files), ["--config"], ["--json"],
+                         ["--json", "yes"]]),
+        st.lists(st.text(max_size=6).filter(not_help), min_size=1, max_size=2), *extra)
+    return st.lists(chunk, max_size=6).map(lambda parts: [w for p in parts for w in p])
+
+
+def as_flags(values: dict[str, Any], keys: dict[str, Param | None]) -> list[str]:
+    """A config as the flags that set it (a composed strategy's tables left out)."""
+    words: list[str] = []
+    for key, value in flatten(values).items():
+        flag = "--" + key.replace("_", "-")
+        if key not in keys or isinstance(value, dict) or value == []:
+            continue
+        if isinstance(value, bool):
+            words.append(flag if value else "--no-" + flag[2:])
+        else:
+            words += [flag, *map(str, value if isinstance(value, list) else [value])]
+    return words
+
+
+def coherent_argv(keys: dict[str, Param | None], files: list[str],
+                  extra: tuple[st.SearchStrategy[list[str]], ...] = ()):
+    """The flags of a mostly valid config, now and then followed by more of any kind."""
+    return st.tuples(coherent().map(lambda values: as_flags(values, keys)),
+                     argv(keys, files, extra) | st.just([]) | st.just([])).map(
+                         lambda t: t[0] + t[1])
+
+
+class Accepted(Exception):
+    """Raised where a command would start its work: its config was accepted."""
+
+
+def _accept(*args: Any, **kwargs: Any) -> None:
+    raise Accepted
+
+
+def run_cli(args: list[str]) -> None:
+    """`polyrhythm ARGS`: accepted (the sentinel), or one line on stderr and exit code 2."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(args)
+        except Accepted:
+            event("accepted")
+            return
+        except SystemExit as exc:  # argparse
+            code = exc.code
+    event("rejected")
+    stderr = err.getvalue()
+    assert "Traceback" not in stderr + out.getvalue()
+    assert code == 2, (code, args, stderr)
+    assert out.getvalue() == "", (args, out.getvalue())
+    lines = stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("polyrhythm") and "error: " in lines[0], (
+        args, stderr)
+
+
+@pytest.fixture(scope="module")
+def config_files(scratch: Path):
+    """Commands stop at the sentinel where they would start working (train, resume, shard's
+    data plan, compare's runs); the parser is built once (7 ms a time). Yields the paths a
+    --config may take: a good file, a bad one, a directory and a missing file."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(polyrhythm.api, "train", _accept)
+        mp.setattr(polyrhythm.api, "resume", _accept, raising=False)  # train --resume
+        mp.setattr(polyrhythm.runtime.job, "plan_data", _accept)
+        mp.setattr(polyrhythm.cli.compare, "run_and_report", _accept)
+        mp.setattr(polyrhythm.cli.sweep, "format_plan", _accept)  # sweep --dry-run
+        mp.setattr(polyrhythm.cli.sweep, "run_and_report", _accept)
+        mp.setattr(polyrhythm.cli, "build_parser", functools.cache(polyrhythm.cli.build_parser))
+        good, bad = scratch / "good.toml", scratch / "bad.toml"
+        good.write_text('workers = 2\n[strategy]\nname = "ssp"\n')
+        bad.write_text("workers = [\n")
+        yield [str(good), str(bad), str(scratch), str(scratch / "missing.toml"), "", "a\x00b"]
+
+
+COMPARE_KEYS = {k: p for k, p in KEYS.items() if k != "strategy"}
+PLOT = st.sampled_from([["--plot", "x.png"], ["--plot", "x.txt"], ["--plot"]])
+COMPARE_OWN = st.one_of(
+    st.lists(st.sampled_from([*STRATEGY_NAMES, "", "x", " bsp"]), max_size=4).map(
+        lambda names: ["--strategies", ",".join(names)]),
+    st.sampled_from([["--repeats", "0"], ["--repeats", "2"], ["--repeats", "x"],
+                     ["--repeats", "-1"], ["--id", "my-id"], ["--id", "bad id/"], ["--id", ""],
+                     ["--strategy", "bsp"]]))  # argparse reads it as --strategies
+
+
+@budget(1200)
+@given(data=st.data())
+def test_train_flags_are_accepted_or_one_line_errors(config_files: list[str], data) -> None:
+    run_cli(["train", *data.draw(argv(KEYS, config_files) | coherent_argv(KEYS, config_files))])
+
+
+@budget(300)
+@given(data=st.data())
+def test_shard_flags_are_accepted_or_one_line_errors(config_files: list[str], data) -> None:
+    args = argv(KEYS, config_files, (PLOT,)) | coherent_argv(KEYS, config_files, (PLOT,))
+    run_cli(["shard", *data.draw(args)])
+
+
+@budget(300)
+@given(data=st.data())
+def test_compare_flags_are_accepted_or_one_line_errors(config_files: list[str], data) -> None:
+    args = (argv(COMPARE_KEYS, config_files, (COMPARE_OWN,))
+            | coherent_argv(COMPARE_KEYS, config_files, (COMPARE_OWN,)))
+    run_cli(["compare", *data.draw(args)])
+
+
+# Sweep files (`polyrhythm sweep FILE --dry-run` validates every point and runs nothing). Their
+# values leave out TOML's dates and times and integers of over 4,300 digits: sweep/plan.py
+# still fails on those (the xfail tests below), outside the config code fixed here.
+sweep_scalars = (ints.filter(lambda v: abs(v) < 10**4000) | floats | strings | st.booleans())
+sweep_values = st.recursive(sweep_scalars, lambda inner: arrays_and_tables(inner, junk_keys),
+                            max_leaves=4)
+grid_keys = st.sampled_from(sorted(KEYS)) | junk_keys
+grid_entry = st.one_of(
+    st.sampled_from(sorted(KEYS)).flatmap(lambda k: st.tuples(
+        st.just(k), st.lists(usual(k, KEYS[k]) if KEYS[k] else PLAUSIBLE[k], max_size=3))),
+    st.tuples(grid_keys, st.lists(st.dictionaries(grid_keys, sweep_values, max_size=2),
+                                  max_size=2)),
+    st.tuples(grid_keys, sweep_values))
+
+
+EVERY_RUN_READS = sorted(["strategy", *(k for k, section in OWNERS.items()
+                                        if section not in COMPONENTS)])
+
+
+@st.composite
+def sweep_files(draw) -> dict[str, Any]:
+    """A sweep file: mostly a good one (a coherent base, a grid of usual values for a few
+    fields), then sometimes one part swapped for anything or a junk key added."""
+    base = draw(coherent())
+    fields = draw(st.lists(st.sampled_from(EVERY_RUN_READS), min_size=1, max_size=2,
+                           unique=True))
+    grid = {k: draw(st.lists(usual(k, KEYS[k]) if KEYS[k] else PLAUSIBLE[k], min_size=1,
+                             max_size=3)) for k in fields}
+    out = {"name": draw(st.sampled_from(["fuzz", "a b"])), "repeats": draw(st.integers(1, 2)),
+           "base": base, "grid": grid}
+    for _ in range(draw(st.sampled_from([0, 0, 0, 1, 2]))):
+        key = draw(st.sampled_from(["name", "description", "repeats", "base", "grid", "junk"]))
+        out[key] = draw(st.one_of(sweep_values, st.lists(grid_entry, max_size=3).map(dict)))
+    return out
+
+
+@budget(300)
+@given(data=sweep_files(), args=st.sampled_from([[], ["--out", "elsewhere"], ["--id", "x y"],
+                                                ["--id", "ok-1"]]))
+def test_sweep_files_are_accepted_or_one_line_errors(config_files: list[str], scratch: Path,
+                                                     data: dict, args: list[str]) -> None:
+    path = scratch / "sweep.toml"
+    try:
+        path.write_text(tomli_w.dumps(data), encoding="utf-8")
+    except (TypeError, ValueError):  # tomli_w cannot write it: no TOML file holds it
+        return
+    run_cli(["sweep", str(path), "--dry-run", *args])
+
+
+# --- regressions: one regular test per bug the fuzzing found -----------------------------------
+
+@pytest.mark.parametrize("values, needles", [
+    # OverflowError: an integer too large for a float, where a number is read
+    ({"worker_delay_s": [10**400]}, ["worker_delay_s must be a valid number", "64 bits"]),
+    ({"lr": 2**1100}, ["lr must be a valid number (at most 64 bits"]),
+    # accepted beyond 64 bits, then OverflowError in the cluster's host count
+    ({"workers": 10**400, "workers_per_host": 1}, ["workers must be a valid integer", "64 bits"]),
+    # ValueError: the message's repr of an integer of more than 4,300 digits
+    ({"workers": -(10**5000)}, ["workers must be a valid integer", "too long to show"]),
+    ({"strategy": 10**5000}, ["strategy must be a valid string", "too long to show"]),
+    ({"data": 10**5000}, ["data must be a table", "too long to show"]),
+    # TypeError: unhashable type: a composed strategy's half named by a list or a table
+    ({"strategy": "switch", "from": {"name": ["bsp"]}}, ["from must be a valid string",
+                                                          "['bsp']"]),
+    ({"strategy": {"name": "switch", "to": {"name": {"a": 1}}}}, ["to must be a valid string"]),
+    # nan passed the range checks (min([0.0, nan]) is 0.0) or went where there are none
+    ({"worker_delay_s": [0.0, math.nan]}, ["worker_delay_s must be a number, got nan"]),
+    ({"lr_decay": math.nan}, ["lr_decay must be a number, got nan"]),
+    # a junk key's line break, printed as it was: a message of two lines
+    ({"strategy": {"name": "bsp", "a\nb": 1}}, ["unknown config key 'strategy.a\\nb'"]),
+    ({"optimizer": {"x\x1ey": 1}}, ["unknown config key 'optimizer.x\\x1ey'"]),
+    # with integers held to 64 bits, worker_batch_size x workers could still go beyond: a
+    # config accepted whose stored batch_size (2**63) would not load back
+    ({"worker_batch_size": 2**62, "workers": 2}, ["worker_batch_size", "beyond 64 bits"]),
+    # 400 digits of milliseconds read as an infinite duration (and rate), accepted
+    ({"latency": "9" * 400 + "ms"}, ["latency must be a duration"]),
+    ({"hosts": 2, "workers": 2, "strategy": "allreduce", "bandwidth": "9" * 400 + "mbit"},
+     ["bandwidth must have entries such as 100mbit"]),
+])
+def test_bad_values_found_by_fuzzing_are_one_line_errors(values: dict, needles: list) -> None:
+    with pytest.raises(ConfigError) as info:
+        RunConfig(**values)
+    message = str(info.value)
+    assert len(message.splitlines()) == 1, message
+    for needle in needles:
+        assert needle in message, message
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("workers = 1" + "0" * 5000, "Exceeds the limit"),  # ValueError inside tomllib
+    ("workers = " + "[" * 5000 + "]" * 5000, "nested too deeply"),  # RecursionError
+    ('[strategy]\nname = "ssp"\n"a\\nb" = 1', "unknown config key 'strategy.a\\nb'"),
+])
+def test_toml_files_found_by_fuzzing_are_one_line_errors(tmp_path: Path, text: str,
+                                                         needle: str) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert len(str(info.value).splitlines()) == 1 and needle in str(info.value)
+
+
+def test_a_config_path_with_a_null_byte_is_a_one_line_error() -> None:
+    with pytest.raises(ConfigError, match="cannot read config file 'a\\\\x00b': embedded null"):
+        load_config("a\x00b")  # was ValueError from open()
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["train", "a\nb"], "unrecognized arguments: a\\nb"),  # argparse quotes the words raw
+    (["train", "\x0c"], "unrecognized arguments: \\x0c"),  # splitlines() breaks at \f too
+    (["train", "--workers", "2", "--x\u2028"], "unrecognized arguments: --x\\u2028"),
+    (["train", "--config", "a\x00b"], "embedded null byte"),  # was a traceback
+    (["train", "--lr-decay", "nan"], "lr_decay must be a number, got nan"),  # was accepted
+])
+def test_flags_found_by_fuzzing_are_one_line_errors(capsys, args: list[str],
+                                                    needle: str) -> None:
+    try:
+        code = main(args)
+    except SystemExit as exc:  # argparse's errors
+        code = exc.code
+    out, err = capsys.readouterr()
+    assert code == 2, err
+    assert out == "" and len(err.splitlines()) == 1 and needle in err, err
+
+
+@pytest.mark.xfail(strict=True, raises=(TypeError, ValueError),
+                   reason="open bug in sweep/plan.py: a point's key is its fields as JSON, made "
+                   "before they are validated (TypeError for a date, ValueError for an integer "
+                   "of more than 4,300 digits)")
+@pytest.mark.parametrize("grid", [{"workers": [datetime.date(2020, 1, 1)]},
+                                  {"workers": [10**5000]}])
+def test_sweep_values_json_cannot_show_are_one_line_errors(grid: dict) -> None:
+    with pytest.raises(ConfigError):
+        parse_sweep({"grid": grid})
