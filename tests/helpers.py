@@ -7,6 +7,7 @@ import multiprocessing as mp
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -153,3 +154,17 @@ def play_ranks(tmp_path: Path, config: RunConfig,
     for p in procs:
         p.join(timeout=30)
     return dict(sorted(got.items()))  # ranks in order, not in the order they finished
+
+
+def rank_processes(launcher_pid: int) -> dict[int, psutil.Process]:
+    """{rank: process} of a launcher's ranks (children of its forkserver, so searched among
+    all its descendants); a process that ends while being looked at is left out."""
+    found = {}
+    for p in psutil.Process(launcher_pid).children(recursive=True):
+        try:
+            name = p.name()
+        except psutil.NoSuchProcess:
+            continue
+        if name.startswith("polyrhythm-r"):
+            found[int(name.removeprefix("polyrhythm-r"))] = p
+    return found

@@ -11,6 +11,7 @@ import time
 
 import psutil
 
+from helpers import rank_processes
 from polyrhythm.metrics.store import RunStore
 
 STRATEGIES = ["bsp", "asp", "kbsp", "allreduce", "localsgd", "switch"]
@@ -27,17 +28,15 @@ def test_a_random_process_killed_at_a_random_moment_ends_the_run_cleanly(tmp_pat
              "--workers", "3", "--dataset", "digits", "--epochs", "30", "--out", str(out)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         parent = psutil.Process(launcher.pid)
-        ranks = []
+        ranks = {}
         deadline = time.monotonic() + 60
         while len(ranks) < 3 and time.monotonic() < deadline:
             time.sleep(0.1)
-            ranks = [p for p in parent.children(recursive=True)
-                     if p.name().startswith("polyrhythm-r")]
+            ranks = rank_processes(launcher.pid)
         family = parent.children(recursive=True)
         time.sleep(rng.uniform(0.2, 2.5))  # starting up, training or between epochs
-        victim = rng.choice(ranks)
-        rank = int(victim.name().removeprefix("polyrhythm-r"))
-        victim.send_signal(signal.SIGKILL)
+        rank = rng.choice(sorted(ranks))
+        ranks[rank].send_signal(signal.SIGKILL)
         killed = time.monotonic()
         _, stderr = launcher.communicate(timeout=60)
         assert time.monotonic() - killed <= 30, (strategy, rank)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import polyrhythm
-from helpers import max_diff, stored_parameters
+from helpers import max_diff, rank_processes, stored_parameters
 from polyrhythm.metrics.store import RunStore
 from polyrhythm.runtime.checkpoint import complete_epochs
 
@@ -42,10 +42,9 @@ def _kill_a_worker_after(out: Path, fields: dict, epochs_done: int) -> str:
         time.sleep(0.02)
     assert run_dir is not None, "no checkpoint came"
     # Ranks are children of the launcher's forkserver: look among all its descendants.
-    ranks = [p.pid for p in psutil.Process(launcher.pid).children(recursive=True)
-             if p.name() == "polyrhythm-r1"]
-    assert ranks, "no rank 1 process"
-    os.kill(ranks[0], signal.SIGKILL)
+    ranks = rank_processes(launcher.pid)
+    assert 1 in ranks, "no rank 1 process"
+    os.kill(ranks[1].pid, signal.SIGKILL)
     _, stderr = launcher.communicate(timeout=60)
     assert launcher.returncode == 1 and "killed by SIGKILL" in stderr, stderr
     assert f"`polyrhythm train --resume {run_dir.name} --out {out}` goes on after" in stderr
@@ -123,8 +122,8 @@ def test_a_frozen_peer_becomes_a_timeout_error_naming_it_and_every_process_ends(
     ranks = []
     while time.monotonic() < deadline and not ranks:
         time.sleep(0.5)
-        ranks = [p for p in psutil.Process(launcher.pid).children(recursive=True)
-                 if p.name() == "polyrhythm-r0"]  # the server: every worker waits on it
+        ranks = [p for r, p in rank_processes(launcher.pid).items()
+                 if r == 0]  # the server: every worker waits on it
     assert ranks
     time.sleep(2)  # training, not starting up
     family = psutil.Process(launcher.pid).children(recursive=True)
