@@ -1,17 +1,17 @@
 """Decentralised strategies (localsgd, dpsgd, gossip): their pure rules, and real runs."""
 
 import math
+import os
 from fractions import Fraction
 
 import numpy as np
-import psutil
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
 import polyrhythm
-from helpers import equivalence_config, small_config, stored_parameters
+from helpers import equivalence_config, rank_processes, small_config, stored_parameters
 from polyrhythm.strategies.averaging import (
     DONE,
     GOSSIP_HEADER,
@@ -132,9 +132,7 @@ def consensus_bytes(summary) -> int:
 
 
 def assert_no_rank_left():
-    ranks = [p for p in psutil.Process().children(recursive=True)
-             if p.name().startswith("polyrhythm-r")]
-    assert ranks == []
+    assert rank_processes(os.getpid()) == {}
 
 
 def learned(tmp_path, strategy: str, epochs: int, **parameters) -> dict:

@@ -8,6 +8,7 @@ import time
 import psutil
 import pytest
 
+from helpers import rank_processes as launcher_ranks
 from polyrhythm.metrics.store import RunStore
 
 LONG_RUN = ["--workers", "2", "--epochs", "1000", "--dataset", "digits"]  # killed long before
@@ -22,9 +23,7 @@ def rank_processes(launcher: subprocess.Popen, count: int, timeout: float = 60) 
     """Wait until the launcher has `count` ranks running; return {rank: psutil.Process}."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        ranks = {int(p.name().removeprefix("polyrhythm-r")): p
-                 for p in psutil.Process(launcher.pid).children(recursive=True)
-                 if p.name().startswith("polyrhythm-r")}
+        ranks = launcher_ranks(launcher.pid)
         if len(ranks) == count:
             return ranks
         time.sleep(0.1)
