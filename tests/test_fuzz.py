@@ -378,10 +378,9 @@ def test_compare_flags_are_accepted_or_one_line_errors(config_files: list[str], 
     run_cli(["compare", *data.draw(args)])
 
 
-# Sweep files (`polyrhythm sweep FILE --dry-run` validates every point and runs nothing). Their
-# values leave out TOML's dates and times and integers of over 4,300 digits: sweep/plan.py
-# still fails on those (the xfail tests below), outside the config code fixed here.
-sweep_scalars = (ints.filter(lambda v: abs(v) < 10**4000) | floats | strings | st.booleans())
+# Sweep files (`polyrhythm sweep FILE --dry-run` validates every point and runs nothing), with
+# TOML's dates and integers of any size among their values (regression tests below).
+sweep_scalars = ints | floats | strings | st.booleans() | st.dates()
 sweep_values = st.recursive(sweep_scalars, lambda inner: arrays_and_tables(inner, junk_keys),
                             max_leaves=4)
 grid_keys = st.sampled_from(sorted(KEYS)) | junk_keys
@@ -503,10 +502,6 @@ def test_flags_found_by_fuzzing_are_one_line_errors(capsys, args: list[str],
     assert out == "" and len(err.splitlines()) == 1 and needle in err, err
 
 
-@pytest.mark.xfail(strict=True, raises=(TypeError, ValueError),
-                   reason="open bug in sweep/plan.py: a point's key is its fields as JSON, made "
-                   "before they are validated (TypeError for a date, ValueError for an integer "
-                   "of more than 4,300 digits)")
 @pytest.mark.parametrize("grid", [{"workers": [datetime.date(2020, 1, 1)]},
                                   {"workers": [10**5000]}])
 def test_sweep_values_json_cannot_show_are_one_line_errors(grid: dict) -> None:

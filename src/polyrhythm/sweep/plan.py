@@ -158,6 +158,8 @@ def parse_sweep(data: dict[str, Any], *, default_name: str = "sweep",
     keys = flat_keys()
     base = flatten(base)  # a base in sections ([base.strategy], ...) as flat keys
     _check_fields(base, "base", keys)
+    _check_plain(base, "base")
+    _check_plain(grid, "grid")
     _expect(grid != {}, "the grid is empty: give [grid] at least one field with a list of "
                         "values")
     _expect(isinstance(base.get("out", ""), str), "base.out must be a string")
@@ -201,6 +203,26 @@ def _check_fields(table: dict, section: str, keys: dict) -> None:
         if key not in keys:
             raise ConfigError(f"unknown field {key!r} in [{section}]; fields are those of "
                               "`polyrhythm train` with underscores")
+
+
+INT_RANGE = 2**63  # TOML's integers: signed 64-bit
+
+
+def _check_plain(value, where: str) -> None:
+    """Every value a sweep file gives is a run setting's kind of value (a point's key is
+    its fields as JSON): no dates or times, no integers beyond 64 bits."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _check_plain(v, f"{where}.{k}")
+    elif isinstance(value, list):
+        for v in value:
+            _check_plain(v, where)
+    elif type(value) is int:
+        _expect(-INT_RANGE <= value < INT_RANGE, f"{where}: an integer beyond 64 bits is "
+                "no run setting")
+    else:
+        _expect(isinstance(value, str | bool | float), f"{where}: a "
+                f"{type(value).__name__} value is no run setting")
 
 
 def slug(name: str) -> str:
