@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import pickle
@@ -15,6 +14,7 @@ import numpy as np
 import psutil
 import pytest
 
+from helpers import rank_processes
 from polyrhythm.cli import main
 from polyrhythm.errors import ConfigError, RunFailed
 from polyrhythm.metrics.records import STORE_NAME
@@ -273,16 +273,6 @@ def completed_rows(out: Path, sweep_id: str) -> list[dict]:
     return [r for r in rows if r["status"] == "completed"]
 
 
-def live_ranks(proc: subprocess.Popen) -> list[psutil.Process]:
-    """The rank processes of a run the process is running (named once bound to it)."""
-    ranks = []
-    for child in psutil.Process(proc.pid).children(recursive=True):
-        with contextlib.suppress(psutil.NoSuchProcess):
-            if child.name().startswith("polyrhythm-r"):
-                ranks.append(child)
-    return ranks
-
-
 def test_a_killed_sweep_restarts_with_only_the_missing_runs(tmp_path):
     # Each run trains for 1.2 s (3 steps of 0.4 s emulated compute): long enough to be
     # killed in, since a rank starts in milliseconds.
@@ -296,13 +286,14 @@ def test_a_killed_sweep_restarts_with_only_the_missing_runs(tmp_path):
     deadline = time.monotonic() + 90
     # Kill once 2 runs completed and the next run's rank is up: a rank still starting could
     # miss its parent's death (it binds to it when it is up) and outlive the sweep.
-    while len(completed_rows(out, "resume")) < 2 or not (ranks := live_ranks(first)):
+    while len(completed_rows(out, "resume")) < 2 or not (ranks := rank_processes(first.pid)):
         assert first.poll() is None, first.communicate()
         assert time.monotonic() < deadline, "the sweep did not complete 2 runs in 90 s"
         time.sleep(0.05)
     first.kill()
     first.communicate(timeout=30)
-    assert psutil.wait_procs(ranks, timeout=10)[1] == [], "a rank outlived the killed sweep"
+    _, alive = psutil.wait_procs(list(ranks.values()), timeout=10)
+    assert alive == [], "a rank outlived the killed sweep"
     earlier = len(completed_rows(out, "resume"))
     assert earlier in (2, 3)
 
