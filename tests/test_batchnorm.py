@@ -10,7 +10,7 @@ from helpers import equivalence_config, flat, max_diff, reference_parameters, st
 from polyrhythm.flat import RunningStatistics
 from polyrhythm.models.build import build_model
 from polyrhythm.runtime.job import whole_data
-from polyrhythm.runtime.worker import evaluate
+from polyrhythm.runtime.validation import evaluate
 
 
 def test_bsp_stores_the_workers_batch_weighted_mean_statistics(tmp_path):

@@ -55,7 +55,7 @@ def test_model_pt_loads_with_weights_only_and_reproduces_final_accuracy(tmp_path
     model = build_model("cnn", (1, 8, 8), 10, seed=0)
     model.load_state_dict(state)
     from polyrhythm.runtime.job import whole_data
-    from polyrhythm.runtime.worker import evaluate
+    from polyrhythm.runtime.validation import evaluate
 
     _, _, val = whole_data(polyrhythm.RunConfig(dataset="digits"))
     assert abs(evaluate(model, val)["val_accuracy"] - summary["final_val_accuracy"]) < 1e-9

@@ -58,6 +58,8 @@ def format_summary(s: dict) -> str:
                  f"{s['wall_s']:.1f} s")
     lines.append(f"  weight updates {s['weight_updates']}; staleness mean "
                  f"{s['staleness_mean']:.2f}, max {s['staleness_max']}")
+    for lost in s.get("lost_workers", []):
+        lines.append("  " + lost_line(lost))
     if "switch_rule" in s:
         lines.append("  " + switch_line(s))
     if cluster := s.get("cluster"):
@@ -78,6 +80,14 @@ def cluster_line(cluster: dict) -> str:
         return line + (f"the emulator was the bottleneck on host {', '.join(bound)} (starved "
                        "of CPU its share promised): do not trust its timings")
     return line + "the emulator kept up"
+
+
+def lost_line(lost: dict) -> str:
+    """A worker the run went on without (on_worker_failure = continue)."""
+    when = ("after its last message" if lost["at_s"] is None
+            else f"at {lost['at_s']:.1f} s")
+    return (f"worker {lost['worker']} was lost {when}, having pushed "
+            f"{count(lost['pushes'], 'gradient')}; the others carried on without it")
 
 
 def switch_line(s: dict) -> str:

@@ -31,3 +31,7 @@ PUSH_HEADER = 5
 REPLY_HEADER = 3
 HANDOVER = 1 << 20  # a tag no bucket id reaches
 HANDOVER_HEADER = 2
+# After training, with on_worker_failure = continue (runtime/survivors.py): rank 0 asks each
+# worker and it answers (one value each way), then rank 0 tells every survivor who was lost
+# (one value per rank, 1 for lost).
+ROLL_CALL, LOST = HANDOVER + 1, HANDOVER + 2

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
@@ -44,6 +45,15 @@ class TrafficCounters:
         return self.bytes_sent + native, self.bytes_received + native
 
 
+class PeerLost(RuntimeError):
+    """A peer's connection broke (its process died) while this one waited for its messages."""
+
+    def __init__(self, rank: int, cause: Exception) -> None:
+        why = str(cause).splitlines()[0] if str(cause) else repr(cause)
+        super().__init__(f"rank {rank} is gone: {why}")
+        self.rank = rank
+
+
 def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
@@ -73,6 +83,17 @@ class Transport:
         self._groups = {name: None for name, ranks in self._members.items()
                         if len(ranks) == world_size}
 
+    def exclude(self, lost: set[int]) -> None:
+        """Go on without the ranks in `lost` (their processes died): WORLD and WORKERS become
+        the survivors, in groups of their own made at their first use. Every survivor must
+        call this with the same ranks, before its next collective."""
+        self._members = {name: [r for r in ranks if r not in lost]
+                         for name, ranks in self._members.items()}
+        self._groups = {}
+        # Made now, by every survivor, before any other group: a new group's set-up hangs
+        # when some of its members made another group first (seen with Gloo, torch 2.13).
+        self._group(WORLD)
+
     def _group(self, name: str) -> Any:
         if name not in self._groups:
             # Only the members call this, at their first collective of the group, which all
@@ -93,6 +114,16 @@ class Transport:
     def irecv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> dist.Work:
         self.count_received(tensor)
         return dist.irecv(tensor, src, tag=tag)
+
+    @contextmanager
+    def uncounted(self) -> Iterator[None]:
+        """Messages of the job's own bookkeeping (who is left after training), not of its
+        training: left out of the counters."""
+        kept = replace(self.counters)
+        try:
+            yield
+        finally:
+            self.counters = kept
 
     def count_received(self, tensor: torch.Tensor) -> None:
         self.counters.bytes_received += _nbytes(tensor)
@@ -138,7 +169,7 @@ class Transport:
         """Every rank's `obj` on rank `dst` (a list by rank), None elsewhere. Used for the
         reports at the end of a run, once their traffic figures are taken: not counted."""
         gathered = [None] * len(self._members[WORLD]) if self.rank == dst else None
-        dist.gather_object(obj, gathered, dst=dst)
+        dist.gather_object(obj, gathered, dst=dst, group=self._group(WORLD))
         return gathered
 
     def broadcast_object(self, obj: Any, src: int) -> Any:
@@ -151,7 +182,7 @@ class Transport:
         """Wait for every rank, once this rank's delayed messages are all on the wire."""
         if self._line is not None:
             self._line.drain()
-        dist.barrier()
+        dist.barrier(group=self._group(WORLD))
 
 
 class Receiver:
@@ -198,10 +229,11 @@ class Receiver:
                 else:
                     buffer = torch.empty(self.numel)
         except Exception as exc:  # e.g. the peer died: the caller's next take() raises it
-            self._arrived.put(exc)
+            self._arrived.put(PeerLost(src, exc))
 
     def take(self, block: bool = True) -> tuple[int, torch.Tensor] | None:
-        """The next message as (rank, buffer); None if none is in and not `block`."""
+        """The next message as (rank, buffer); None if none is in and not `block`. Raises
+        PeerLost if a source's receive failed (it sends nothing more)."""
         try:
             item = self._arrived.get(block=block)
         except queue.Empty:

@@ -35,7 +35,7 @@ from typing import Any, NamedTuple
 import tomli_w
 
 from polyrhythm.config.composed import into_halves
-from polyrhythm.config.declared import GENERAL, LEFT_OUT_AT_DEFAULT, OPTIMIZER
+from polyrhythm.config.declared import GENERAL, OPTIMIZER, stored
 from polyrhythm.config.emulation import (
     CLUSTER,
     check_compute,
@@ -43,7 +43,7 @@ from polyrhythm.config.emulation import (
     settle,
     unemulated_left_out,
 )
-from polyrhythm.config.servers import check_shared_epochs, servers_of
+from polyrhythm.config.servers import check_shared_epochs, servers_of, worker_failure_of
 from polyrhythm.data import DATASETS, SHARDING, VAL_FRACTION, check_sharding
 from polyrhythm.errors import ConfigError
 from polyrhythm.metrics.records import NAME_KEYS, SECTIONS, flatten, from_release_0_1
@@ -147,6 +147,7 @@ class RunConfig:
                               collocated_servers(cluster, general["workers"]))
         if general["shared_epochs"]:
             check_shared_epochs(spec, strategy, general["workers"])
+        general["on_worker_failure"] = worker_failure_of(spec, strategy, general)
         run = Settings(general)
         sections = {"strategy": strategy,
                     "data": _component("data", given["data"], run),
@@ -189,8 +190,7 @@ class RunConfig:
         """The resolved config in sections, unset values left out: loads back as is. The
         emulation settings are left out too while at their defaults, so a run that emulates
         nothing reads as it did before they existed."""
-        general = {k: v for k, v in self._general.items()
-                   if v is not None and LEFT_OUT_AT_DEFAULT.get(k, ...) != v}
+        general = {k: v for k, v in self._general.items() if stored(k, v, self.given)}
         out = general | {section: getattr(self, section).to_dict() for section in SECTIONS}
         return unemulated_left_out(out)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 from polyrhythm.config.emulation import COMPUTE
-from polyrhythm.settings import Param, Rule, at_least, positive, within
+from polyrhythm.settings import Param, Rule, at_least, one_of, positive, within
 
 
 def default_workers() -> int:
@@ -50,6 +50,11 @@ GENERAL = (
           rule=at_least(0)),
     Param("timeout", float, "seconds any process waits for a peer (a message, a collective) "
           "before the run fails naming the silent peer", 300.0, rule=positive()),
+    Param("on_worker_failure", str, "when a worker dies: continue (parameter-server "
+          "strategies: the servers carry on with the other workers and record the loss) or "
+          "abort (every process stops; --resume goes on from the last checkpoint)",
+          derived="continue for asynchronous PS strategies and quorums the other workers "
+          "still meet, abort otherwise", rule=one_of("continue", "abort")),
     *COMPUTE,
 )
 
@@ -67,3 +72,13 @@ OPTIMIZER = (
 # General settings added since 0.1 whose default changes nothing: a stored config leaves them
 # out at that default, so an older record and its rerun read as the same fields.
 LEFT_OUT_AT_DEFAULT = {"shared_epochs": False, "checkpoint_every": 1, "timeout": 300.0}
+# Added since 0.1 with a default derived from the strategy: stored only where given.
+LEFT_OUT_UNLESS_GIVEN = {"on_worker_failure"}
+
+
+def stored(key: str, value, given) -> bool:
+    """Whether a resolved general setting goes into a stored config (`given`: what was set):
+    unset ones do not, nor those left out at their default (above)."""
+    if key in LEFT_OUT_UNLESS_GIVEN and key not in given:
+        return False
+    return value is not None and LEFT_OUT_AT_DEFAULT.get(key, ...) != value

@@ -1,5 +1,6 @@
-"""What a run's settings owe to its strategy's servers: how many, their buckets, and whether
-an epoch's work is shared among the workers by the servers' count."""
+"""What a run's settings owe to its strategy's servers: how many, their buckets, whether an
+epoch's work is shared among the workers by the servers' count, and whether they carry on
+when a worker dies."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from typing import Any
 from polyrhythm.config.declared import DEFAULT_BUCKET_KB
 from polyrhythm.errors import ConfigError
 from polyrhythm.settings import Settings
-from polyrhythm.strategies.spec import StrategySpec
+from polyrhythm.strategies.spec import PARAMETER_SERVER, StrategySpec
+
+CONTINUE, ABORT = "continue", "abort"
 
 
 def servers_of(spec: StrategySpec, given: Mapping[str, Any], general: dict,
@@ -47,3 +50,21 @@ def check_shared_epochs(spec: StrategySpec, strategy: Settings, workers: int) ->
         why = ("its servers add elastic differences, not gradients" if policy.elastic
                else "its servers end the run after a fixed number of rounds")
         raise ConfigError(f"strategy {spec.name!r} takes no shared_epochs ({why})")
+
+
+def worker_failure_of(spec: StrategySpec, strategy: Settings, general: dict) -> str:
+    """on_worker_failure as the run will act on it: as given, or `continue` where the
+    strategy's servers make the same kind of update without the lost worker (its policy's
+    `survives_lost_worker`) and another worker is left, else `abort`. Only servers can
+    carry on: a collective or decentralised strategy's peers each wait for the lost one."""
+    given, workers = general["on_worker_failure"], general["workers"]
+    servers_only = spec.family == PARAMETER_SERVER
+    if given == CONTINUE and not servers_only:
+        raise ConfigError(f"on_worker_failure = continue needs a parameter-server strategy, "
+                          f"whose servers carry on without the lost worker; in strategy "
+                          f"{spec.name!r} every worker waits for the others: use abort")
+    if given is not None:
+        return given
+    survives = servers_only and workers > 1 and spec.policy(strategy,
+                                                            workers).survives_lost_worker
+    return CONTINUE if survives else ABORT

@@ -23,6 +23,7 @@ import queue
 import signal
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Iterator
 from datetime import timedelta
@@ -30,6 +31,7 @@ from multiprocessing.connection import wait
 
 import torch.distributed as dist
 
+from polyrhythm.config.servers import CONTINUE
 from polyrhythm.context import Topology
 from polyrhythm.errors import RunFailed
 from polyrhythm.launch.progress import ProgressBoard
@@ -41,6 +43,7 @@ PRELOAD = ["polyrhythm.launch.local", "polyrhythm.launch.rank"]
 RENDEZVOUS_TIMEOUT = timedelta(seconds=120)
 RENDEZVOUS_FILE = "rendezvous"
 GRACE_S = 3.0
+SERVER_DEATH_GRACE_S = 0.2
 CHILD_ENVIRONMENT = {"GOMP_SPINCOUNT": "10000", "GLOO_SOCKET_IFNAME": "lo"}
 _PR_SET_NAME, _PR_SET_PDEATHSIG = 15, 1
 
@@ -78,7 +81,8 @@ def launch_local(config, record: RunRecord, progress: ProgressBoard | None = Non
             with _child_environment():
                 for p in procs:
                     p.start()
-            _supervise(procs, events, board, topology)
+            _supervise(procs, events, board, topology,
+                       carry_on=config.on_worker_failure == CONTINUE)
         return read_summary(record)
     except BaseException as exc:
         raise recorded_failure(record, exc, config) from None
@@ -155,34 +159,70 @@ def raise_interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-def _supervise(procs: list, events, board: ProgressBoard, topology: Topology) -> None:
+def _supervise(procs: list, events, board: ProgressBoard, topology: Topology,
+               carry_on: bool = False) -> None:
+    """Wait for every rank; raise RunFailed when one fails, unless it is a worker that died
+    during training and the run may `carry_on` without it (on_worker_failure = continue:
+    its servers go on). Training has begun once a worker reports progress: every rank is
+    then past the start, where each waits for all."""
     errors: dict[int, str] = {}
+    lost: set[int] = set()
+    training = False
     running = {p.sentinel: rank for rank, p in enumerate(procs)}
     while running:
         ready = wait(list(running), timeout=0.2)
-        _drain(events, board, errors)
+        training |= _drain(events, board, errors)
         board.draw()
         ended = [running.pop(s) for s in ready]
         for r in ended:
             procs[r].join()  # sets exitcode
         failed = [r for r in ended if procs[r].exitcode != 0]
+        if failed and carry_on and training and _only_workers_lost(failed, procs, errors,
+                                                                  topology, lost):
+            for r in failed:
+                lost.add(r)
+                board.lines[topology.worker_index(r)] = (
+                    f"lost: {_how(procs[r].exitcode, errors.get(r))}; the others go on")
+            continue
         if failed:
             _drain(events, board, errors)
+            # Ranks that died meanwhile too: a dead server explains its workers' errors.
+            failed += [r for r, p in enumerate(procs)
+                       if r not in failed and not p.is_alive() and p.exitcode]
             raise _failure(failed, procs, errors, topology)
     _drain(events, board, errors)
     board.draw(force=True)
 
 
-def _drain(events, board: ProgressBoard, errors: dict[int, str]) -> None:
+def _only_workers_lost(failed: list[int], procs: list, errors: dict[int, str],
+                       topology: Topology, lost: set[int]) -> bool:
+    """Whether the run goes on without the `failed` ranks: workers only, none diverged, every
+    server alive (a worker also fails when its server dies: that is a server's failure), and
+    a worker left. A moment's wait lets a dying server's exit show first."""
+    if any(topology.role(r) == "server" or errors.get(r, "").startswith(DIVERGED)
+           for r in failed):
+        return False
+    time.sleep(SERVER_DEATH_GRACE_S)
+    if any(not procs[s].is_alive() and procs[s].exitcode != 0
+           for s in topology.server_ranks):
+        return False
+    return len(lost) + len(failed) < topology.workers
+
+
+def _drain(events, board: ProgressBoard, errors: dict[int, str]) -> bool:
+    """Take the ranks' events: errors, and progress for the board; whether any was
+    progress."""
+    progress = False
     while True:
         try:
             event = events.get_nowait()
         except queue.Empty:
-            return
+            return progress
         if "error" in event:
             errors[event["rank"]] = event["error"]
         else:
             board.update(event)
+            progress = True
 
 
 def _failure(failed: list[int], procs: list, errors: dict[int, str],
@@ -203,17 +243,20 @@ def _failure_message(failed: list[int], procs: list, errors: dict[int, str],
                      topology: Topology) -> str:
     # A rank killed by a signal is the cause; its peers then fail on the broken connection.
     first = min(failed, key=lambda r: (procs[r].exitcode >= 0, r))
-    code = procs[first].exitcode
+    how = _how(procs[first].exitcode, errors.get(first))
+    if "Timed out" in how:  # Gloo's words when a wait passed the run's timeout
+        return _silent_peers(procs, topology, how)
+    return f"rank {first} ({topology.describe(first)}) {how}"
+
+
+def _how(code: int, error: str | None) -> str:
+    """How a rank ended, from its exit code and its error event: 'was killed by SIGKILL'."""
     if code < 0:
         try:
-            how = f"was killed by {signal.Signals(-code).name}"
+            return f"was killed by {signal.Signals(-code).name}"
         except ValueError:  # real-time signals have no name
-            how = f"was killed by signal {-code}"
-    else:
-        how = f"failed: {errors.get(first, f'exit code {code}')}"
-        if "Timed out" in how:  # Gloo's words when a wait passed the run's timeout
-            return _silent_peers(procs, topology, how)
-    return f"rank {first} ({topology.describe(first)}) {how}"
+            return f"was killed by signal {-code}"
+    return f"failed: {error or f'exit code {code}'}"
 
 
 def _silent_peers(procs: list, topology: Topology, how: str) -> str:

@@ -192,7 +192,28 @@ def sharding_table(groups: list[Group]) -> Table | None:
                   "max distance", "final train loss", "final val acc (%)"), rows)
 
 
+def lost_table(runs: list[Run]) -> Table | None:
+    """Each worker a run went on without (on_worker_failure = continue); None if none."""
+    rows = []
+    for run in runs:
+        lost = run.summary.get("lost_workers", [])
+        for entry in lost:
+            rows.append((run.run_id, run.label, str(entry["worker"]),
+                         "after its last message" if entry["at_s"] is None
+                         else _num(entry["at_s"], 1),
+                         _num(entry["pushes"]), str(run.workers - len(lost))))
+    if not rows:
+        return None
+    return Table("lost-table", "Lost workers", "Workers whose process died while the run went "
+                 "on without them (on_worker_failure = continue): when the servers saw each go "
+                 "(seconds into training), the gradients it had pushed by then, and the "
+                 "workers that finished the run. Their figures are left out of the others.",
+                 ("run id", "group", "worker", "lost at (s)", "gradients pushed",
+                  "workers left"), rows)
+
+
 def tables(runs: list[Run], groups: list[Group]) -> list[Table]:
-    optional = [cluster_table(runs), switch_table(groups), sharding_table(groups)]
+    optional = [cluster_table(runs), switch_table(groups), sharding_table(groups),
+                lost_table(runs)]
     return [runs_table(runs), groups_table(groups), breakdown_table(groups),
             *(t for t in optional if t is not None)]

@@ -83,6 +83,16 @@ def prune(run_dir: Path, own: str, workers: int, servers: int) -> None:
         (epoch_dir(run_dir, epochs_done) / own).unlink(missing_ok=True)
 
 
+def plain_sgd_state(flat, momentum: torch.Tensor | None) -> dict:
+    """A flat momentum buffer as torch.optim.SGD's state_dict (one entry per parameter, in
+    model.parameters() order), so plain PyTorch can carry on from a checkpoint."""
+    state = {}
+    if momentum is not None:
+        state = {i: {"momentum_buffer": momentum[a:b].view_as(p).clone()}
+                 for i, (p, (a, b)) in enumerate(zip(flat.params, flat.ranges, strict=True))}
+    return {"state": state, "param_groups": [{"params": list(range(len(flat.params)))}]}
+
+
 def load(path: Path) -> dict:
     """A checkpoint file, loaded with weights_only: tensors and plain values only, nothing
     else is unpickled."""

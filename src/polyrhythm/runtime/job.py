@@ -21,6 +21,7 @@ from polyrhythm.metrics.sampler import ResourceSampler
 from polyrhythm.models.build import build_model
 from polyrhythm.runtime.server import ParameterServerShard
 from polyrhythm.runtime.summary import RunResult, summarise
+from polyrhythm.runtime.survivors import agree_on_lost
 from polyrhythm.runtime.worker import Worker
 from polyrhythm.strategies import STRATEGIES
 from polyrhythm.strategies.spec import SWITCHING
@@ -89,6 +90,14 @@ def build_role(ctx: RankContext, plan: DataPlan,
                                 handover=spec.family == SWITCHING)
 
 
+def play(ctx: RankContext, role: Worker | ParameterServerShard) -> dict:
+    """Train or serve; then, once the survivors agree on who was lost (if anyone may be),
+    this rank's report."""
+    role.run()
+    seen = set(role.lost) if isinstance(role, ParameterServerShard) else set()
+    return role.report(agree_on_lost(ctx, seen))
+
+
 def run_rank(ctx: RankContext, local_workers: int | None = None) -> RunResult | None:
     """Play this rank's role in the job; rank 0 returns the run's result, others None."""
     config = ctx.config
@@ -103,10 +112,10 @@ def run_rank(ctx: RankContext, local_workers: int | None = None) -> RunResult | 
     if config.instrumentation:
         with ResourceSampler(ctx.rank, role_name, ctx.now,
                              ctx.transport.counters.moved) as sampler:
-            report = role.run()
+            report = play(ctx, role)
         report["resources"] = sampler.samples
     else:
-        report = role.run()
+        report = play(ctx, role)
     reports = ctx.transport.gather_object(report, dst=0)
     if ctx.rank != 0:
         return None

@@ -24,6 +24,8 @@ from polyrhythm.comm.messages import (
     REPLY,
     REPLY_HEADER,
 )
+from polyrhythm.comm.transport import PeerLost
+from polyrhythm.config.servers import CONTINUE
 from polyrhythm.context import RankContext
 from polyrhythm.metrics.recorder import StalenessLog
 from polyrhythm.optim import FlatSGD, lr_at
@@ -146,6 +148,9 @@ class ParameterServerShard:
         # Checkpoints: after every `checkpoint_every` epochs' worth of global batches.
         self.every = ctx.config.checkpoint_every
         self.checkpointed = 0  # epochs done at the last checkpoint written
+        # on_worker_failure = continue: a worker whose connection breaks leaves as if done.
+        self.continues = ctx.config.on_worker_failure == CONTINUE
+        self.lost: dict[int, dict] = {}  # by rank: when it was lost and its pushes by then
 
     def resume(self, resume) -> None:
         """Carry on from a checkpoint: its server files if it has them (none: the model was
@@ -175,15 +180,22 @@ class ParameterServerShard:
             bucket.progress = buckets[0]["progress"]
             bucket.outbox[2] = bucket.progress
 
-    def run(self) -> dict:
-        """Serve until every worker has said it is done for every bucket; return a report."""
+    def run(self) -> None:
+        """Serve until every worker has said it is done for every bucket, or is lost."""
         topology = self.ctx.topology
         if self.handover:
             self.receive_handover()
         pushes = self.ctx.transport.receiver(topology.worker_ranks, PUSH_HEADER + self.capacity)
         unfinished = dict.fromkeys(topology.worker_ranks, len(self.buckets))
         while unfinished:
-            src, inbox = pushes.take()
+            try:
+                src, inbox = pushes.take()
+            except PeerLost as gone:
+                if not self.continues or gone.rank not in unfinished:
+                    raise
+                self._lose(gone.rank)
+                del unfinished[gone.rank]
+                continue
             worker = topology.worker_index(src)
             kind, clock, pulled, weight, key = inbox[:PUSH_HEADER].tolist()
             kind, bucket = int(kind), self.buckets[int(key)]
@@ -211,7 +223,6 @@ class ParameterServerShard:
                 del unfinished[src]
             pushes.release(src, more)
             self._act(int(key), bucket, decision)
-        return self._report()
 
     def receive_handover(self) -> None:
         """Wait for worker 0's handover (comm/messages.py) and start every bucket from it.
@@ -240,9 +251,34 @@ class ParameterServerShard:
             elif self.shared_epochs and bucket.progress >= self.rounds - 1e-6:
                 bucket.end()  # tolerance: batch shares like 1/3 do not add up exactly
             self._checkpoint()
-        ranks = [self.ctx.topology.worker_ranks[w] for w in decision.release]
-        for work in [self.ctx.transport.isend(bucket.outbox, r, tag=key) for r in ranks]:
-            work.wait()
+        ranks = [r for r in (self.ctx.topology.worker_ranks[w] for w in decision.release)
+                 if r not in self.lost]
+        for work in [self._send(bucket.outbox, r, key) for r in ranks]:
+            try:
+                if work is not None:
+                    work.wait()
+            except RuntimeError:  # the worker died: its receive fails too, and says so
+                if not self.continues:
+                    raise
+
+    def _send(self, outbox: torch.Tensor, rank: int, key: int):
+        """Start a reply; None if the worker's connection is already broken (continue)."""
+        try:
+            return self.ctx.transport.isend(outbox, rank, tag=key)
+        except RuntimeError:
+            if not self.continues:
+                raise
+            return None
+
+    def _lose(self, rank: int) -> None:
+        """Worker `rank` died (on_worker_failure = continue): every bucket's policy lets it
+        go as if it were done, so nobody waits for it, and the run goes on."""
+        worker = self.ctx.topology.worker_index(rank)
+        first = next(iter(self.buckets.values()))
+        self.lost[rank] = {"worker": worker, "rank": rank, "at_s": self.ctx.now(),
+                           "pushes": first.policy.clocks.get(worker, 0)}
+        for key, bucket in self.buckets.items():
+            self._act(key, bucket, bucket.policy.on_done(worker))
 
     def _checkpoint(self) -> None:
         """Once every bucket has the next checkpoint's epochs' worth of global batches
@@ -268,7 +304,14 @@ class ParameterServerShard:
         for k, bucket in self.buckets.items():
             bucket.load_state_dict(state["buckets"][k])
 
-    def _report(self) -> dict:
+    def report(self, lost: set[int]) -> dict:
+        """This server's report; `lost`: the workers every survivor agrees were lost
+        (indices), those gone after their last message to this server included."""
+        first = next(iter(self.buckets.values())).policy
+        for w in sorted(lost):
+            rank = self.ctx.topology.worker_ranks[w]
+            self.lost.setdefault(rank, {"worker": w, "rank": rank, "at_s": None,
+                                        "pushes": first.clocks.get(w, 0)})
         buckets = list(self.buckets.values())
         start, stop = buckets[0].start, buckets[-1].stop
         return {
@@ -285,4 +328,5 @@ class ParameterServerShard:
             "updates": self.updates,
             "finished_at": time.time(),
             "switched": self.switched,  # None: not a Strategy-Switch run
+            "lost": list(self.lost.values()),
         }

@@ -13,7 +13,7 @@ from polyrhythm.flat import FlatParameters, RunningStatistics
 from polyrhythm.metrics.recorder import SPAN_NAMES, StalenessLog
 from polyrhythm.metrics.store import RULE_FIELDS
 from polyrhythm.models.build import build_model
-from polyrhythm.runtime.worker import evaluate
+from polyrhythm.runtime.validation import evaluate
 
 
 @dataclass
@@ -55,6 +55,8 @@ def summarise(config, reports: list[dict], val: Dataset, wall_s: float) -> RunRe
         "per_worker": [_worker_times(w) for w in workers],
         "traffic_per_rank": [{"rank": r["rank"], **r["traffic"]} for r in reports],
         **_strategy_figures(workers),
+        "on_worker_failure": config.on_worker_failure,
+        "lost_workers": _lost_workers(servers),
     }
     series = {"iterations": [row for w in workers for row in w["iterations"]],
               "pushes": [row for s in servers for row in s["pushes"]],
@@ -114,6 +116,19 @@ def _worker_times(worker: dict) -> dict:
             "idleness": spans.get("wait", 0.0) / train_s if train_s > 0 else 0.0}
 
 
+def _lost_workers(servers: list[dict]) -> list[dict]:
+    """The workers lost during the run (on_worker_failure = continue), by index: when a
+    server first saw each go (None: after its last message, seen only at the roll call) and
+    the gradients it had pushed by then."""
+    lost: dict[int, dict] = {}
+    for entry in (e for s in servers for e in s["lost"]):
+        known = lost.get(entry["worker"])
+        if known is None or (entry["at_s"] is not None
+                             and (known["at_s"] is None or entry["at_s"] < known["at_s"])):
+            lost[entry["worker"]] = entry
+    return [lost[w] for w in sorted(lost)]
+
+
 def _epoch_rows(workers: list[dict]) -> list[dict]:
     """Per epoch: mean train loss over workers (those that took steps in it), first worker's
     validation, cluster samples/s, and where the strategy switches, its phase and its rule's
@@ -125,8 +140,9 @@ def _epoch_rows(workers: list[dict]) -> list[dict]:
         rows.append({
             "epoch": e,
             "train_loss": sum(losses) / len(losses) if losses else math.nan,
-            "val_loss": first["val_loss"],
-            "val_accuracy": first["val_accuracy"],
+            # Not validated: the workers that kept the epochs' models were lost.
+            "val_loss": first.get("val_loss", math.nan),
+            "val_accuracy": first.get("val_accuracy", math.nan),
             "samples_per_s": sum(_throughput([p]) for p in per_worker),
             "wall_s": max(p["wall_s"] for p in per_worker),
             **{key: first.get(key) for key in RULE_FIELDS},

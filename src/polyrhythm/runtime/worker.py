@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from polyrhythm.comm.transport import WORKERS
+from polyrhythm.config.servers import CONTINUE
 from polyrhythm.context import RankContext
 from polyrhythm.data.sharding import DataPosition, batch_slice, epoch_order, worker_batch_sizes
 from polyrhythm.data.source import Dataset
@@ -22,48 +23,11 @@ from polyrhythm.metrics.recorder import SPAN_NAMES
 from polyrhythm.models.build import build_model
 from polyrhythm.runtime import checkpoint
 from polyrhythm.runtime.compute import compute_times, emulated_step
+from polyrhythm.runtime.validation import evaluate, validation_sums
 from polyrhythm.strategies import STRATEGIES
 from polyrhythm.strategies.base import EpochEnd
 
 PROGRESS_INTERVAL_S = 0.25
-# Validation batches: larger ones are no faster on a CPU, and a batch's activations add to
-# the worker's peak memory (1,000 CIFAR images through the cnn: about 140 MB).
-VALIDATION_BATCH = 250
-
-
-@torch.no_grad()
-def validation_sums(model: nn.Module, data: Dataset, part: slice = slice(None),
-                    batch: int = VALIDATION_BATCH) -> tuple[float, int]:
-    """Summed cross-entropy and correct predictions of `model`, in eval mode (BatchNorm
-    uses its running statistics), on rows `part` of `data`."""
-    loss, correct = 0.0, 0
-    rows = range(len(data))[part]
-    model.eval()
-    try:
-        for start in range(rows.start, rows.stop, batch):
-            x, target = data.batch(slice(start, min(start + batch, rows.stop)))
-            logits = model(x)
-            loss += F.cross_entropy(logits, target, reduction="sum").item()
-            correct += (logits.argmax(1) == target).sum().item()
-    finally:
-        model.train()
-    return loss, correct
-
-
-def evaluate(model: nn.Module, data: Dataset) -> dict[str, float]:
-    """Mean cross-entropy and accuracy of `model` on `data`, in eval mode."""
-    loss, correct = validation_sums(model, data)
-    return {"val_loss": loss / len(data), "val_accuracy": correct / len(data)}
-
-
-def plain_sgd_state(flat: FlatParameters, momentum: torch.Tensor | None) -> dict:
-    """A flat momentum buffer as torch.optim.SGD's state_dict (one entry per parameter, in
-    model.parameters() order), so plain PyTorch can carry on from a checkpoint."""
-    state = {}
-    if momentum is not None:
-        state = {i: {"momentum_buffer": momentum[a:b].view_as(p).clone()}
-                 for i, (p, (a, b)) in enumerate(zip(flat.params, flat.ranges, strict=True))}
-    return {"state": state, "param_groups": [{"params": list(range(len(flat.params)))}]}
 
 
 def batch_generator(seed: int, worker: int, step: int) -> torch.Generator:
@@ -126,24 +90,31 @@ class Worker:
         self.position.load_state_dict(state["position"])
         torch.set_rng_state(state["rng"])
 
-    def run(self) -> dict:
-        """Train for the configured epochs (those a checkpoint holds are done); return this
-        worker's report."""
+    def run(self) -> None:
+        """Train for the configured epochs (those a checkpoint holds are done), then leave
+        (`report` follows, once the survivors are known)."""
         self.strategy.start()
         shared = self.ctx.config.shared_epochs  # epochs are the servers' count, not ours
-        epochs = self.epochs
-        for epoch in range(len(epochs), self.ctx.config.epochs):
-            epochs.append(self.train_epoch(epoch))
+        for epoch in range(len(self.epochs), self.ctx.config.epochs):
+            self.epochs.append(self.train_epoch(epoch))
             if not shared:
                 self.position.next_epoch()
             self._checkpoint(epoch + 1)
         self.strategy.finish()  # decentralised strategies may agree on a final model here
+
+    def report(self, lost: set[int]) -> dict:
+        """This worker's report, once every survivor knows which workers were lost (`lost`,
+        their indices: runtime/survivors.py). The first worker left validates the epochs'
+        snapshots, if it kept them, with the running statistics of the workers left."""
         final = self.flat.data.clone()
         if self.consensus:
             self._agree_on_snapshots()
-        statistics = self._agree_on_statistics()
-        if self.ctx.worker_index == 0:
-            for e, (record, snapshot) in enumerate(zip(epochs, self.snapshots, strict=True)):
+        statistics = self._agree_on_statistics(lost)
+        first = min(set(range(self.ctx.config.workers)) - lost)
+        me = self.ctx.worker_index
+        if me == first and self._keeps_snapshots:
+            for e, (record, snapshot) in enumerate(zip(self.epochs, self.snapshots,
+                                                       strict=True)):
                 if "val_loss" not in record:  # not validated during the run
                     self.flat.data.copy_(snapshot)
                     with self._statistics(statistics[e] if statistics else None):
@@ -151,17 +122,17 @@ class Worker:
         report = {
             "role": "worker",
             "rank": self.ctx.rank,
-            "worker": self.ctx.worker_index,
-            "epochs": epochs,
+            "worker": me,
+            "epochs": self.epochs,
             "steps": self.position.taken,
             "spans": dict(self.ctx.spans.totals),
             "traffic": self.ctx.transport.counters.snapshot(),
             "iterations": self.iterations,
             "strategy": self.strategy.summary(),
         }
-        if self.ctx.worker_index == 0 and not self.ctx.topology.servers:  # no server holds it
+        if me == first and not self.ctx.topology.servers:  # no server holds the model
             report["shard"] = (0, len(self.flat), final)
-        if self.ctx.worker_index == 0 and statistics:
+        if me == first and statistics:
             report["statistics"] = statistics[-1]  # the final model's
         return report
 
@@ -236,7 +207,7 @@ class Worker:
             weight = self.strategy.consensus_weight()
             self.snapshots.append(self.flat.data * weight)
             self.snapshot_weights.append(weight)
-        elif self.ctx.worker_index == 0:
+        elif self._keeps_snapshots:
             self.snapshots.append(self.flat.data.clone())
         if self.statistics:
             self.statistics_snapshots.append(self.statistics.get() * self.share)
@@ -297,13 +268,18 @@ class Worker:
         self.epochs = list(state["epochs"])
         self.snapshot_weights = list(state["snapshot_weights"])
         self.statistics_snapshots = list(state["statistics_snapshots"])
+        owner = self.ctx.worker_index if self.consensus else 0  # see _checkpoint
         self.snapshots = [checkpoint.load(checkpoint.snapshot_file(
-            self.ctx.run_dir, self.ctx.worker_index, e))["snapshot"]
+            self.ctx.run_dir, owner, e))["snapshot"]
             for e in range(len(self.epochs)) if self._keeps_snapshots]
 
     @property
     def _keeps_snapshots(self) -> bool:
-        return self.consensus or self.ctx.worker_index == 0
+        """Whether this worker keeps each epoch's model for validation after training: every
+        worker where they hold different models, else worker 0; with on_worker_failure =
+        continue, worker 1 too, to stand in should worker 0 be lost."""
+        standby = 1 if self.ctx.config.on_worker_failure == CONTINUE else 0
+        return self.consensus or self.ctx.worker_index <= standby
 
     def _checkpoint(self, epochs_done: int) -> None:
         ctx, config = self.ctx, self.ctx.config
@@ -312,7 +288,9 @@ class Worker:
                 epochs_done % every and epochs_done != config.epochs):
             return
         i = ctx.worker_index
-        for e in range(len(self.snapshots)):  # each epoch's snapshot, written once
+        # Each epoch's snapshot, written once; by worker 0 alone where the workers hold one
+        # model (a standby reads worker 0's files when resumed).
+        for e in range(len(self.snapshots) if self.consensus or i == 0 else 0):
             path = checkpoint.snapshot_file(ctx.run_dir, i, e)
             if not path.exists():
                 checkpoint.save({"snapshot": self.snapshots[e]}, path)
@@ -321,19 +299,24 @@ class Worker:
                 checkpoint.mark_servers_expected(ctx.run_dir, epochs_done)
             model = self.model.state_dict()
             momentum = getattr(getattr(self.strategy, "optimizer", None), "buffer", None)
-            checkpoint.save({"model": model, "optimizer": plain_sgd_state(self.flat, momentum)},
+            optimizer = checkpoint.plain_sgd_state(self.flat, momentum)
+            checkpoint.save({"model": model, "optimizer": optimizer},
                             checkpoint.epoch_dir(ctx.run_dir, epochs_done) / "model.pt")
         checkpoint.save(self.checkpoint_state(),
                         checkpoint.epoch_dir(ctx.run_dir, epochs_done) / f"worker-{i}.pt")
         checkpoint.prune(ctx.run_dir, f"worker-{i}.pt", config.workers, config.servers)
 
-    def _agree_on_statistics(self) -> list[torch.Tensor]:
-        """Each epoch end's running statistics as the workers' batch-weighted mean (one
-        all-reduce among the workers, after training); none for a model without any."""
+    def _agree_on_statistics(self, lost: set[int]) -> list[torch.Tensor]:
+        """Each epoch end's running statistics as the batch-weighted mean of the workers
+        left (one all-reduce among them, after training); none for a model without any."""
         if not self.statistics:
             return []
         stacked = torch.stack(self.statistics_snapshots)
         self.ctx.transport.all_reduce(stacked, WORKERS)
+        if lost:  # the survivors' shares no longer add up to 1
+            c = self.ctx.config
+            sizes = worker_batch_sizes(c.batch_size, c.workers)
+            stacked /= sum(b for w, b in enumerate(sizes) if w not in lost) / c.batch_size
         return list(stacked)
 
     @contextmanager

@@ -50,6 +50,11 @@ class ConsistencyPolicy(ABC):
     tracks_change = False
     combines = True
     fixed_rounds = False
+    # The survivors of a lost worker still make the same kind of updates: an asynchronous
+    # server never waits for any one worker, a quorum still met is still the quorum. A
+    # synchronous round without one of its workers is another algorithm (fewer gradients
+    # per update), so it goes on only when asked to (on_worker_failure = continue).
+    survives_lost_worker = False
 
     def __init__(self, workers: int) -> None:
         self.active = set(range(workers))
@@ -142,6 +147,7 @@ class QuorumSynchronousPolicy(BulkSynchronousPolicy):
     def __init__(self, workers: int, quorum: int) -> None:
         super().__init__(workers)
         self.quorum = quorum
+        self.survives_lost_worker = quorum < workers
 
     def _quorum(self) -> int:
         return self.quorum
@@ -160,6 +166,7 @@ class AsynchronousPolicy(ConsistencyPolicy):
     """
 
     combines = False
+    survives_lost_worker = True
 
     def __init__(self, workers: int) -> None:
         super().__init__(workers)
@@ -187,6 +194,7 @@ class QuorumAsynchronousPolicy(ConsistencyPolicy):
     """
 
     STATE = (*ConsistencyPolicy.STATE, "waiting")
+    survives_lost_worker = True
 
     def __init__(self, workers: int, quorum: int) -> None:
         super().__init__(workers)
@@ -242,6 +250,7 @@ class StaleSynchronousPolicy(ConsistencyPolicy):
     """
 
     STATE = (*ConsistencyPolicy.STATE, "waiting", "held", "unseen", "_released")
+    survives_lost_worker = True  # the bound is on the slowest *active* worker
 
     def __init__(self, workers: int, staleness: int, value_bound: float | None = None) -> None:
         super().__init__(workers)

@@ -1,0 +1,59 @@
+"""Who is left after training, with on_worker_failure = continue.
+
+A server sees a worker die when its connection breaks mid-run (runtime/server.py), but a
+worker that dies after its last message is seen by nobody, until a collective waits for it.
+So before the end-of-run collectives (running statistics, reports), rank 0, which is server
+0 whenever a run may continue, calls the roll: it asks each worker not known to be lost and
+waits for the answer (a dead worker's broken connection fails the wait at once), then tells
+every survivor which workers are gone. The survivors go on in groups of their own
+(Transport.exclude). A worker dying in the instant between its answer and the end of the
+roll is not caught here: the next collective then fails the run, naming it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from polyrhythm.comm.messages import LOST, ROLL_CALL
+from polyrhythm.config.servers import CONTINUE
+from polyrhythm.context import RankContext
+
+
+def agree_on_lost(ctx: RankContext, seen: set[int]) -> set[int]:
+    """The workers (indices) every survivor agrees were lost; `seen`: the ranks this rank
+    saw die. Without on_worker_failure = continue, nobody is lost (a death ends the run)."""
+    if ctx.config.on_worker_failure != CONTINUE:
+        return set()
+    topology, transport = ctx.topology, ctx.transport
+    flags = torch.zeros(topology.world_size)
+    with transport.uncounted():
+        if ctx.rank == 0:
+            lost = set(seen) | {r for r in topology.worker_ranks
+                                if r not in seen and not _answers(ctx, r)}
+            if len(lost) == topology.workers:
+                raise RuntimeError("every worker was lost")
+            flags[sorted(lost)] = 1
+            for r in range(1, topology.world_size):
+                if r not in lost:
+                    transport.isend(flags, r, tag=LOST).wait()
+        else:
+            if topology.role(ctx.rank) == "worker":
+                here = torch.ones(1)
+                transport.irecv(here, 0, tag=ROLL_CALL).wait()
+                transport.isend(here, 0, tag=ROLL_CALL).wait()
+            transport.irecv(flags, 0, tag=LOST).wait()
+    lost = {r for r in range(topology.world_size) if flags[r]}
+    if lost:
+        transport.exclude(lost)
+    return {topology.worker_index(r) for r in lost}
+
+
+def _answers(ctx: RankContext, rank: int) -> bool:
+    """Whether worker `rank` answers the roll call (False: its connection is broken)."""
+    box = torch.ones(1)
+    try:
+        ctx.transport.isend(box, rank, tag=ROLL_CALL).wait()
+        ctx.transport.irecv(box, rank, tag=ROLL_CALL).wait()
+    except RuntimeError:
+        return False
+    return True
