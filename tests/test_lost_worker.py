@@ -1,0 +1,133 @@
+"""on_worker_failure: a worker killed mid-run, and whether the run goes on without it."""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from helpers import rank_processes
+from polyrhythm.config import load_config
+from polyrhythm.errors import ConfigError
+from polyrhythm.metrics.store import RunStore
+from polyrhythm.report import write_report
+from polyrhythm.runtime.checkpoint import complete_epochs
+
+EPOCHS = 6
+
+
+def _kill_during_training(out, rank: int, *args: str) -> tuple[subprocess.CompletedProcess,
+                                                               float]:
+    """Run `polyrhythm train --json` on digits with 3 workers, SIGKILL `rank` once the
+    first epoch's checkpoint is complete (training is under way); (the finished command,
+    seconds from the kill to its end)."""
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "polyrhythm.cli", "train", "--workers", "3", "--dataset",
+         "digits", "--epochs", str(EPOCHS), "--worker-delay-s", "0.01,0.01,0.01", "--json",
+         "--out", str(out), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        dirs = list(out.glob("2*/checkpoints"))
+        if dirs and complete_epochs(dirs[0].parent, 3, 1):
+            break
+        time.sleep(0.02)
+    ranks = rank_processes(launcher.pid)
+    assert launcher.poll() is None and rank in ranks, "the run ended before the kill"
+    ranks[rank].send_signal(signal.SIGKILL)
+    killed = time.monotonic()
+    stdout, stderr = launcher.communicate(timeout=120)
+    took = time.monotonic() - killed
+    return subprocess.CompletedProcess(launcher.args, launcher.returncode, stdout, stderr), took
+
+
+def _completed_without(run: subprocess.CompletedProcess, out, worker: int) -> dict:
+    """The run went on without `worker` and completed: its summary."""
+    assert run.returncode == 0, run.stderr
+    summary = json.loads(run.stdout.splitlines()[-1])
+    (lost,) = summary["lost_workers"]
+    assert lost["worker"] == worker and lost["rank"] == worker + 1
+    assert lost["at_s"] > 0 and lost["pushes"] > 0  # lost mid-run, after some work
+    assert [w["worker"] for w in summary["per_worker"]] == [w for w in range(3) if w != worker]
+    store = RunStore(out / "polyrhythm.db")
+    (row,) = store.runs()
+    assert row["status"] == "completed"
+    epochs = store.epochs(row["run_id"])
+    assert len(epochs) == EPOCHS
+    assert all(math.isfinite(e["val_accuracy"]) for e in epochs)  # every epoch validated
+    return summary
+
+
+def test_an_asp_run_goes_on_without_a_killed_worker_and_records_it(tmp_path):
+    out = tmp_path / "runs"
+    run, _ = _kill_during_training(out, 2, "--strategy", "asp")  # worker 1
+    summary = _completed_without(run, out, worker=1)
+    assert summary["on_worker_failure"] == "continue"
+    # The survivors trained on after the loss (at the first epoch's end, or just after).
+    epochs = RunStore(out / "polyrhythm.db").epochs(summary["run_id"])
+    assert summary["final_val_accuracy"] > epochs[0]["val_accuracy"] + 0.02
+    text = write_report(out / "polyrhythm.db", [summary["run_id"]], tmp_path / "report",
+                        "Lost", fmt="md").read_text()
+    assert "## Lost workers" in text and f"| {summary['run_id']} | asp | 1 |" in text
+
+
+def test_worker_1_validates_the_epochs_and_bn_statistics_are_the_survivors_mean(tmp_path):
+    """Worker 0, which validates the epochs, is lost; worker 1 kept them and stands in. Each
+    surviving worker took every step of every epoch, so BatchNorm's batch count, the
+    survivors' batch-weighted mean, is exactly epochs x steps (2/3 of it if the lost
+    worker's share still counted)."""
+    out = tmp_path / "runs"
+    run, _ = _kill_during_training(out, 1, "--model", "resnet20", "--steps-per-epoch", "8",
+                                   "--strategy", "asp")
+    summary = _completed_without(run, out, worker=0)
+    state = torch.load(f"{summary['run_dir']}/model.pt", weights_only=True)
+    counts = {v.item() for k, v in state.items() if k.endswith("num_batches_tracked")}
+    assert counts == {EPOCHS * 8}
+
+
+def test_bsp_told_to_continue_goes_on_and_by_default_aborts(tmp_path):
+    run, _ = _kill_during_training(tmp_path / "a", 3, "--strategy", "bsp",
+                                   "--on-worker-failure", "continue")
+    _completed_without(run, tmp_path / "a", worker=2)
+    run, took = _kill_during_training(tmp_path / "b", 3, "--strategy", "bsp")
+    assert run.returncode == 1 and took <= 30
+    assert run.stderr.count("\n") == 1 and "rank 3 (worker 2) was killed by SIGKILL" in run.stderr
+
+
+def test_a_lost_server_aborts_and_says_how_to_resume(tmp_path):
+    run, took = _kill_during_training(tmp_path, 0, "--strategy", "asp")
+    assert run.returncode == 1 and took <= 30 and run.stderr.count("\n") == 1, run.stderr
+    assert "rank 0 (server 0) was killed by SIGKILL" in run.stderr
+    assert "--resume" in run.stderr
+
+
+@pytest.mark.parametrize(("fields", "mode"), [
+    ({"strategy": "asp"}, "continue"),
+    ({"strategy": "ssp"}, "continue"),
+    ({"strategy": "downpour"}, "continue"),
+    ({"strategy": {"name": "kbsp", "quorum": 2}}, "continue"),  # 2 of 3 left still meet k
+    ({"strategy": {"name": "kbsp", "quorum": 3}}, "abort"),  # k = N: a round needs all
+    ({"strategy": "bsp"}, "abort"),
+    ({"strategy": "allreduce"}, "abort"),
+    ({"strategy": "switch"}, "abort"),
+    ({"strategy": "asp", "workers": 1}, "abort"),  # nobody to go on
+])
+def test_the_default_goes_on_only_where_the_survivors_make_the_same_updates(fields, mode):
+    config = load_config(**{"workers": 3, **fields})
+    assert config.on_worker_failure == mode
+    assert "on_worker_failure" not in config.to_dict()  # stored only where given
+
+
+def test_continue_is_refused_where_every_worker_waits_for_the_others():
+    for strategy in ("allreduce", "localsgd", "switch"):
+        with pytest.raises(ConfigError, match="needs a parameter-server strategy"):
+            load_config(strategy=strategy, on_worker_failure="continue")
+    cli = subprocess.run([sys.executable, "-m", "polyrhythm.cli", "train", "--strategy",
+                          "allreduce", "--on-worker-failure", "continue"],
+                         capture_output=True, text=True)
+    assert cli.returncode == 2 and cli.stderr.count("\n") == 1
