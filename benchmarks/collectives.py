@@ -33,8 +33,9 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from polyrhythm.comm.collectives import ALGORITHMS, all_reduce
+from polyrhythm.comm.collectives import all_reduce
 from polyrhythm.comm.transport import Transport
+from polyrhythm.layout import ALGORITHMS
 
 NATIVE = "native"
 RING_TARGET = 1.5  # ring/native at most this

@@ -17,20 +17,18 @@ import torch.multiprocessing as tmp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from polyrhythm.comm.collectives import (
+from polyrhythm.comm.collectives import all_reduce, early_ops, schedule_steps
+from polyrhythm.comm.transport import Transport
+from polyrhythm.layout import (
     ALGORITHMS,
     RECV_ADD,
     RECV_COPY,
     RING_SEGMENT_NUMEL,
     SEND,
     Op,
-    all_reduce,
-    early_ops,
     ring_schedule,
-    schedule_steps,
+    shard_ranges,
 )
-from polyrhythm.comm.transport import Transport
-from polyrhythm.flat import shard_ranges
 
 NAMES = list(ALGORITHMS)
 SEGMENTED = "ring, 3 segments"

@@ -6,7 +6,7 @@ import pytest
 
 import polyrhythm
 from helpers import small_config
-from polyrhythm.flat import shard_ranges
+from polyrhythm.layout import shard_ranges
 from polyrhythm.metrics.records import STORE_NAME
 from polyrhythm.metrics.store import RULE_FIELDS, SCHEMA_VERSION, SERIES, RunStore
 

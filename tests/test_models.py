@@ -10,7 +10,8 @@ from torch import nn
 
 from polyrhythm.cli import main
 from polyrhythm.errors import ConfigError
-from polyrhythm.flat import FlatParameters, shard_ranges
+from polyrhythm.flat import FlatParameters
+from polyrhythm.layout import shard_ranges
 from polyrhythm.models import MODELS
 from polyrhythm.models.build import build_model
 

@@ -32,49 +32,6 @@ class FlatParameters:
         return self.data.numel()
 
 
-def shard_ranges(numel: int, shards: int) -> list[tuple[int, int]]:
-    """Split [0, numel) into `shards` contiguous ranges whose sizes differ by at most one."""
-    base, extra = divmod(numel, shards)
-    ranges, start = [], 0
-    for j in range(shards):
-        stop = start + base + (1 if j < extra else 0)
-        ranges.append((start, stop))
-        start = stop
-    return ranges
-
-
-def bucket_ranges(start: int, stop: int, bucket_elements: int) -> list[tuple[int, int]]:
-    """Split one shard [start, stop) into near-equal buckets of at most ~bucket_elements.
-
-    Buckets are the unit of communication: a bucket's gradient is pushed as soon as backward
-    has produced it, so most of the traffic overlaps the rest of backward.
-    """
-    count = max(1, -(-(stop - start) // max(1, bucket_elements)))
-    return [(start + a, start + b) for a, b in shard_ranges(stop - start, count)]
-
-
-class BucketLayout:
-    """Every bucket of the model, shared by workers and servers so both agree on message sizes.
-
-    `buckets[k] = (server, start, stop)`: bucket k is parameters [start, stop) on that server.
-    """
-
-    def __init__(self, numel: int, servers: int, bucket_kb: int | None) -> None:
-        # float32; None: one bucket per server
-        bucket_elements = numel if bucket_kb is None else bucket_kb * 1024 // 4
-        self.buckets = [(server, a, b)
-                        for server, (start, stop) in enumerate(shard_ranges(numel, servers))
-                        for a, b in bucket_ranges(start, stop, bucket_elements)]
-
-    def of_server(self, server: int) -> dict[int, tuple[int, int]]:
-        """The buckets one server owns, by bucket id."""
-        return {k: (a, b) for k, (s, a, b) in enumerate(self.buckets) if s == server}
-
-    def capacity(self, server: int) -> int:
-        """Elements in the server's largest bucket: every push to it is padded to this."""
-        return max(b - a for a, b in self.of_server(server).values())
-
-
 class RunningStatistics:
     """A model's buffers (BatchNorm's running mean and variance, and its batch counter) as
     one flat vector. They are statistics, not gradients: each worker keeps its own while

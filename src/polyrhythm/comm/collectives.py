@@ -1,11 +1,11 @@
 """All-reduce over point-to-point messages: ring, binomial tree and reduce-broadcast.
 
-Every algorithm is a *schedule*: a pure function of (members N, my index i, numel) returning a
-list of rounds, each a list of `Op(op, peer, start, stop)` on the index range [start, stop) of
-the flattened tensor. One executor runs any schedule over the `Transport`, so every byte is
-counted in the one place all point-to-point messages go through, and the schedules themselves
-can be checked without processes (the tests run all members' schedules against each other in
-one process).
+Every algorithm is a *schedule* (layout.py, where the simulator reads them too): a pure
+function of (members N, my index i, numel) returning a list of rounds, each a list of
+`Op(op, peer, start, stop)` on the index range [start, stop) of the flattened tensor. One
+executor runs any schedule over the `Transport`, so every byte is counted in the one place
+all point-to-point messages go through, and the schedules themselves can be checked without
+processes (the tests run all members' schedules against each other in one process).
 
 Per round the executor posts all receives, then all sends (and what of the next round may go
 early), waits for all of them, and only then applies the received data: `recv_copy` lands
@@ -36,135 +36,17 @@ tensor's size:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
-from typing import NamedTuple
+from collections.abc import Iterable, Iterator
 
 import torch
 
 from polyrhythm.comm.transport import Transport
-from polyrhythm.flat import shard_ranges
-
-SEND, RECV_ADD, RECV_COPY = "send", "recv_add", "recv_copy"
+from polyrhythm.layout import ALGORITHMS, RECV_ADD, RECV_COPY, SEND, Op, Round, Schedule
 
 # Round r of a schedule travels with tag TAG_BASE + r. The parameter server uses tag 0 for
 # pushes and the bucket id (below 2**24) for replies, the decentralised strategies 2**24 + 1
 # and 2**24 + 2: this range meets none of them.
 TAG_BASE = 2**25
-
-# The ring splits each chunk into segments of at least this many elements (2 MiB of float32),
-# each its own round, so that one segment travels while the previous one is added (as Gloo's
-# own ring does). Measured on 2 cores, 4 processes: 16 MiB with 2 MiB segments 1.47x -> 1.28x
-# native; 4 MiB with 512 KiB segments 1.3x -> 2.7x (every round costs a message latency).
-RING_SEGMENT_NUMEL = 1 << 19
-
-
-class Op(NamedTuple):
-    """One message of a round: send, or receive and add, or receive and overwrite, the index
-    range [start, stop) of the flat tensor, to or from the member with index `peer`."""
-
-    op: str
-    peer: int
-    start: int
-    stop: int
-
-    @property
-    def numel(self) -> int:
-        return self.stop - self.start
-
-
-Round = list[Op]
-Schedule = list[Round]
-
-
-def _round(*ops: tuple[str, int, tuple[int, int]]) -> Round:
-    """A round of the given (op, peer, (start, stop)), empty ranges left out."""
-    return [Op(op, peer, start, stop) for op, peer, (start, stop) in ops if stop > start]
-
-
-def ring_schedule(n: int, i: int, numel: int, segments: int | None = None) -> Schedule:
-    """Reduce-scatter then all-gather over N chunks around the ring i -> i+1 (mod N).
-
-    Reduce-scatter, round s = 0..N-2: send chunk i-s to the right, receive chunk i-s-1 from the
-    left and add it. Chunk c starts at member c and gains one contribution per hop, so after
-    N-1 rounds member i holds the complete sum of chunk i+1; the chunk it adds in round s is the
-    one it sends in round s+1. All-gather, round s = 0..N-2: send chunk i+1-s (the complete one
-    it owns, then the one just received) and receive chunk i-s, overwriting. The sent and the
-    received chunk of a round always differ, so the received one can land in place.
-
-    Pipelining: with S segments per chunk (by default one per RING_SEGMENT_NUMEL elements of a
-    chunk, at least one) each of these 2(N-1) steps becomes S rounds, one segment each, the same
-    bytes in all. Segment k's round sends nothing the round before it writes, so the executor
-    posts it while that round is still in flight (`early_ops`): the wire carries one segment
-    while the previous one is added.
-    """
-    if n == 1 or numel == 0:
-        return []
-    if segments is None:
-        segments = max(1, (numel // n) // RING_SEGMENT_NUMEL)
-    chunks = shard_ranges(numel, n)
-
-    def piece(c: int, k: int) -> tuple[int, int]:
-        start, stop = chunks[c % n]
-        a, b = shard_ranges(stop - start, segments)[k]
-        return start + a, start + b
-
-    right, left = (i + 1) % n, (i - 1) % n
-    reduce_scatter = [_round((SEND, right, piece(i - s, k)), (RECV_ADD, left, piece(i - s - 1, k)))
-                      for s in range(n - 1) for k in range(segments)]
-    all_gather = [_round((SEND, right, piece(i + 1 - s, k)), (RECV_COPY, left, piece(i - s, k)))
-                  for s in range(n - 1) for k in range(segments)]
-    return reduce_scatter + all_gather
-
-
-def reduce_broadcast_schedule(n: int, i: int, numel: int) -> Schedule:
-    """Member 0 receives every tensor, adds them in member order, sends the sum to everyone.
-
-    The root needs N-1 receive buffers of the whole tensor and moves (N-1)·|w| each way: the
-    centralised baseline whose root link is the bottleneck the ring removes.
-    """
-    if n == 1 or numel == 0:
-        return []
-    whole = (0, numel)
-    if i == 0:
-        others = range(1, n)
-        return [_round(*((RECV_ADD, j, whole) for j in others)),
-                _round(*((SEND, j, whole) for j in others))]
-    return [_round((SEND, 0, whole)), _round((RECV_COPY, 0, whole))]
-
-
-def tree_schedule(n: int, i: int, numel: int) -> Schedule:
-    """Binomial-tree reduce to member 0, then binomial-tree broadcast from it.
-
-    Reduce, round k = 0..L-1 with L = ceil(log2 N) and mask 2^k: a member whose lowest set bit
-    is k sends its partial sum to i - 2^k and is done; a member divisible by 2^(k+1) receives
-    from i + 2^k (if that exists) and adds. Broadcast runs the same tree backwards, each member
-    receiving the sum once from its parent and forwarding it to its children. Every member's
-    schedule has 2L rounds (some empty), so round r means the same tag for everyone.
-    """
-    if n == 1 or numel == 0:
-        return []
-    whole = (0, numel)
-    masks = [1 << k for k in range((n - 1).bit_length())]
-
-    def level(mask: int, with_parent: str, with_child: str) -> Round:
-        """This member's round on the tree level of `mask`: with its parent, with its child
-        (if it exists) or none."""
-        if i % (2 * mask) == mask:
-            return _round((with_parent, i - mask, whole))
-        if i % (2 * mask) == 0 and i + mask < n:
-            return _round((with_child, i + mask, whole))
-        return []
-
-    return ([level(mask, SEND, RECV_ADD) for mask in masks]
-            + [level(mask, RECV_COPY, SEND) for mask in reversed(masks)])
-
-
-ALGORITHMS: dict[str, Callable[[int, int, int], Schedule]] = {
-    "ring": ring_schedule,
-    "reduce-broadcast": reduce_broadcast_schedule,
-    "tree": tree_schedule,
-}
-
 
 def _overlaps(op: Op, ops: Iterable[Op]) -> bool:
     return any(op.start < other.stop and other.start < op.stop for other in ops)

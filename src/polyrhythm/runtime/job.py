@@ -16,7 +16,8 @@ from polyrhythm.data.datasets import open_source
 from polyrhythm.data.plan import DataPlan, load_part, load_val, make_plan
 from polyrhythm.data.sharding import steps_per_epoch
 from polyrhythm.data.source import Dataset, Source
-from polyrhythm.flat import BucketLayout, FlatParameters
+from polyrhythm.flat import FlatParameters
+from polyrhythm.layout import BucketLayout
 from polyrhythm.metrics.sampler import ResourceSampler
 from polyrhythm.models.build import build_model
 from polyrhythm.runtime.server import ParameterServerShard

@@ -16,7 +16,7 @@ import torch
 
 from polyrhythm.comm.messages import DONE, FETCH, GRADIENT, PUSH, PUSH_HEADER, REPLY_HEADER
 from polyrhythm.context import RankContext
-from polyrhythm.flat import BucketLayout
+from polyrhythm.layout import BucketLayout
 from polyrhythm.optim import lr_at
 from polyrhythm.strategies.base import Strategy
 from polyrhythm.strategies.cadence import PushFetch
