@@ -1,6 +1,8 @@
-"""The simulator: the same strategies on clusters that do not fit on a machine (issue 14).
+"""polyrhythm.sim: a discrete-event simulator of the same strategies on clusters that do not
+fit on this machine, calibrated from stored runs (DESIGN.md: it uses the strategies' pure
+rules, their policies and cadences, and the runtime's layout, nothing of comm or launch)."""
 
-Its rule holds before its first line does: it drives the pure rules of `strategies`
-(consistency policies, cadences) and imports nothing of `comm`, `launch` or
-`torch.distributed` (an import-linter contract in pyproject.toml).
-"""
+from polyrhythm.sim.run import simulate
+from polyrhythm.sim.setup import Costs
+
+__all__ = ["Costs", "simulate"]

@@ -1,0 +1,47 @@
+"""Links: every host has one full-duplex link of its own rate each way, and a message holds
+the sender's outgoing side and the receiver's incoming side while it crosses.
+
+A message from host a to host b of m bytes leaves when a's outgoing side is free (messages
+from one host go one after another), crosses at a's rate, and is taken in at b's rate once
+b's incoming side is free: many senders to one receiver (workers pushing to one server)
+queue on the receiver's side, which is the contention a parameter server meets. It arrives a
+one-way latency later. Messages between ranks on one host cost nothing (memory).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+
+class Network:
+    """Per-host link state and traffic counters."""
+
+    def __init__(self, rates: list[float], latency: Callable[[], float]) -> None:
+        """`rates`: bytes/s of each host's link each way (inf: unlimited); `latency`: draws
+        one message's extra one-way latency in seconds."""
+        self.seconds_per_byte = [0.0 if math.isinf(r) else 1.0 / r for r in rates]
+        self.latency = latency
+        self.out_free = [0.0] * len(rates)  # when each host's outgoing side is next free
+        self.in_free = [0.0] * len(rates)
+        self.sent = [0] * len(rates)  # bytes, per host
+        self.received = [0] * len(rates)
+
+    def send(self, t: float, a: int, b: int, nbytes: int) -> float:
+        """Send `nbytes` from host a to host b at time t (or once a's link is free); the
+        time it arrives."""
+        if a == b:
+            return t
+        self.sent[a] += nbytes
+        self.received[b] += nbytes
+        # The simulator's innermost call: conditional expressions, not max(), for speed.
+        free = self.out_free[a]
+        start = t if t > free else free
+        left = start + nbytes * self.seconds_per_byte[a]
+        self.out_free[a] = left
+        free = self.in_free[b]
+        taken = (start if start > free else free) + nbytes * self.seconds_per_byte[b]
+        if left > taken:
+            taken = left
+        self.in_free[b] = taken
+        return taken + self.latency()

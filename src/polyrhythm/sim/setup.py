@@ -1,0 +1,108 @@
+"""What a simulation needs, from a run's config (the same flags as `polyrhythm train`) and
+the costs of its pieces: who is on which host, each host's link, the latency, each worker's
+compute time per step, the model's size and its buckets, and the servers' update cost."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from polyrhythm.config.emulation import host_ranks, per_host
+from polyrhythm.data.sharding import worker_batch_sizes
+from polyrhythm.layout import BucketLayout
+from polyrhythm.metrics.records import measured_compute
+from polyrhythm.models import MODELS
+from polyrhythm.units import Delay, duration, rate
+
+BYTES = 4  # float32
+HEADER = 5 * BYTES  # a push's header (comm/messages.py): small next to any model
+
+
+@dataclass(frozen=True)
+class Costs:
+    """The costs a simulation cannot read from the config: the model's size (float32
+    values), a server's optimizer step on the whole model (U_w) and the adding of one
+    whole-model gradient (R_w), in seconds; `compute`, measured seconds per step of each
+    worker to replay (calibration), else the config's compute time is drawn."""
+
+    parameters: int
+    update_s: float = 0.0
+    reduce_s: float = 0.0
+    compute: list[list[float]] | None = None
+
+    @classmethod
+    def of_model(cls, name: str, **costs) -> Costs:
+        """A registered model's declared size (models/), for 32x32 images and 10 classes."""
+        return cls(MODELS.lookup(name).parameters, **costs)
+
+
+@dataclass
+class Setup:
+    """A simulation's cluster and costs, resolved."""
+
+    workers: int
+    servers: int
+    host: list[int]  # each rank's host (ranks: servers first, then workers)
+    rates: list[float]  # bytes/s of each host's link
+    latency: Callable[[], float]
+    compute: list[Callable[[], float]]  # each worker's seconds per step
+    batch: list[int]  # each worker's samples per step
+    buckets: list[tuple[int, int]]  # (server, bytes) of each bucket
+    costs: Costs
+    iterations: int  # steps per worker (global batches where the servers count rounds)
+
+    def worker_host(self, w: int) -> int:
+        return self.host[self.servers + w]
+
+
+def setup(config, costs: Costs, iterations: int) -> Setup:
+    """The simulation of `config` with these costs, `iterations` steps per worker."""
+    servers, workers = config.servers, config.workers
+    cluster = config.cluster
+    layout = host_ranks(cluster, servers, workers)
+    host = [0] * (servers + workers)
+    for h, ranks in enumerate(layout):
+        for r in ranks:
+            host[r] = h
+    rates = [math.inf if b is None else rate(b, "bandwidth") / 8
+             for b in per_host(cluster.bandwidth, len(layout))]
+    latency = Delay(duration(cluster.latency, "latency"),
+                    duration(cluster.latency_jitter, "latency_jitter")).sampler(config.seed)
+    slower = _cpu_slowdown(cluster.cpu, len(layout))
+    compute = [_compute(config, costs, w, slower[host[servers + w]]) for w in range(workers)]
+    sizes = worker_batch_sizes(config.batch_size, workers)
+    buckets = [(s, (b - a) * BYTES + HEADER)
+               for s, a, b in BucketLayout(costs.parameters, max(1, servers),
+                                           config.bucket_kb).buckets] if servers else []
+    return Setup(workers, servers, host, rates, latency, compute, sizes, buckets, costs,
+                 iterations)
+
+
+def _cpu_slowdown(cpu: list, hosts: int) -> list[float]:
+    """Each host's compute slowdown from its CPU share: the fullest host's share over its."""
+    shares = [None if c is None else float(c) for c in per_host(cpu, hosts)]
+    full = max((s for s in shares if s is not None), default=None)
+    return [1.0 if s is None or full is None else full / s for s in shares]
+
+
+def _compute(config, costs: Costs, worker: int, host_factor: float) -> Callable[[], float]:
+    """Worker `worker`'s seconds per step: replayed from measurements (worker i mod the
+    measured ones, looping), or drawn as the config's emulated compute does, stretched by
+    its slowdown and its host's CPU share."""
+    factor = host_factor * (config.slowdown[worker] if worker < len(config.slowdown) else 1.0)
+    measured = costs.compute
+    if measured is None and config.compute_from is not None:
+        measured = measured_compute(config.out, config.compute_from)
+    if measured:
+        times = measured[worker % len(measured)]
+        position = [0]
+
+        def replay() -> float:
+            position[0] = (position[0] + 1) % len(times)
+            return times[position[0]] * factor
+        return replay
+    draw = Delay(duration(config.compute_time, "compute_time"),
+                 duration(config.compute_jitter, "compute_jitter"),
+                 config.compute_distribution).sampler(config.seed * 100_003 + worker)
+    return (lambda: draw() * factor) if factor != 1.0 else draw
