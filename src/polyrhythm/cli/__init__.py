@@ -5,14 +5,24 @@ from __future__ import annotations
 
 import sys
 
-from polyrhythm.cli import cluster, compare, listing, report, runs, shard, sweep, train
+from polyrhythm.cli import (
+    cluster,
+    compare,
+    listing,
+    report,
+    runs,
+    shard,
+    simulate,
+    sweep,
+    train,
+)
 from polyrhythm.cli.flags import Parser
 from polyrhythm.errors import PolyrhythmError
 
 # Command name -> its module (listing serves strategies, datasets and models).
 COMMANDS = {"train": train, "runs": runs, **dict.fromkeys(listing.COMMANDS, listing),
             "sweep": sweep, "compare": compare, "report": report, "cluster": cluster,
-            "shard": shard}
+            "shard": shard, "simulate": simulate}
 
 
 def build_parser() -> Parser:

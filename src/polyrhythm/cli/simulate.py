@@ -1,0 +1,155 @@
+"""`polyrhythm simulate`: predict how strategies behave on a cluster this machine cannot
+hold (sim/), from the same flags as `train`, a sweep file, or stored runs to calibrate on."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from polyrhythm.cli.flags import add_config_flags, config_flags
+from polyrhythm.config import load_config
+from polyrhythm.errors import ConfigError
+from polyrhythm.units import duration
+
+DEFAULT_ITERATIONS = 100
+
+
+def add_parser(commands) -> None:
+    sim = commands.add_parser(
+        "simulate", help="predict strategies on a simulated cluster (thousands of workers)",
+        description="Simulate the run `train` would make with these flags (one or several "
+        "strategies and worker counts, comma-separated), or every point of a sweep file, on "
+        "the cluster the flags describe (--bandwidth, --latency, --hosts or "
+        "--workers-per-host, --placement, --cpu, --slowdown), with each step's compute time "
+        "(--compute-time) or the costs measured by stored runs (--calibrate RUN_ID). Prints "
+        "a table (samples/s, efficiency, iteration time, idleness, staleness, server load) "
+        "and writes the throughput and efficiency plot.")
+    sim.add_argument("--config", metavar="FILE.toml", help="config file; flags override it")
+    sim.add_argument("--strategy", metavar="NAMES", help="strategies to simulate, "
+                     "comma-separated (default: bsp)")
+    sim.add_argument("--workers", metavar="COUNTS", help="worker counts, comma-separated "
+                     "(default: 4)")
+    sim.add_argument("--sweep", metavar="FILE.toml", help="simulate every point of this "
+                     "sweep file instead")
+    sim.add_argument("--calibrate", metavar="RUN_ID", action="append", default=[],
+                     help="a stored run (under --out) to predict from its own measured "
+                     "costs, beside its measurement; repeat for several")
+    sim.add_argument("--model-mb", type=float, metavar="MB", help="the model's size in MB "
+                     "(float32), instead of --model's declared size")
+    sim.add_argument("--update-time", metavar="DURATION", help="a server's optimizer step "
+                     "on the whole model (default: 2 ns per parameter)")
+    sim.add_argument("--reduce-time", metavar="DURATION", default="0ms",
+                     help="adding one whole-model gradient (default: 0ms)")
+    sim.add_argument("--iterations", type=int, default=DEFAULT_ITERATIONS, metavar="N",
+                     help=f"steps per worker (default: {DEFAULT_ITERATIONS})")
+    sim.add_argument("--plot", metavar="FILE.png", help="where the plot goes (default: "
+                     "OUT/simulations/<time>.png)")
+    sim.add_argument("--json", action="store_true",
+                     help="print the predictions as JSON on the last line")
+    add_config_flags(sim, exclude=("strategy", "workers"))
+
+
+def run(args: argparse.Namespace) -> int:
+    from polyrhythm.sim.calibrate import calibrate
+    from polyrhythm.sim.study import predict, predict_runs
+
+    if args.iterations < 1:
+        raise ConfigError(f"--iterations must be at least 1, got {args.iterations}")
+    if args.plot and Path(args.plot).suffix.lower() != ".png":
+        raise ConfigError(f"--plot writes a PNG file: {args.plot!r} does not end in .png")
+    flags = {k: v for k, v in config_flags(args).items() if k not in ("strategy", "workers")}
+    out = flags.get("out", "runs")
+    calibrations = [calibrate(out, run_id) for run_id in args.calibrate]
+    configs = _configs(args, flags) if (args.sweep or not calibrations or args.strategy
+                                        or args.workers) else []
+    predictions = predict_runs(calibrations)
+    if configs:
+        predictions += predict(configs, _costs(args, configs[0]), args.iterations)
+    print(format_predictions(predictions))
+    from polyrhythm.sim.plot import scaling_png
+
+    path = Path(args.plot or Path(out) / "simulations" / f"{time.strftime('%Y%m%d-%H%M%S')}.png")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(scaling_png(predictions, "Simulated throughput and efficiency"))
+    except OSError as exc:
+        raise ConfigError(f"cannot write {str(path)!r}: {exc.strerror}") from None
+    print(f"wrote {path}")
+    if args.json:
+        rows = [_row(p) for p in predictions]
+        print(json.dumps(rows[0] if len(rows) == 1 else rows))
+    return 0
+
+
+def _configs(args, flags: dict) -> list:
+    if args.sweep:
+        from polyrhythm.sweep.plan import load_sweep
+
+        return [planned.config for planned in load_sweep(args.sweep, out=flags.get("out")
+                                                         ).plan()]
+    if "compute_time" in flags and "compute" not in flags:
+        flags["compute"] = "emulated"  # a compute time means: simulate steps that long
+    configs = []
+    for strategy in _listed(args.strategy, str) or [None]:
+        for workers in _listed(args.workers, int) or [None]:
+            given = {k: v for k, v in (("strategy", strategy), ("workers", workers)) if v}
+            configs.append(load_config(args.config, **flags, **given))
+    if any(c.compute != "emulated" for c in configs):
+        raise ConfigError("simulate needs each step's compute time: give --compute-time "
+                          "(e.g. 8s), or --calibrate RUN_ID to take a stored run's")
+    return configs
+
+
+def _listed(text: str | None, kind: type) -> list:
+    if text is None:
+        return []
+    try:
+        return [kind(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ConfigError(f"expected a comma-separated list of {kind.__name__}s, got "
+                          f"{text!r}") from None
+
+
+def _costs(args, config):
+    from polyrhythm.sim import Costs
+    from polyrhythm.sim.setup import UPDATE_S_PER_PARAMETER
+
+    if args.model_mb is not None:
+        if not args.model_mb > 0:
+            raise ConfigError(f"--model-mb must be positive, got {args.model_mb}")
+        parameters = int(args.model_mb * 1e6 / 4)
+    else:
+        from polyrhythm.models import MODELS
+
+        parameters = MODELS.lookup(config.model.name).parameters
+        if parameters is None:
+            raise ConfigError(f"model {config.model.name!r} declares no size: give "
+                              "--model-mb")
+    update = (duration(args.update_time, "--update-time") if args.update_time
+              else parameters * UPDATE_S_PER_PARAMETER)
+    return Costs(parameters, update, duration(args.reduce_time, "--reduce-time"))
+
+
+def _row(p) -> dict:
+    return {**p.result.summary(), "efficiency": p.efficiency, "measured_samples_per_s":
+            p.measured, "error": p.error, "run_id": p.run_id}
+
+
+def format_predictions(predictions) -> str:
+    """The table `simulate` prints."""
+    lines = [f"{'strategy':<18} {'N':>5} {'S':>3} {'samples/s':>10} {'eff %':>6} "
+             f"{'iter ms':>8} {'idle %':>6} {'stale':>6} {'max':>5} {'srv load %':>10} "
+             f"{'measured':>9} {'error':>7}"]
+    for p in predictions:
+        r = p.result
+        load = f"{100 * max(r.server_load):.0f}" if r.server_load else "-"
+        measured = f"{p.measured:.0f}" if p.measured else "-"
+        error = f"{100 * p.error:+.1f}%" if p.error is not None else "-"
+        lines.append(f"{r.strategy:<18} {r.workers:>5} {r.servers:>3} "
+                     f"{r.samples_per_s:>10.1f} {100 * p.efficiency:>6.0f} "
+                     f"{1000 * r.iteration_s:>8.1f} {100 * r.idleness:>6.1f} "
+                     f"{r.staleness_mean:>6.2f} {max(r.staleness, default=0):>5} "
+                     f"{load:>10} {measured:>9} {error:>7}")
+    return "\n".join(lines)

@@ -1,0 +1,69 @@
+"""Calibration: a stored run's config and measured costs, and what it measured, so the
+simulator predicts that run (and its variations) from its own pieces.
+
+From the store (metrics/store.py): the run's config (its cluster's links and latency), the
+model's size, each worker's compute seconds per step after the warm-up, and the servers'
+update seconds per weight update (a collective run's: each worker's optimizer step). The
+reduce cost R_w is not measured apart: the servers' update spans leave the adding of pushes
+out, which is small next to the links the simulator is for.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from polyrhythm.config import RunConfig, make_config
+from polyrhythm.errors import StoreError
+from polyrhythm.metrics.records import STORE_NAME, config_fields, measured_compute
+from polyrhythm.metrics.store import RunStore
+from polyrhythm.sim.setup import Costs
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A stored run as the simulator sees it: its config and costs, and its measurements
+    (cluster samples/s, mean idleness), against which a prediction is judged."""
+
+    run_id: str
+    config: RunConfig
+    costs: Costs
+    iterations: int
+    measured: dict
+
+    def to_dict(self) -> dict:
+        """Plain values: a test fixture holds these (tests/fixtures/sim/)."""
+        return {"run_id": self.run_id, "config": self.config.to_dict(),
+                "costs": vars(self.costs), "iterations": self.iterations,
+                "measured": self.measured}
+
+    @classmethod
+    def from_dict(cls, values: dict) -> Calibration:
+        return cls(values["run_id"], RunConfig(**values["config"]), Costs(**values["costs"]),
+                   values["iterations"], values["measured"])
+
+
+def calibrate(out: str | Path, run_id: str) -> Calibration:
+    """The calibration of completed run `run_id` of the store under `out`."""
+    store = RunStore(Path(out) / STORE_NAME)
+    row = store.run(run_id) if store.path.exists() else None
+    if row is None:
+        raise StoreError(f"--calibrate: no run {run_id!r} in {str(store.path)!r}")
+    if row["status"] != "completed":
+        raise StoreError(f"--calibrate: run {run_id} is {row['status']}, not completed")
+    summary = json.loads(row["summary"])
+    config = make_config({**config_fields(row["config"]), "out": str(out)})
+    warmup = summary["warmup_steps"]
+    compute = [times[warmup:] or times for times in measured_compute(out, run_id)]
+    workers = summary["per_worker"]
+    steps = max(w["steps"] for w in workers)
+    if summary["servers"]:
+        update_s = sum(summary["update_s_per_server"]) / max(1, summary["weight_updates"])
+    else:
+        update_s = sum(w["apply_s"] for w in workers) / max(1, sum(w["steps"] for w in workers))
+    measured = {"samples_per_s": summary["samples_per_s"],
+                "idleness": sum(w["idleness"] for w in workers) / len(workers),
+                "staleness_mean": summary["staleness_mean"]}
+    return Calibration(run_id, config, Costs(summary["parameters"], update_s, 0.0, compute),
+                       steps, measured)
