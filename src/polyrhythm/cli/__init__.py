@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 
 from polyrhythm.cli import (
+    advise,
     cluster,
     compare,
     listing,
@@ -22,7 +23,7 @@ from polyrhythm.errors import PolyrhythmError
 # Command name -> its module (listing serves strategies, datasets and models).
 COMMANDS = {"train": train, "runs": runs, **dict.fromkeys(listing.COMMANDS, listing),
             "sweep": sweep, "compare": compare, "report": report, "cluster": cluster,
-            "shard": shard, "simulate": simulate}
+            "shard": shard, "simulate": simulate, "advise": advise}
 
 
 def build_parser() -> Parser:

@@ -1,0 +1,105 @@
+"""`polyrhythm advise`: which strategy and how many servers, for this model on these hosts
+(sim/advise.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from polyrhythm.errors import ConfigError
+from polyrhythm.units import duration
+
+DEFAULT_EPOCH_SAMPLES = 50_000  # CIFAR-10's training set
+
+
+def add_parser(commands) -> None:
+    adv = commands.add_parser(
+        "advise", help="rank strategies and server counts for a model on a cluster",
+        description="Simulate every strategy and server layout that fits the hosts (a worker "
+        "on each; servers on worker hosts or on hosts of their own), rank them by predicted "
+        "time per epoch, flag those whose staleness is known to cost accuracy (from the "
+        "store's runs where there are any), and recommend one with its expected error.")
+    adv.add_argument("--hosts", type=int, required=True, metavar="N", help="machines")
+    adv.add_argument("--bandwidth", metavar="RATE", default="1gbit",
+                     help="each host's link, one rate or one per host, comma-separated "
+                     "(default: 1gbit)")
+    adv.add_argument("--latency", metavar="DURATION", default="0ms",
+                     help="one-way latency of a message (default: 0ms)")
+    adv.add_argument("--cpu", metavar="SHARES", help="each host's CPU share in cores, "
+                     "comma-separated: 1,1,0.5 (a host at half speed computes twice as long)")
+    adv.add_argument("--model", default="cnn", metavar="NAME",
+                     help="a registered model (default: cnn)")
+    adv.add_argument("--model-mb", type=float, metavar="MB", help="or the model's size in MB")
+    adv.add_argument("--worker-batch-size", type=int, default=32, metavar="N",
+                     help="samples per worker and step (default: 32)")
+    adv.add_argument("--compute-time", metavar="DURATION", help="one step's forward and "
+                     "backward on one host (default: measured here, on one core)")
+    adv.add_argument("--calibrate", metavar="RUN_ID", help="take compute times and the "
+                     "server update cost from this stored run (under --out)")
+    adv.add_argument("--epoch-samples", type=int, default=DEFAULT_EPOCH_SAMPLES, metavar="N",
+                     help=f"samples per epoch (default: {DEFAULT_EPOCH_SAMPLES:,})")
+    adv.add_argument("--out", default="runs", metavar="DIR",
+                     help="the store whose runs tell what staleness costs (default: runs)")
+    adv.add_argument("--json", action="store_true",
+                     help="print the ranking as JSON on the last line")
+
+
+def run(args: argparse.Namespace) -> int:
+    from polyrhythm.models import MODELS
+    from polyrhythm.sim import Costs
+    from polyrhythm.sim.advise import VALIDATED_ERROR, advise, measure_compute, recommend
+    from polyrhythm.sim.setup import UPDATE_S_PER_PARAMETER
+
+    if args.hosts < 2:
+        raise ConfigError(f"--hosts must be at least 2, got {args.hosts}")
+    if args.epoch_samples < 1:
+        raise ConfigError(f"--epoch-samples must be at least 1, got {args.epoch_samples}")
+    parameters = (int(args.model_mb * 1e6 / 4) if args.model_mb
+                  else MODELS.lookup(args.model).parameters)
+    if not parameters or parameters < 1:
+        raise ConfigError("give --model-mb (a positive size), or a --model that declares "
+                          "its size")
+    error = VALIDATED_ERROR
+    base = {"worker_batch_size": args.worker_batch_size, "compute": "emulated",
+            "bandwidth": args.bandwidth.split(","), "latency": args.latency,
+            "model": args.model, "out": args.out}
+    if args.cpu:
+        base["cpu"] = [float(c) for c in args.cpu.split(",")] if _numbers(args.cpu) else None
+    costs = Costs(parameters, parameters * UPDATE_S_PER_PARAMETER)
+    if args.calibrate:
+        from polyrhythm.sim.calibrate import calibrate
+        from polyrhythm.sim.study import predict_runs
+
+        cal = calibrate(args.out, args.calibrate)
+        costs = Costs(parameters, cal.costs.update_s * parameters / cal.costs.parameters,
+                      0.0, cal.costs.compute)
+        error = max(VALIDATED_ERROR / 2, abs(predict_runs([cal])[0].error or 0.0))
+        base["compute_time"] = "1s"  # replaced by the run's measured times
+    else:
+        seconds = (duration(args.compute_time, "--compute-time") if args.compute_time
+                   else measure_compute(args.model, args.worker_batch_size))
+        base["compute_time"] = f"{seconds * 1000:.3f}ms"
+    ranked = advise(base, costs, args.hosts, out=args.out)
+    print(format_ranking(ranked, args.epoch_samples))
+    print(recommend(ranked, error))
+    if args.json:
+        print(json.dumps([{"option": o.label, **o.fields, "samples_per_s": o.samples_per_s,
+                           "epoch_s": o.epoch_s(args.epoch_samples),
+                           "staleness_mean": o.staleness, "flag": o.flag} for o in ranked]))
+    return 0
+
+
+def _numbers(text: str) -> bool:
+    try:
+        return all(float(c) > 0 for c in text.split(","))
+    except ValueError:
+        raise ConfigError(f"--cpu takes positive numbers, comma-separated, got {text!r}"
+                          ) from None
+
+
+def format_ranking(ranked, epoch_samples: int) -> str:
+    lines = [f"{'#':>2}  {'option':<44} {'samples/s':>10} {'epoch s':>9} {'stale':>6}  flag"]
+    for i, o in enumerate(ranked, 1):
+        lines.append(f"{i:>2}  {o.label:<44} {o.samples_per_s:>10.1f} "
+                     f"{o.epoch_s(epoch_samples):>9.1f} {o.staleness:>6.2f}  {o.flag}")
+    return "\n".join(lines)
