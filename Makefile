@@ -30,6 +30,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/face.py
 	$(BIN)/python benchmarks/switch.py
 	$(BIN)/python benchmarks/cluster.py
+	$(BIN)/python benchmarks/simulator.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -66,3 +66,12 @@ def test_switch_benchmark_smoke_prints_the_switch_time():
                     r"(PASS|MISS); job start-up (\d+\.\d+) s", out, re.MULTILINE)
     assert row, out
     assert float(row.group(1)) > 0 and float(row.group(3)) > 0
+
+
+def test_simulator_benchmark_smoke_prints_the_time_and_ratio():
+    out = smoke("simulator.py")
+    row = re.search(r"^asp, 64 workers x 50 iterations: (\d+\.\d+) s \(target < 10 s\) "
+                    r"(PASS|MISS); bare event loop (\d+\.\d+) s; ratio (\d+\.\d+)$", out,
+                    re.MULTILINE)
+    assert row, out
+    assert float(row.group(1)) > float(row.group(3)) > 0

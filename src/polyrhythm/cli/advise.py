@@ -47,7 +47,7 @@ def add_parser(commands) -> None:
 def run(args: argparse.Namespace) -> int:
     from polyrhythm.models import MODELS
     from polyrhythm.sim import Costs
-    from polyrhythm.sim.advise import VALIDATED_ERROR, advise, measure_compute, recommend
+    from polyrhythm.sim.advise import VALIDATED_ERROR, advise, recommend
     from polyrhythm.sim.setup import UPDATE_S_PER_PARAMETER
 
     if args.hosts < 2:
@@ -103,3 +103,29 @@ def format_ranking(ranked, epoch_samples: int) -> str:
         lines.append(f"{i:>2}  {o.label:<44} {o.samples_per_s:>10.1f} "
                      f"{o.epoch_s(epoch_samples):>9.1f} {o.staleness:>6.2f}  {o.flag}")
     return "\n".join(lines)
+
+
+def measure_compute(model: str, batch: int, steps: int = 5) -> float:
+    """Seconds of one forward and backward of `model` on a batch of 32x32 images, on one
+    core of this machine (the median of a few steps after a first)."""
+    import time
+
+    import torch
+    import torch.nn.functional as F
+
+    from polyrhythm.models.build import build_model
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        net = build_model(model, (3, 32, 32), 10, seed=0)
+        x, y = torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
+        times = []
+        for _ in range(steps + 1):
+            began = time.perf_counter()
+            net.zero_grad()
+            F.cross_entropy(net(x), y).backward()
+            times.append(time.perf_counter() - began)
+    finally:
+        torch.set_num_threads(threads)
+    return sorted(times[1:])[len(times[1:]) // 2]

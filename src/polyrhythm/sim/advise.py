@@ -4,7 +4,6 @@ recommendation with its expected error."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -122,27 +121,3 @@ def recommend(ranked: list[Option], error: float) -> str:
         text += (f" Faster still: {ranked[0].label} ({ranked[0].samples_per_s:.0f} samples/s), "
                  f"but {ranked[0].flag}.")
     return text
-
-
-def measure_compute(model: str, batch: int, steps: int = 5) -> float:
-    """Seconds of one forward and backward of `model` on a batch of 32x32 images, on one
-    core of this machine (the median of a few steps after a first)."""
-    import torch
-    import torch.nn.functional as F
-
-    from polyrhythm.models.build import build_model
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        net = build_model(model, (3, 32, 32), 10, seed=0)
-        x, y = torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
-        times = []
-        for _ in range(steps + 1):
-            began = time.perf_counter()
-            net.zero_grad()
-            F.cross_entropy(net(x), y).backward()
-            times.append(time.perf_counter() - began)
-    finally:
-        torch.set_num_threads(threads)
-    return sorted(times[1:])[len(times[1:]) // 2]

@@ -1,11 +1,15 @@
-"""Links: every host has one full-duplex link of its own rate each way, and a message holds
-the sender's outgoing side and the receiver's incoming side while it crosses.
+"""Links: every host has one full-duplex link of its own rate each way, and a message holds the
+sender's outgoing side and the receiver's incoming side while it crosses.
 
 A message from host a to host b of m bytes leaves when a's outgoing side is free (messages
 from one host go one after another), crosses at a's rate, and is taken in at b's rate once
 b's incoming side is free: many senders to one receiver (workers pushing to one server)
 queue on the receiver's side, which is the contention a parameter server meets. It arrives a
-one-way latency later. Messages between ranks on one host cost nothing (memory).
+one-way latency later. Messages between ranks on one host cost nothing (memory). Messages a
+host sends at one instant (a server answering every worker a round released) share its
+outgoing side fairly, as TCP flows do: each finishes when the link has carried, for every
+message, as much of it as of this one, so equal replies all arrive together rather than one
+after another.
 """
 
 from __future__ import annotations
@@ -45,3 +49,28 @@ class Network:
             taken = left
         self.in_free[b] = taken
         return taken + self.latency()
+
+    def send_together(self, t: float, a: int, messages: list[tuple[int, int]]) -> list[float]:
+        """Send several messages (receiver host, bytes) from host a at once, sharing a's
+        outgoing side fairly; the time each arrives."""
+        if len(messages) < 2:
+            return [self.send(t, a, b, n) for b, n in messages]
+        free = self.out_free[a]
+        start = t if t > free else free
+        per_byte = self.seconds_per_byte[a]
+        arrivals = []
+        for b, nbytes in messages:
+            if a == b:
+                arrivals.append(t)
+                continue
+            self.sent[a] += nbytes
+            self.received[b] += nbytes
+            # Fair sharing from one start: done once every message carried min(its, this).
+            left = start + per_byte * sum(min(n, nbytes) for h, n in messages if h != a)
+            free = self.in_free[b]
+            taken = (start if start > free else free) + nbytes * self.seconds_per_byte[b]
+            taken = left if left > taken else taken
+            self.in_free[b] = taken
+            arrivals.append(taken + self.latency())
+        self.out_free[a] = start + per_byte * sum(n for h, n in messages if h != a)
+        return arrivals

@@ -165,12 +165,19 @@ class _ParameterServers:
         busy = self.busy[server]
         done = self.busy[server] = (t if t > busy else busy) + cost
         self.busy_s[server] += cost
-        host, over, logs = self.server_host[server], self.over[k], self.logs
-        for r in decision.release:
-            if logs[r].end:  # gone already (released after it left)
-                continue
+        over, logs = self.over[k], self.logs
+        released = [r for r in decision.release if not logs[r].end]  # not gone already
+        if len(released) == 1:
+            r = released[0]
             self.pulled[r][k] = version
-            self._reply(r, self.net.send(done, host, self.worker_host[r], size), over)
+            self._reply(r, self.net.send(done, self.server_host[server], self.worker_host[r],
+                                         size), over)
+        elif released:  # a round's replies, sent at once: they share the server's link
+            arrivals = self.net.send_together(done, self.server_host[server],
+                                              [(self.worker_host[r], size) for r in released])
+            for r, arrives in zip(released, arrivals, strict=True):
+                self.pulled[r][k] = version
+                self._reply(r, arrives, over)
 
     def _reply(self, w: int, arrives: float, over: bool) -> None:
         self.replied[w] = max(self.replied[w], arrives)

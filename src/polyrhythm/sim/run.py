@@ -11,6 +11,7 @@ from polyrhythm.sim.ps import simulate_ps
 from polyrhythm.sim.result import SimResult
 from polyrhythm.sim.setup import BYTES, Costs, setup
 from polyrhythm.strategies import STRATEGIES
+from polyrhythm.strategies.parameter_server import PS_WORKER
 from polyrhythm.strategies.spec import COLLECTIVE, DECENTRALISED, PARAMETER_SERVER, SWITCHING
 
 SIMULATED_DECENTRALISED = {"localsgd"}
@@ -22,7 +23,7 @@ def simulate(config, costs: Costs, iterations: int = 100) -> SimResult:
     spec = STRATEGIES[config.strategy.name]
     s = setup(config, costs, iterations)
     settings = config.strategy
-    if spec.family == PARAMETER_SERVER:
+    if spec.family == PARAMETER_SERVER and spec.worker == PS_WORKER:
         return simulate_ps(s, spec.name, lambda: spec.policy(settings, s.workers), settings)
     if spec.family == COLLECTIVE:
         return simulate_collective(s, spec.name, spec.worker_args.get("algorithm", "native"))
@@ -31,7 +32,8 @@ def simulate(config, costs: Costs, iterations: int = 100) -> SimResult:
     if spec.family == SWITCHING:
         return _switch(s, settings)
     raise ConfigError(f"the simulator does not model strategy {spec.name!r} (it models the "
-                      "parameter-server and collective strategies, localsgd and switch)")
+                      "parameter-server strategies but easgd, the collective ones, localsgd "
+                      "and switch)")
 
 
 def _switch(s, settings) -> SimResult:

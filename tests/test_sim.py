@@ -1,0 +1,151 @@
+"""The simulator: closed-form bounds, the documents' shapes, and predictions against the
+emulated cluster's measurements."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from polyrhythm.config import load_config
+from polyrhythm.sim import Costs, simulate
+from polyrhythm.sim.calibrate import Calibration
+from polyrhythm.sim.study import predict_runs
+
+MEASURED = Path(__file__).parent / "fixtures" / "sim" / "emulated.json"
+P = 25_000_000  # values: a 100 MB model
+B = 1e9 / 8  # 1 gbit/s in bytes/s
+T_W = 4 * P / B  # seconds to move the model once
+U_W, R_W = 0.05, 0.02
+WHOLE = 200_000  # bucket KiB: the whole model in one bucket
+
+
+def cluster(strategy: str, workers: int, **fields):
+    """Each worker on a host of its own, 1 gbit links, no compute: only communication."""
+    return load_config(**{"strategy": strategy, "workers": workers, "worker_batch_size": 32,
+                          "workers_per_host": 1, "bandwidth": "1gbit", "compute": "emulated",
+                          "compute_time": "0ms", **fields})
+
+
+@pytest.mark.parametrize("n", [2, 4, 8, 16])
+def test_a_synchronous_round_with_one_server_takes_2n_transfers_and_an_update(n):
+    # 003: pushes and replies go one after another over the server's link.
+    result = simulate(cluster("bsp", n, bucket_kb=WHOLE), Costs(P, update_s=U_W), 1)
+    assert result.makespan_s == pytest.approx(2 * n * T_W + U_W, rel=0.01)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 8, 16])
+def test_ring_and_tree_all_reduce_take_their_closed_form_time(n):
+    costs = Costs(P, update_s=U_W, reduce_s=R_W)
+    ring = simulate(cluster("ring", n), costs, 3)
+    assert ring.iteration_s == pytest.approx(2 * (n - 1) / n * T_W + (n - 1) / n * R_W + U_W,
+                                             rel=0.01)
+    tree = simulate(cluster("tree", n), costs, 3)
+    depth = math.ceil(math.log2(n))  # 003's log2(n + 1) counts a server among n workers
+    assert tree.iteration_s == pytest.approx(2 * depth * T_W + depth * R_W + U_W, rel=0.01)
+
+
+def test_asynchronous_exchanges_take_their_closed_form_time():
+    one = simulate(cluster("asp", 1, bucket_kb=WHOLE), Costs(P, update_s=U_W), 3)
+    assert one.iteration_s == pytest.approx(2 * T_W + U_W, rel=0.01)
+    # n workers in turn: the server's link carries n models per round (its updates overlap).
+    n = 8
+    every = simulate(cluster("asp", n, bucket_kb=WHOLE), Costs(P, update_s=U_W), 200)
+    assert every.iteration_s == pytest.approx(n * T_W, rel=0.01)
+
+
+def test_collocated_servers_move_2_n_minus_1_over_n_models_per_host_and_step():
+    n, steps = 4, 5
+    result = simulate(cluster("bsp", n, servers=n, placement="collocated", bucket_kb=WHOLE),
+                      Costs(P), steps)
+    for sent, received in zip(result.sent, result.received, strict=True):
+        assert sent == pytest.approx(2 * (n - 1) / n * 4 * P * steps, rel=0.01)
+        assert received == pytest.approx(sent, rel=0.01)
+
+
+def test_the_000_sanity_case_levels_off_near_b_times_bandwidth_over_model_size():
+    """000: ResNet-50 (102 MB), 1 gbit/s, 32 images a worker, one synchronous server:
+    throughput levels off near b*B/|w| = 39 images/s (000 measured 35.7). Small buckets,
+    as TensorFlow pushes variable by variable, so replies overlap pushes."""
+    costs = Costs(102_000_000 // 4, update_s=0.05)
+    speeds = [simulate(cluster("bsp", n, compute_time="8s", bucket_kb=1024), costs,
+                       20).samples_per_s for n in (16, 32, 64, 128)]
+    bound = 32 * B / 102e6
+    assert speeds == sorted(speeds) and speeds[-1] / speeds[-2] < 1.05  # levelled off
+    assert 0.85 * bound <= speeds[-1] <= bound
+
+
+def test_the_001_shapes_updates_staleness_and_idleness():
+    costs = Costs(2_000_000, update_s=0.002)
+    base = {"compute_time": "100ms", "compute_jitter": "10ms", "bucket_kb": WHOLE}
+    for n in (4, 8):
+        bsp = simulate(cluster("bsp", n, **base), costs, 50)
+        asp = simulate(cluster("asp", n, **base), costs, 50)
+        assert asp.weight_updates == pytest.approx(n * bsp.weight_updates, rel=0.02)
+    staleness = [simulate(cluster("asp", n, **base), costs, 50).staleness_mean
+                 for n in (4, 8, 12)]
+    assert staleness == sorted(staleness) and staleness[0] > 1
+    idleness = [simulate(cluster("bsp", 4, latency=lat, **base), costs, 50).idleness
+                for lat in ("10ms", "50ms", "100ms", "200ms")]
+    assert idleness == sorted(idleness) and idleness[-1] > 2 * idleness[0]
+
+
+def test_predictions_match_the_emulated_cluster_within_20_percent():
+    """Stored measurements of bsp, ring and asp at 2-16 workers on 100 mbit links and of
+    bsp and asp under 10-200 ms of latency (experiments/simulator.toml and latency.toml on
+    the emulated cluster), each predicted from its own run's costs."""
+    fixtures = [Calibration.from_dict(d) for d in json.loads(MEASURED.read_text())]
+    judged = [p for p in predict_runs(fixtures)
+              if p.config.strategy.name in ("bsp", "ring", "asp")]
+    assert {p.config.workers for p in judged if p.config.strategy.name == "ring"} >= {2, 16}
+    errors = {(p.config.strategy.name, p.config.workers, p.config.cluster.latency): p.error
+              for p in judged}
+    assert all(abs(e) <= 0.20 for e in errors.values()), errors
+
+
+def test_simulate_prints_a_table_a_plot_and_json(tmp_path):
+    plot = tmp_path / "scaling.png"
+    run = subprocess.run(
+        [sys.executable, "-m", "polyrhythm.cli", "simulate", "--strategy", "bsp,asp",
+         "--workers", "2,8", "--compute-time", "50ms", "--bandwidth", "1gbit",
+         "--workers-per-host", "1", "--iterations", "20", "--plot", str(plot), "--json",
+         "--out", str(tmp_path)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    rows = json.loads(run.stdout.splitlines()[-1])
+    assert [(r["strategy"], r["workers"]) for r in rows] == [
+        ("bsp", 2), ("bsp", 8), ("asp", 2), ("asp", 8)]
+    assert all(r["samples_per_s"] > 0 for r in rows)
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("args", [
+    ["--iterations", "0", "--compute-time", "1s"],
+    ["--strategy", "nope", "--compute-time", "1s"],
+    ["--workers", "2,x", "--compute-time", "1s"],
+    ["--strategy", "asp"],  # no compute time
+    ["--strategy", "gossip", "--compute-time", "1s"],  # not simulated
+    ["--calibrate", "no-such-run"],
+])
+def test_simulate_rejects_bad_input_in_one_line(args, tmp_path):
+    run = subprocess.run([sys.executable, "-m", "polyrhythm.cli", "simulate", *args,
+                          "--out", str(tmp_path)], capture_output=True, text=True)
+    assert run.returncode == 2 and run.stderr.count("\n") == 1, run.stderr
+
+
+def test_advise_ranks_options_and_recommends_one(tmp_path):
+    run = subprocess.run(
+        [sys.executable, "-m", "polyrhythm.cli", "advise", "--hosts", "8", "--bandwidth",
+         "100mbit", "--cpu", "1,1,1,1,1,1,1,0.5", "--compute-time", "60ms", "--json",
+         "--out", str(tmp_path)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    *table, recommendation, last = run.stdout.splitlines()
+    ranked = json.loads(last)
+    speeds = [o["samples_per_s"] for o in ranked]
+    assert speeds == sorted(speeds, reverse=True) and len(ranked) > 10
+    best = next(o for o in ranked if not o["flag"])
+    assert recommendation.startswith(f"Recommended: {best['option']}")
+    assert "expected error ±20 %" in recommendation
