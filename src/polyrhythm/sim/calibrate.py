@@ -62,8 +62,18 @@ def calibrate(out: str | Path, run_id: str) -> Calibration:
         update_s = sum(summary["update_s_per_server"]) / max(1, summary["weight_updates"])
     else:
         update_s = sum(w["apply_s"] for w in workers) / max(1, sum(w["steps"] for w in workers))
+    message_s = _message_s(store, run_id, warmup) if summary["servers"] else 0.0
     measured = {"samples_per_s": summary["samples_per_s"],
                 "idleness": sum(w["idleness"] for w in workers) / len(workers),
                 "staleness_mean": summary["staleness_mean"]}
-    return Calibration(run_id, config, Costs(summary["parameters"], update_s, 0.0, compute),
-                       steps, measured)
+    return Calibration(run_id, config, Costs(summary["parameters"], update_s, 0.0, compute,
+                                             message_s), steps, measured)
+
+
+def _message_s(store: RunStore, run_id: str, warmup: int) -> float:
+    """A message's own cost to its process (LogP's o): half a parameter-server worker's
+    time per step to hand its last push over and take the reply in (its push and pull
+    spans), the median over the steps after the warm-up."""
+    spans = sorted(row["push_s"] + row["pull_s"] for row in store.series("iterations", run_id)
+                   if row["step"] >= warmup)
+    return spans[len(spans) // 2] / 2 if spans else 0.0

@@ -56,7 +56,7 @@ def simulate_collective(setup: Setup, name: str, algorithm: str, every: int = 1,
     `start` on `net` (Strategy-Switch runs a collective phase, then a PS one)."""
     n = setup.workers
     net = net or Network(setup.rates, setup.latency)
-    logs = logs or [WorkerLog() for _ in range(n)]
+    logs = logs or [WorkerLog(setup.warmup) for _ in range(n)]
     first, last = phase or (0, setup.iterations)
     rounds = rounds_of("ring" if algorithm == "native" else algorithm, n,
                        setup.costs.parameters)
@@ -68,11 +68,10 @@ def simulate_collective(setup: Setup, name: str, algorithm: str, every: int = 1,
         for i in range(n):
             seconds = setup.compute[i]()
             logs[i].compute_s += seconds
-            logs[i].steps += 1
-            logs[i].samples += setup.batch[i]
+            logs[i].begin_step(t[i], setup.batch[i])
             ready.append(t[i] + seconds)
         if (step + 1) % every == 0 and n > 1:
-            done = _all_reduce(net, rounds, ready, hosts, per_value)
+            done = _all_reduce(net, rounds, ready, hosts, per_value, setup.costs.message_s)
             for i in range(n):
                 logs[i].wait_s += done[i] - ready[i]
             ready = done
@@ -83,13 +82,14 @@ def simulate_collective(setup: Setup, name: str, algorithm: str, every: int = 1,
 
 
 def _all_reduce(net: Network, rounds: list[Round], ready: list[float], hosts: list[int],
-                per_value: float) -> list[float]:
-    """Each member's time when the all-reduce is done, from when each was ready."""
+                per_value: float, message_s: float) -> list[float]:
+    """Each member's time when the all-reduce is done, from when each was ready; a
+    message leaves `message_s` after its sender is ready (the sender's own time for it)."""
     ready = list(ready)
     for sends, adds in rounds:
         finished = list(ready)
         for src, dst, size in sorted(sends, key=lambda m: ready[m[0]]):
-            arrives = net.send(ready[src], hosts[src], hosts[dst], size)
+            arrives = net.send(ready[src] + message_s, hosts[src], hosts[dst], size)
             finished[src] = max(finished[src], net.out_free[hosts[src]])
             finished[dst] = max(finished[dst], arrives)
         for i, numel in adds.items():

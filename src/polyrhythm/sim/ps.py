@@ -60,7 +60,7 @@ class _ParameterServers:
         self.busy_s = [0.0] * setup.servers
         self.cadence = [PushFetch(settings.get("push_every", 1), settings.get("fetch_every", 1))
                         for _ in range(n)]
-        self.logs = logs or [WorkerLog() for _ in range(n)]
+        self.logs = logs or [WorkerLog(setup.warmup) for _ in range(n)]
         self.awaiting = [0] * n  # replies a worker still waits for
         self.replied = [0.0] * n  # when its latest reply arrived
         self.computed = [0.0] * n  # when its step's compute ended
@@ -70,6 +70,7 @@ class _ParameterServers:
         self._order = itertools.count().__next__  # ties go in the order they were made
         self.worker_host = [setup.worker_host(w) for w in range(n)]
         self.count = len(buckets)
+        self.message_s = costs.message_s
 
     def _at(self, t: float, kind: int, w: int, k: int, flags: int) -> None:
         heapq.heappush(self.events, (t, self._order(), kind, w, k, flags))
@@ -101,8 +102,7 @@ class _ParameterServers:
             return
         seconds = s.compute[w]()
         log.compute_s += seconds
-        log.steps += 1
-        log.samples += s.batch[w]
+        log.begin_step(t, s.batch[w])
         pushing, fetching = self.cadence[w].step()
         flags = (GRADIENT if pushing else 0) | (REPLY if fetching else 0)
         end = self.computed[w] = t + seconds
@@ -126,7 +126,7 @@ class _ParameterServers:
 
     def _push(self, t: float, w: int, k: int, flags: int) -> None:
         server, size = self.setup.buckets[k]
-        arrives = self.net.send(t, self.worker_host[w], self.server_host[server],
+        arrives = self.net.send(t + self.message_s, self.worker_host[w], self.server_host[server],
                                 size if flags & GRADIENT else HEADER)
         self._at(arrives, MESSAGE, w, k, flags)
 
@@ -162,6 +162,7 @@ class _ParameterServers:
             version = self.version[k] = version + 1
             if self.rounds is not None and version >= self.rounds:
                 self.over[k] = True
+        cost += self.message_s * (1 + len(decision.release))  # taking it, each reply
         busy = self.busy[server]
         done = self.busy[server] = (t if t > busy else busy) + cost
         self.busy_s[server] += cost
@@ -178,6 +179,11 @@ class _ParameterServers:
             for r, arrives in zip(released, arrivals, strict=True):
                 self.pulled[r][k] = version
                 self._reply(r, arrives, over)
+        # The server's loop waits for its replies to be sent before it takes the next push
+        # (runtime/server.py _act).
+        sent = self.net.out_free[self.server_host[server]]
+        if sent > self.busy[server]:
+            self.busy[server] = sent
 
     def _reply(self, w: int, arrives: float, over: bool) -> None:
         self.replied[w] = max(self.replied[w], arrives)

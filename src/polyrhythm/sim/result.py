@@ -8,15 +8,26 @@ from dataclasses import dataclass, field
 
 @dataclass
 class WorkerLog:
-    """One simulated worker's account: steps, samples, when it started and stopped, and
-    its seconds computing and waiting for parameters or peers."""
+    """One simulated worker's account: steps, and as a run's summary measures them (after
+    the warm-up steps: from the start of the first step after them) its samples, steps,
+    start and end; its seconds computing and waiting for parameters or peers."""
 
+    warmup: int = 0
     steps: int = 0
+    measured: int = 0
     samples: int = 0
     start: float = 0.0
     end: float = 0.0
     compute_s: float = 0.0
     wait_s: float = 0.0
+
+    def begin_step(self, t: float, batch: int) -> None:
+        if self.steps == self.warmup and self.warmup:  # measured from here on
+            self.start, self.samples, self.measured = t, 0, 0
+            self.compute_s = self.wait_s = 0.0
+        self.steps += 1
+        self.measured += 1
+        self.samples += batch
 
     @property
     def samples_per_s(self) -> float:
@@ -47,7 +58,7 @@ class SimResult:
 
     @property
     def iteration_s(self) -> float:
-        steps = sum(log.steps for log in self.logs)
+        steps = sum(log.measured for log in self.logs)
         return sum(log.end - log.start for log in self.logs) / steps if steps else 0.0
 
     @property

@@ -33,6 +33,7 @@ class Costs:
     update_s: float = 0.0
     reduce_s: float = 0.0
     compute: list[list[float]] | None = None
+    message_s: float = 0.0  # a process's own time to hand one message over (LogP's o)
 
     @classmethod
     def of_model(cls, name: str, **costs) -> Costs:
@@ -54,6 +55,7 @@ class Setup:
     buckets: list[tuple[int, int]]  # (server, bytes) of each bucket
     costs: Costs
     iterations: int  # steps per worker (global batches where the servers count rounds)
+    warmup: int = 0  # first steps of each worker left out of throughput, as in a run
 
     def worker_host(self, w: int) -> int:
         return self.host[self.servers + w]
@@ -79,7 +81,7 @@ def setup(config, costs: Costs, iterations: int) -> Setup:
                for s, a, b in BucketLayout(costs.parameters, max(1, servers),
                                            config.bucket_kb).buckets] if servers else []
     return Setup(workers, servers, host, rates, latency, compute, sizes, buckets, costs,
-                 iterations)
+                 iterations, config.warmup_steps)
 
 
 def _cpu_slowdown(cpu: list, hosts: int) -> list[float]:
