@@ -79,6 +79,9 @@ def run(args: argparse.Namespace) -> int:
         seconds = (duration(args.compute_time, "--compute-time") if args.compute_time
                    else measure_compute(args.model, args.worker_batch_size))
         base["compute_time"] = f"{seconds * 1000:.3f}ms"
+        how = "given" if args.compute_time else "measured here, on one core"
+        print(f"compute {seconds * 1000:.1f} ms a step of {args.worker_batch_size} "
+              f"({how}); model {parameters:,} parameters")
     ranked = advise(base, costs, args.hosts, out=args.out)
     print(format_ranking(ranked, args.epoch_samples))
     print(recommend(ranked, error))

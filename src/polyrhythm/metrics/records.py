@@ -145,15 +145,22 @@ def config_fields(config_toml: str) -> dict[str, Any]:
     return flatten(tomllib.loads(config_toml))
 
 
-def measured_compute(out: str | Path, run_id: str) -> list[list[float]]:
-    """The compute seconds of every step a stored run measured, per worker in step order:
-    what emulated compute replays (compute_from)."""
+def completed_run(out: str | Path, run_id: str, asker: str) -> tuple[RunStore, dict]:
+    """The store under `out` and its row of completed run `run_id`; a one-line StoreError
+    (starting with `asker`, the setting or flag that named it) if it is not there."""
     store = RunStore(Path(out) / STORE_NAME)
     run = store.run(run_id) if store.path.exists() else None
     if run is None:
-        raise StoreError(f"compute_from: no run {run_id!r} in {str(store.path)!r}")
+        raise StoreError(f"{asker}: no run {run_id!r} in {str(store.path)!r}")
     if run["status"] != "completed":
-        raise StoreError(f"compute_from: run {run_id} is {run['status']}, not completed")
+        raise StoreError(f"{asker}: run {run_id} is {run['status']}, not completed")
+    return store, run
+
+
+def measured_compute(out: str | Path, run_id: str) -> list[list[float]]:
+    """The compute seconds of every step a stored run measured, per worker in step order:
+    what emulated compute replays (compute_from)."""
+    store, run = completed_run(out, run_id, "compute_from")
     times: list[list[float]] = [[] for _ in range(run["workers"])]
     for row in store.series("iterations", run_id):
         times[row["worker"]].append((row["step"], row["compute_s"]))

@@ -15,8 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from polyrhythm.config import RunConfig, make_config
-from polyrhythm.errors import StoreError
-from polyrhythm.metrics.records import STORE_NAME, config_fields, measured_compute
+from polyrhythm.metrics.records import completed_run, config_fields, measured_compute
 from polyrhythm.metrics.store import RunStore
 from polyrhythm.sim.setup import Costs
 
@@ -46,12 +45,7 @@ class Calibration:
 
 def calibrate(out: str | Path, run_id: str) -> Calibration:
     """The calibration of completed run `run_id` of the store under `out`."""
-    store = RunStore(Path(out) / STORE_NAME)
-    row = store.run(run_id) if store.path.exists() else None
-    if row is None:
-        raise StoreError(f"--calibrate: no run {run_id!r} in {str(store.path)!r}")
-    if row["status"] != "completed":
-        raise StoreError(f"--calibrate: run {run_id} is {row['status']}, not completed")
+    store, row = completed_run(out, run_id, "--calibrate")
     summary = json.loads(row["summary"])
     config = make_config({**config_fields(row["config"]), "out": str(out)})
     warmup = summary["warmup_steps"]
