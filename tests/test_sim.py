@@ -167,3 +167,20 @@ def test_advise_ranks_options_and_recommends_one(tmp_path):
     best = next(o for o in ranked if not o["flag"])
     assert recommendation.startswith(f"Recommended: {best['option']}")
     assert "expected error ±20 %" in recommendation
+
+
+def test_the_advisor_reads_what_staleness_cost_from_the_stores_real_runs(tmp_path):
+    import polyrhythm
+    from polyrhythm.metrics.store import RunStore
+    from polyrhythm.sim.advise import accuracy_cost
+
+    base = {"workers": 2, "epochs": 1, "steps_per_epoch": 10, "dataset": "digits",
+            "out": str(tmp_path), "instrumentation": False}
+    for strategy in ("bsp", "asp"):
+        polyrhythm.train({**base, "strategy": strategy})
+    # Emulated compute learns nothing: such a run is no evidence.
+    polyrhythm.train({**base, "strategy": "ssp", "compute": "emulated",
+                      "compute_time": "1ms"})
+    acc = {r["strategy"]: r["final_val_accuracy"] for r in RunStore(
+        tmp_path / "polyrhythm.db").runs()}
+    assert accuracy_cost(tmp_path) == {"asp": pytest.approx(100 * (acc["bsp"] - acc["asp"]))}

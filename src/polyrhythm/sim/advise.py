@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from polyrhythm.config import make_config
-from polyrhythm.metrics.records import STORE_NAME
+from polyrhythm.metrics.records import STORE_NAME, config_fields
 from polyrhythm.metrics.store import RunStore
 from polyrhythm.sim.run import simulate
 from polyrhythm.sim.setup import Costs
@@ -75,12 +75,15 @@ def advise(base: dict, costs: Costs, hosts: int, iterations: int = 60,
 
 def accuracy_cost(out: str | Path) -> dict[str, float]:
     """Per strategy, how many points of final validation accuracy its completed runs in the
-    store lost against the synchronous ones of the same model and data (mean over runs)."""
+    store lost against the synchronous ones of the same model and data (mean over runs;
+    runs of emulated compute left out)."""
     path = Path(out) / STORE_NAME
     if not path.exists():
         return {}
+    # Runs of emulated compute learn nothing (their gradients are zeros): no evidence.
     rows = [r for r in RunStore(path).runs() if r["status"] == "completed"
-            and r["final_val_accuracy"] is not None]
+            and r["final_val_accuracy"] is not None
+            and config_fields(r["config"]).get("compute") != "emulated"]
     cost: dict[str, list[float]] = {}
     for key in {(r["model"], r["dataset"]) for r in rows}:
         same = [r for r in rows if (r["model"], r["dataset"]) == key]
