@@ -184,3 +184,18 @@ def test_the_advisor_reads_what_staleness_cost_from_the_stores_real_runs(tmp_pat
     acc = {r["strategy"]: r["final_val_accuracy"] for r in RunStore(
         tmp_path / "polyrhythm.db").runs()}
     assert accuracy_cost(tmp_path) == {"asp": pytest.approx(100 * (acc["bsp"] - acc["asp"]))}
+
+
+@pytest.mark.parametrize("args", [
+    ["--hosts", "1"],
+    ["--hosts", "4", "--cpu", "a,b"],
+    ["--hosts", "4", "--cpu", "1,1", "--compute-time", "1s"],  # 2 shares for 4 hosts
+    ["--hosts", "4", "--model", "nope", "--compute-time", "1s"],
+    ["--hosts", "4", "--bandwidth", "fast", "--compute-time", "1s"],
+    ["--hosts", "4", "--compute-time", "soon"],
+    ["--hosts", "4", "--calibrate", "no-such-run"],
+])
+def test_advise_rejects_bad_input_in_one_line(args, tmp_path):
+    run = subprocess.run([sys.executable, "-m", "polyrhythm.cli", "advise", *args,
+                          "--out", str(tmp_path)], capture_output=True, text=True)
+    assert run.returncode == 2 and run.stderr.count("\n") == 1, run.stderr
