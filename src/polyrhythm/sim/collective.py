@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
+
 from polyrhythm.layout import ALGORITHMS, RECV_ADD, SEND, ring_schedule
 from polyrhythm.sim.network import Network
 from polyrhythm.sim.result import SimResult, WorkerLog
@@ -22,17 +24,7 @@ Round = tuple[list[tuple[int, int, int]], dict[int, int]]
 
 
 def rounds_of(algorithm: str, n: int, numel: int) -> list[Round]:
-    """Every member's schedule, round by round. The ring is the same for every member up
-    to a rotation, so its rounds are built from member 0's (sizes differ by one value at
-    most), not from N schedules of 2(N-1) rounds each."""
-    if algorithm == "ring":
-        built = []
-        for ops in ring_schedule(n, 0, numel):
-            send = next(op for op in ops if op.op == SEND)
-            adds = sum(op.numel for op in ops if op.op == RECV_ADD)
-            built.append(([(i, (i + 1) % n, send.numel * BYTES) for i in range(n)],
-                          dict.fromkeys(range(n), adds) if adds else {}))
-        return built
+    """Every member's schedule, round by round (the ring: see ring_rounds)."""
     schedules = [ALGORITHMS[algorithm](n, i, numel) for i in range(n)]
     built = []
     for r in range(max((len(s) for s in schedules), default=0)):
@@ -47,6 +39,17 @@ def rounds_of(algorithm: str, n: int, numel: int) -> list[Round]:
     return built
 
 
+def ring_rounds(n: int, numel: int) -> list[tuple[int, int]]:
+    """The ring's rounds as (bytes each member sends to the next, values it adds). The ring
+    is the same for every member up to a rotation, so they come from member 0's schedule
+    (sizes differ by one value at most), not from N schedules of 2(N-1) rounds each."""
+    built = []
+    for ops in ring_schedule(n, 0, numel):
+        send = next(op for op in ops if op.op == SEND)
+        built.append((send.numel * BYTES, sum(op.numel for op in ops if op.op == RECV_ADD)))
+    return built
+
+
 def simulate_collective(setup: Setup, name: str, algorithm: str, every: int = 1,
                         phase: tuple[int, int] | None = None,
                         net: Network | None = None, start: list[float] | None = None,
@@ -55,13 +58,17 @@ def simulate_collective(setup: Setup, name: str, algorithm: str, every: int = 1,
     every `every` steps), steps [a, b) of `phase` (default: all), from each worker's time
     `start` on `net` (Strategy-Switch runs a collective phase, then a PS one)."""
     n = setup.workers
-    net = net or Network(setup.rates, setup.latency)
+    net = net or setup.network()
     logs = logs or [WorkerLog(setup.warmup) for _ in range(n)]
     first, last = phase or (0, setup.iterations)
-    rounds = rounds_of("ring" if algorithm == "native" else algorithm, n,
-                       setup.costs.parameters)
-    per_value = setup.costs.reduce_s / max(1, setup.costs.parameters)
+    algorithm = "ring" if algorithm == "native" else algorithm
     hosts = [setup.worker_host(i) for i in range(n)]
+    per_value = setup.costs.reduce_s / max(1, setup.costs.parameters)
+    if algorithm == "ring":
+        rounds = ring_rounds(n, setup.costs.parameters)
+        reduce = _ring_apart if len(set(hosts)) == n else _ring
+    else:
+        rounds, reduce = rounds_of(algorithm, n, setup.costs.parameters), _all_reduce
     t = list(start or [0.0] * n)
     for step in range(first, last):
         ready = []
@@ -71,7 +78,7 @@ def simulate_collective(setup: Setup, name: str, algorithm: str, every: int = 1,
             logs[i].begin_step(t[i], setup.batch[i])
             ready.append(t[i] + seconds)
         if (step + 1) % every == 0 and n > 1:
-            done = _all_reduce(net, rounds, ready, hosts, per_value, setup.costs.message_s)
+            done = reduce(net, rounds, ready, hosts, per_value, setup.costs.message_s)
             for i in range(n):
                 logs[i].wait_s += done[i] - ready[i]
             ready = done
@@ -96,3 +103,39 @@ def _all_reduce(net: Network, rounds: list[Round], ready: list[float], hosts: li
             finished[i] += numel * per_value
         ready = finished
     return ready
+
+
+def _ring(net: Network, rounds: list[tuple[int, int]], ready: list[float], hosts: list[int],
+          per_value: float, message_s: float) -> list[float]:
+    """The ring, member i sending to i + 1 in every round."""
+    n = len(ready)
+    return _all_reduce(net, [([(i, (i + 1) % n, size) for i in range(n)],
+                              dict.fromkeys(range(n), adds) if adds else {})
+                             for size, adds in rounds], ready, hosts, per_value, message_s)
+
+
+def _ring_apart(net: Network, rounds: list[tuple[int, int]], ready: list[float],
+                hosts: list[int], per_value: float, message_s: float) -> list[float]:
+    """The ring with every member on a host of its own, a round at a time for all members
+    at once (numpy): each link carries one message a round, so no two messages of a round
+    meet, and the members need not go one by one (1,024 members: 2,046 rounds a step)."""
+    h = np.array(hosts)
+    to = np.roll(h, -1)  # member i's next member's host
+    per_byte = np.array(net.seconds_per_byte)
+    out_free, in_free = np.array(net.out_free), np.array(net.in_free)
+    ready_now = np.array(ready)
+    sent = 0
+    for size, adds in rounds:
+        start = np.maximum(ready_now + message_s, out_free[h])
+        left = start + size * per_byte[h]
+        out_free[h] = left
+        taken = np.maximum(left, np.maximum(start, in_free[to]) + size * per_byte[to])
+        in_free[to] = taken
+        arrives = taken + net.latencies(len(hosts))
+        ready_now = np.maximum(left, np.roll(arrives, 1)) + adds * per_value
+        sent += size
+    net.out_free[:], net.in_free[:] = out_free.tolist(), in_free.tolist()
+    for a, b in zip(hosts, to.tolist(), strict=True):
+        net.sent[a] += sent
+        net.received[b] += sent
+    return ready_now.tolist()

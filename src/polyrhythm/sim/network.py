@@ -21,11 +21,14 @@ from collections.abc import Callable
 class Network:
     """Per-host link state and traffic counters."""
 
-    def __init__(self, rates: list[float], latency: Callable[[], float]) -> None:
+    def __init__(self, rates: list[float], latency: Callable[[], float],
+                 fixed_latency: float | None = None) -> None:
         """`rates`: bytes/s of each host's link each way (inf: unlimited); `latency`: draws
-        one message's extra one-way latency in seconds."""
+        one message's extra one-way latency in seconds (`fixed_latency`: it is always
+        that)."""
         self.seconds_per_byte = [0.0 if math.isinf(r) else 1.0 / r for r in rates]
         self.latency = latency
+        self.fixed_latency = fixed_latency
         self.out_free = [0.0] * len(rates)  # when each host's outgoing side is next free
         self.in_free = [0.0] * len(rates)
         self.sent = [0] * len(rates)  # bytes, per host
@@ -58,6 +61,14 @@ class Network:
         free = self.out_free[a]
         start = t if t > free else free
         per_byte = self.seconds_per_byte[a]
+        # Fair sharing from one start: a message is done once the link has carried, of
+        # every message, as much as of it (the smaller ones whole): in size order, the
+        # bytes before it plus its size for each message still going.
+        remote = sorted(n for b, n in messages if b != a)
+        carried, before = {}, 0
+        for i, n in enumerate(remote):
+            carried.setdefault(n, before + n * (len(remote) - i))
+            before += n
         arrivals = []
         for b, nbytes in messages:
             if a == b:
@@ -65,12 +76,17 @@ class Network:
                 continue
             self.sent[a] += nbytes
             self.received[b] += nbytes
-            # Fair sharing from one start: done once every message carried min(its, this).
-            left = start + per_byte * sum(min(n, nbytes) for h, n in messages if h != a)
+            left = start + per_byte * carried[nbytes]
             free = self.in_free[b]
             taken = (start if start > free else free) + nbytes * self.seconds_per_byte[b]
             taken = left if left > taken else taken
             self.in_free[b] = taken
             arrivals.append(taken + self.latency())
-        self.out_free[a] = start + per_byte * sum(n for h, n in messages if h != a)
+        self.out_free[a] = start + per_byte * before
         return arrivals
+
+    def latencies(self, count: int):
+        """`count` messages' latencies at once (a number, if every one is the same)."""
+        if self.fixed_latency is not None:
+            return self.fixed_latency
+        return [self.latency() for _ in range(count)]

@@ -45,7 +45,7 @@ class _ParameterServers:
                  logs: list[WorkerLog] | None, done: int) -> None:
         self.setup = setup
         n, buckets = setup.workers, setup.buckets
-        self.net = net or Network(setup.rates, setup.latency)
+        self.net = net or setup.network()
         self.policies = [make_policy() for _ in buckets]
         self.rounds = setup.iterations if self.policies[0].fixed_rounds else None
         total = sum(size for _, size in buckets)

@@ -6,7 +6,6 @@ import math
 
 from polyrhythm.errors import ConfigError
 from polyrhythm.sim.collective import simulate_collective
-from polyrhythm.sim.network import Network
 from polyrhythm.sim.ps import simulate_ps
 from polyrhythm.sim.result import SimResult
 from polyrhythm.sim.setup import BYTES, Costs, setup
@@ -46,7 +45,7 @@ def _switch(s, settings) -> SimResult:
     switch_at = math.floor(settings.at * s.iterations)
     first = STRATEGIES[settings["from"].name]
     then = STRATEGIES[settings.to.name]
-    net = Network(s.rates, s.latency)
+    net = s.network()
     before = simulate_collective(s, "switch", first.worker_args.get("algorithm", "native"),
                                  phase=(0, switch_at), net=net)
     start = [log.end for log in before.logs]

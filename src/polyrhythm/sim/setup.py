@@ -13,6 +13,7 @@ from polyrhythm.data.sharding import worker_batch_sizes
 from polyrhythm.layout import BucketLayout
 from polyrhythm.metrics.records import measured_compute
 from polyrhythm.models import MODELS
+from polyrhythm.sim.network import Network
 from polyrhythm.units import Delay, duration, rate
 
 BYTES = 4  # float32
@@ -56,6 +57,11 @@ class Setup:
     costs: Costs
     iterations: int  # steps per worker (global batches where the servers count rounds)
     warmup: int = 0  # first steps of each worker left out of throughput, as in a run
+    fixed_latency: float | None = None  # the latency, when it has no jitter
+
+    def network(self) -> Network:
+        """The links, idle."""
+        return Network(self.rates, self.latency, self.fixed_latency)
 
     def worker_host(self, w: int) -> int:
         return self.host[self.servers + w]
@@ -72,8 +78,9 @@ def setup(config, costs: Costs, iterations: int) -> Setup:
             host[r] = h
     rates = [math.inf if b is None else rate(b, "bandwidth") / 8
              for b in per_host(cluster.bandwidth, len(layout))]
-    latency = Delay(duration(cluster.latency, "latency"),
-                    duration(cluster.latency_jitter, "latency_jitter")).sampler(config.seed)
+    mean = duration(cluster.latency, "latency")
+    jitter = duration(cluster.latency_jitter, "latency_jitter")
+    latency = Delay(mean, jitter).sampler(config.seed)
     slower = _cpu_slowdown(cluster.cpu, len(layout))
     compute = [_compute(config, costs, w, slower[host[servers + w]]) for w in range(workers)]
     sizes = worker_batch_sizes(config.batch_size, workers)
@@ -81,7 +88,7 @@ def setup(config, costs: Costs, iterations: int) -> Setup:
                for s, a, b in BucketLayout(costs.parameters, max(1, servers),
                                            config.bucket_kb).buckets] if servers else []
     return Setup(workers, servers, host, rates, latency, compute, sizes, buckets, costs,
-                 iterations, config.warmup_steps)
+                 iterations, config.warmup_steps, None if jitter else mean)
 
 
 def _cpu_slowdown(cpu: list, hosts: int) -> list[float]:
