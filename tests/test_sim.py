@@ -3,6 +3,7 @@ emulated cluster's measurements."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import subprocess
@@ -192,6 +193,7 @@ def test_the_advisor_reads_what_staleness_cost_from_the_stores_real_runs(tmp_pat
 @pytest.mark.parametrize("args", [
     ["--hosts", "1"],
     ["--hosts", "4", "--cpu", "a,b"],
+    ["--hosts", "4", "--cpu", "1,0", "--compute-time", "1s"],  # a host with no CPU
     ["--hosts", "4", "--cpu", "1,1", "--compute-time", "1s"],  # 2 shares for 4 hosts
     ["--hosts", "4", "--model", "nope", "--compute-time", "1s"],
     ["--hosts", "4", "--bandwidth", "fast", "--compute-time", "1s"],
@@ -213,7 +215,7 @@ def test_the_ring_a_round_at_a_time_moves_what_member_by_member_moves(monkeypatc
                      compute_jitter="5ms", latency="2ms", slowdown=[1, 1, 1, 2])
     costs = Costs(1_000_000, update_s=0.001, reduce_s=0.002, message_s=0.0005)
     fast = simulate(config, costs, 20)
-    monkeypatch.setattr(collective, "_ring_apart", collective._ring)
+    monkeypatch.setattr(collective, "plan", functools.partial(collective.plan, apart=False))
     slow = simulate(config, costs, 20)
     assert [log.end for log in fast.logs] == [log.end for log in slow.logs]
     assert fast.sent == slow.sent and fast.received == slow.received

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 
 from polyrhythm.errors import ConfigError
 from polyrhythm.units import duration
@@ -45,34 +46,29 @@ def add_parser(commands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from polyrhythm.models import MODELS
     from polyrhythm.sim import Costs
     from polyrhythm.sim.advise import VALIDATED_ERROR, advise, recommend
-    from polyrhythm.sim.setup import UPDATE_S_PER_PARAMETER
 
     if args.hosts < 2:
         raise ConfigError(f"--hosts must be at least 2, got {args.hosts}")
     if args.epoch_samples < 1:
         raise ConfigError(f"--epoch-samples must be at least 1, got {args.epoch_samples}")
-    parameters = (int(args.model_mb * 1e6 / 4) if args.model_mb
-                  else MODELS.lookup(args.model).parameters)
-    if not parameters or parameters < 1:
-        raise ConfigError("give --model-mb (a positive size), or a --model that declares "
-                          "its size")
+    costs = Costs.estimated(args.model, args.model_mb)
+    parameters = costs.parameters
     error = VALIDATED_ERROR
     base = {"worker_batch_size": args.worker_batch_size, "compute": "emulated",
             "bandwidth": args.bandwidth.split(","), "latency": args.latency,
             "model": args.model, "out": args.out}
     if args.cpu:
-        base["cpu"] = [float(c) for c in args.cpu.split(",")] if _numbers(args.cpu) else None
-    costs = Costs(parameters, parameters * UPDATE_S_PER_PARAMETER)
+        base["cpu"] = _shares(args.cpu)
     if args.calibrate:
         from polyrhythm.sim.calibrate import calibrate
         from polyrhythm.sim.study import predict_runs
 
         cal = calibrate(args.out, args.calibrate)
-        costs = Costs(parameters, cal.costs.update_s * parameters / cal.costs.parameters,
-                      0.0, cal.costs.compute)
+        # The run's costs, its update time scaled to this model's size.
+        costs = replace(cal.costs, parameters=parameters,
+                        update_s=cal.costs.update_s * parameters / cal.costs.parameters)
         error = max(VALIDATED_ERROR / 2, abs(predict_runs([cal])[0].error or 0.0))
         base["compute_time"] = "1s"  # replaced by the run's measured times
     else:
@@ -92,12 +88,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _numbers(text: str) -> bool:
+def _shares(text: str) -> list[float]:
+    """--cpu's shares: positive numbers, comma-separated."""
     try:
-        return all(float(c) > 0 for c in text.split(","))
+        shares = [float(c) for c in text.split(",")]
     except ValueError:
-        raise ConfigError(f"--cpu takes positive numbers, comma-separated, got {text!r}"
-                          ) from None
+        shares = []
+    if not shares or min(shares) <= 0:
+        raise ConfigError(f"--cpu takes positive numbers, comma-separated, got {text!r}")
+    return shares
 
 
 def format_ranking(ranked, epoch_samples: int) -> str:

@@ -114,22 +114,10 @@ def _listed(text: str | None, kind: type) -> list:
 
 def _costs(args, config):
     from polyrhythm.sim import Costs
-    from polyrhythm.sim.setup import UPDATE_S_PER_PARAMETER
 
-    if args.model_mb is not None:
-        if not args.model_mb > 0:
-            raise ConfigError(f"--model-mb must be positive, got {args.model_mb}")
-        parameters = int(args.model_mb * 1e6 / 4)
-    else:
-        from polyrhythm.models import MODELS
-
-        parameters = MODELS.lookup(config.model.name).parameters
-        if parameters is None:
-            raise ConfigError(f"model {config.model.name!r} declares no size: give "
-                              "--model-mb")
-    update = (duration(args.update_time, "--update-time") if args.update_time
-              else parameters * UPDATE_S_PER_PARAMETER)
-    return Costs(parameters, update, duration(args.reduce_time, "--reduce-time"))
+    update = duration(args.update_time, "--update-time") if args.update_time else None
+    return Costs.estimated(config.model.name, args.model_mb, update,
+                           duration(args.reduce_time, "--reduce-time"))
 
 
 def _row(p) -> dict:

@@ -16,12 +16,15 @@ real cluster and the emulated cluster all follow it.
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Callable
 from typing import Any
 
 from polyrhythm.errors import ConfigError
+from polyrhythm.metrics.records import measured_compute
 from polyrhythm.settings import Param, Rule, Settings, at_least, each, one_of
-from polyrhythm.units import DISTRIBUTIONS, is_duration, is_rate
+from polyrhythm.units import DISTRIBUTIONS, Delay, duration, is_duration, is_rate
 
 
 def _duration_rule() -> Rule:
@@ -204,3 +207,18 @@ def host_ranks(cluster: Settings, servers: int, workers: int) -> list[list[int]]
     if own:
         return [[s] for s in range(servers)] + chunks
     return [[s for s in range(servers) if s % hosts == j] + chunks[j] for j in range(hosts)]
+
+
+def compute_times(config, worker: int) -> Callable[[], float] | None:
+    """Worker `worker`'s source of compute seconds per step, or None for real compute: drawn
+    from compute_time (its jitter and distribution, seeded by the run's seed and the worker),
+    or replayed from a stored run (worker i replays its worker i mod N, looping). The
+    runtime's emulated compute and the simulator draw from it alike."""
+    if config.compute != "emulated":
+        return None
+    if config.compute_from is not None:
+        measured = measured_compute(config.out, config.compute_from)
+        return itertools.cycle(measured[worker % len(measured)]).__next__
+    delay = Delay(duration(config.compute_time), duration(config.compute_jitter),
+                  config.compute_distribution)
+    return delay.sampler(config.seed * 100_003 + worker)

@@ -9,30 +9,11 @@ bucketed pushes) fire as in a real step; it costs a pass over the parameters, no
 
 from __future__ import annotations
 
-import itertools
 import math
 import time
-from collections.abc import Callable
 
 import torch
 from torch import nn
-
-from polyrhythm.metrics.records import measured_compute
-from polyrhythm.units import Delay, duration
-
-
-def compute_times(config, worker: int) -> Callable[[], float] | None:
-    """Worker `worker`'s source of compute seconds per step, or None for real compute: drawn
-    from compute_time (its jitter and distribution, seeded by the run's seed and the worker),
-    or replayed from a stored run (worker i replays its worker i mod N, looping)."""
-    if config.compute != "emulated":
-        return None
-    if config.compute_from is not None:
-        measured = measured_compute(config.out, config.compute_from)
-        return itertools.cycle(measured[worker % len(measured)]).__next__
-    delay = Delay(duration(config.compute_time), duration(config.compute_jitter),
-                  config.compute_distribution)
-    return delay.sampler(config.seed * 100_003 + worker)
 
 
 def emulated_step(model: nn.Module, seconds: float) -> float:

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from polyrhythm.comm.transport import WORKERS
+from polyrhythm.config.emulation import compute_times
 from polyrhythm.config.servers import CONTINUE
 from polyrhythm.context import RankContext
 from polyrhythm.data.sharding import DataPosition, batch_slice, epoch_order, worker_batch_sizes
@@ -22,7 +23,7 @@ from polyrhythm.flat import FlatParameters, RunningStatistics
 from polyrhythm.metrics.recorder import SPAN_NAMES
 from polyrhythm.models.build import build_model
 from polyrhythm.runtime import checkpoint
-from polyrhythm.runtime.compute import compute_times, emulated_step
+from polyrhythm.runtime.compute import emulated_step
 from polyrhythm.runtime.validation import evaluate, validation_sums
 from polyrhythm.strategies import STRATEGIES
 from polyrhythm.strategies.base import EpochEnd

@@ -50,6 +50,20 @@ def ring_rounds(n: int, numel: int) -> list[tuple[int, int]]:
     return built
 
 
+def plan(algorithm: str, hosts: list[int], numel: int, apart: bool = True) -> tuple:
+    """An all-reduce's rounds, made once for the run, and the function that runs them. A
+    ring whose members each have a host of their own runs a round at a time for all of
+    them (_ring_apart; `apart=False`: member by member, as any other schedule)."""
+    n = len(hosts)
+    if algorithm != "ring":
+        return rounds_of(algorithm, n, numel), _all_reduce
+    rounds = ring_rounds(n, numel)
+    if apart and len(set(hosts)) == n:
+        return rounds, _ring_apart
+    return [([(i, (i + 1) % n, size) for i in range(n)],
+             dict.fromkeys(range(n), adds) if adds else {}) for size, adds in rounds], _all_reduce
+
+
 def simulate_collective(setup: Setup, name: str, algorithm: str, every: int = 1,
                         phase: tuple[int, int] | None = None,
                         net: Network | None = None, start: list[float] | None = None,
@@ -64,11 +78,7 @@ def simulate_collective(setup: Setup, name: str, algorithm: str, every: int = 1,
     algorithm = "ring" if algorithm == "native" else algorithm
     hosts = [setup.worker_host(i) for i in range(n)]
     per_value = setup.costs.reduce_s / max(1, setup.costs.parameters)
-    if algorithm == "ring":
-        rounds = ring_rounds(n, setup.costs.parameters)
-        reduce = _ring_apart if len(set(hosts)) == n else _ring
-    else:
-        rounds, reduce = rounds_of(algorithm, n, setup.costs.parameters), _all_reduce
+    rounds, reduce = plan(algorithm, hosts, setup.costs.parameters)
     t = list(start or [0.0] * n)
     for step in range(first, last):
         ready = []
@@ -103,15 +113,6 @@ def _all_reduce(net: Network, rounds: list[Round], ready: list[float], hosts: li
             finished[i] += numel * per_value
         ready = finished
     return ready
-
-
-def _ring(net: Network, rounds: list[tuple[int, int]], ready: list[float], hosts: list[int],
-          per_value: float, message_s: float) -> list[float]:
-    """The ring, member i sending to i + 1 in every round."""
-    n = len(ready)
-    return _all_reduce(net, [([(i, (i + 1) % n, size) for i in range(n)],
-                              dict.fromkeys(range(n), adds) if adds else {})
-                             for size, adds in rounds], ready, hosts, per_value, message_s)
 
 
 def _ring_apart(net: Network, rounds: list[tuple[int, int]], ready: list[float],

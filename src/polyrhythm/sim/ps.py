@@ -114,15 +114,11 @@ class _ParameterServers:
         if pushing and count > 1:
             for k in range(count - 1):
                 self._at(t + seconds * (1 + 2 * (k + 1) / count) / 3, READY, w, k, flags)
-        heapq.heappush(self.events, (end, self._order(), COMPUTED, w, 0, flags))
+        self._at(end, COMPUTED, w, 0, flags)
 
     def _computed(self, t: float, w: int, flags: int) -> None:
         if flags & GRADIENT:  # the last bucket (the others went through backward)
-            k = self.count - 1
-            arrives = self.net.send(t + self.message_s, self.worker_host[w],
-                                    self.server_host[self.bucket_server[k]],
-                                    self.bucket_size[k])
-            heapq.heappush(self.events, (arrives, self._order(), MESSAGE, w, k, flags))
+            self._push(t, w, self.count - 1, flags)
         elif flags & REPLY:  # a fetch without a push
             for k in range(self.count):
                 self._push(t, w, k, flags)
@@ -130,16 +126,15 @@ class _ParameterServers:
             self._begin(max(t, self.net.out_free[self.worker_host[w]]), w)
 
     def _push(self, t: float, w: int, k: int, flags: int) -> None:
-        server, size = self.setup.buckets[k]
-        arrives = self.net.send(t + self.message_s, self.worker_host[w], self.server_host[server],
-                                size if flags & GRADIENT else HEADER)
+        arrives = self.net.send(t + self.message_s, self.worker_host[w],
+                                self.server_host[self.bucket_server[k]],
+                                self.bucket_size[k] if flags & GRADIENT else HEADER)
         self._at(arrives, MESSAGE, w, k, flags)
 
     def _leave(self, t: float, w: int) -> None:
         """The worker is done: it tells every bucket's server (the real worker's DONE)."""
-        s = self.setup
         self.logs[w].end = t
-        for k, (server, _) in enumerate(s.buckets):
+        for k, server in enumerate(self.bucket_server):
             arrives = self.net.send(t, self.worker_host[w], self.server_host[server], HEADER)
             self._at(arrives, MESSAGE, w, k, DONE)
 

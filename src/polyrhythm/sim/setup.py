@@ -4,14 +4,15 @@ compute time per step, the model's size and its buckets, and the servers' update
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from polyrhythm.config.emulation import host_ranks, per_host
+from polyrhythm.config.emulation import compute_times, host_ranks, per_host
 from polyrhythm.data.sharding import worker_batch_sizes
+from polyrhythm.errors import ConfigError
 from polyrhythm.layout import BucketLayout
-from polyrhythm.metrics.records import measured_compute
 from polyrhythm.models import MODELS
 from polyrhythm.sim.network import Network
 from polyrhythm.units import Delay, duration, rate
@@ -40,6 +41,23 @@ class Costs:
     def of_model(cls, name: str, **costs) -> Costs:
         """A registered model's declared size (models/), for 32x32 images and 10 classes."""
         return cls(MODELS.lookup(name).parameters, **costs)
+
+    @classmethod
+    def estimated(cls, model: str, mb: float | None = None, update_s: float | None = None,
+                  reduce_s: float = 0.0) -> Costs:
+        """Costs no run calibrates: a model of `mb` MB (float32), or registered model
+        `model` by its declared size; the update time given, else estimated from the size
+        (UPDATE_S_PER_PARAMETER). One-line ConfigErrors for a size that cannot be known."""
+        if mb is not None:
+            if not mb > 0:
+                raise ConfigError(f"--model-mb must be positive, got {mb}")
+            parameters = int(mb * 1e6 / BYTES)
+        else:
+            parameters = MODELS.lookup(model).parameters
+            if parameters is None:
+                raise ConfigError(f"model {model!r} declares no size: give --model-mb")
+        update = parameters * UPDATE_S_PER_PARAMETER if update_s is None else update_s
+        return cls(parameters, update, reduce_s)
 
 
 @dataclass
@@ -99,22 +117,15 @@ def _cpu_slowdown(cpu: list, hosts: int) -> list[float]:
 
 
 def _compute(config, costs: Costs, worker: int, host_factor: float) -> Callable[[], float]:
-    """Worker `worker`'s seconds per step: replayed from measurements (worker i mod the
-    measured ones, looping), or drawn as the config's emulated compute does, stretched by
-    its slowdown and its host's CPU share."""
+    """Worker `worker`'s seconds per step: the calibrating run's measurements replayed
+    (worker i replays its worker i mod N, looping), or what the config's emulated compute
+    would draw, stretched by its slowdown and its host's CPU share."""
     factor = host_factor * (config.slowdown[worker] if worker < len(config.slowdown) else 1.0)
-    measured = costs.compute
-    if measured is None and config.compute_from is not None:
-        measured = measured_compute(config.out, config.compute_from)
-    if measured:
-        times = measured[worker % len(measured)]
-        position = [0]
-
-        def replay() -> float:
-            position[0] = (position[0] + 1) % len(times)
-            return times[position[0]] * factor
-        return replay
-    draw = Delay(duration(config.compute_time, "compute_time"),
-                 duration(config.compute_jitter, "compute_jitter"),
-                 config.compute_distribution).sampler(config.seed * 100_003 + worker)
+    if costs.compute:
+        draw = itertools.cycle(costs.compute[worker % len(costs.compute)]).__next__
+    else:
+        draw = compute_times(config, worker)
+    if draw is None:
+        raise ConfigError("the simulator needs each step's compute time: emulated compute "
+                          "(--compute-time) or a run to calibrate on (--calibrate)")
     return (lambda: draw() * factor) if factor != 1.0 else draw
