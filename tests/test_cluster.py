@@ -62,6 +62,11 @@ def test_a_standing_cluster_is_shaped_listed_used_and_removed(tmp_path, before):
         assert len(new["links"]) == 3  # the bridge and the bridge's end of each link
         rates = sorted(line.split(" rate ")[1].split()[0] for line in new["qdiscs"])
         assert rates == ["100Mbit", "1Gbit"]  # the bridge's ends; the hosts' are inside
+        for namespace in new["namespaces"]:  # Reno, not this machine's default (BBR here)
+            assert subprocess.run(
+                ["ip", "netns", "exec", namespace, "sysctl", "-n",
+                 "net.ipv4.tcp_congestion_control"], capture_output=True, text=True,
+                check=True).stdout.strip() == "reno"
         quota = (cluster.host_group(0).path / "cpu.cfs_quota_us")
         if quota.exists():
             assert quota.read_text().strip() == "50000"
@@ -69,6 +74,7 @@ def test_a_standing_cluster_is_shaped_listed_used_and_removed(tmp_path, before):
             tmp_path, strategy="asp", workers=1, epochs=1, hosts=2,
             bandwidth=["100mbit", "1gbit"], cpu=[0.5]))
         assert summary["status"] == "completed" and summary["cluster"]["name"] == "testup"
+        assert summary["cluster"]["tcp"] == "reno"
         assert leftovers() == made  # the run removed its own groups, not the cluster's
     finally:
         cluster.down()
@@ -154,7 +160,7 @@ def test_a_failing_host_fails_the_run_with_its_reason_and_leaves_nothing(tmp_pat
 
 @pytest.mark.parametrize(("patch", "message"), [
     (("os.geteuid", lambda: 1000), "needs root"),
-    (("shutil.which", lambda tool: None), "needs ip and tc"),
+    (("shutil.which", lambda tool: None), "needs ip, tc, sysctl"),
 ])
 def test_without_root_or_tools_a_cluster_run_is_one_clear_line_and_no_record(
         tmp_path, monkeypatch, patch, message):

@@ -2,7 +2,8 @@
 simulator predicts that run (and its variations) from its own pieces.
 
 From the store (metrics/store.py): the run's config (its cluster's links and latency), the
-model's size, each worker's compute seconds per step after the warm-up, and the servers'
+model's size, each worker's compute seconds per step after the warm-up (divided by the
+run's own slowdown and CPU factor, which the simulation puts back), and the servers'
 update seconds per weight update (a collective run's: each worker's optimizer step). The
 reduce cost R_w is not measured apart: the servers' update spans leave the adding of pushes
 out, which is small next to the links the simulator is for.
@@ -17,7 +18,7 @@ from pathlib import Path
 from polyrhythm.config import RunConfig, make_config
 from polyrhythm.metrics.records import completed_run, config_fields, measured_compute
 from polyrhythm.metrics.store import RunStore
-from polyrhythm.sim.setup import Costs
+from polyrhythm.sim.setup import Costs, compute_stretch
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,11 @@ def calibrate(out: str | Path, run_id: str) -> Calibration:
     summary = json.loads(row["summary"])
     config = make_config({**config_fields(row["config"]), "out": str(out)})
     warmup = summary["warmup_steps"]
-    compute = [times[warmup:] or times for times in measured_compute(out, run_id)]
+    # Stored unstretched: the simulation stretches them again by the simulated config's
+    # slowdowns and CPU shares, which for this run's own config gives them back as measured.
+    stretch = compute_stretch(config)
+    compute = [[t / stretch[w] for t in times[warmup:] or times]
+               for w, times in enumerate(measured_compute(out, run_id))]
     workers = summary["per_worker"]
     steps = max(w["steps"] for w in workers)
     if summary["servers"]:

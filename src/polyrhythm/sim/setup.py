@@ -99,8 +99,8 @@ def setup(config, costs: Costs, iterations: int) -> Setup:
     mean = duration(cluster.latency, "latency")
     jitter = duration(cluster.latency_jitter, "latency_jitter")
     latency = Delay(mean, jitter).sampler(config.seed)
-    slower = _cpu_slowdown(cluster.cpu, len(layout))
-    compute = [_compute(config, costs, w, slower[host[servers + w]]) for w in range(workers)]
+    compute = [_compute(config, costs, w, factor)
+               for w, factor in enumerate(compute_stretch(config))]
     sizes = worker_batch_sizes(config.batch_size, workers)
     buckets = [(s, (b - a) * BYTES + HEADER)
                for s, a, b in BucketLayout(costs.parameters, max(1, servers),
@@ -109,18 +109,26 @@ def setup(config, costs: Costs, iterations: int) -> Setup:
                  iterations, config.warmup_steps, None if jitter else mean)
 
 
-def _cpu_slowdown(cpu: list, hosts: int) -> list[float]:
-    """Each host's compute slowdown from its CPU share: the fullest host's share over its."""
-    shares = [None if c is None else float(c) for c in per_host(cpu, hosts)]
+def compute_stretch(config) -> list[float]:
+    """Each worker's compute time factor: its slowdown times its host's CPU factor (the
+    fullest host's share over its own)."""
+    layout = host_ranks(config.cluster, config.servers, config.workers)
+    shares = [None if c is None else float(c) for c in per_host(config.cluster.cpu, len(layout))]
     full = max((s for s in shares if s is not None), default=None)
-    return [1.0 if s is None or full is None else full / s for s in shares]
+    host = {r: h for h, ranks in enumerate(layout) for r in ranks}
+    factors = []
+    for w in range(config.workers):
+        share = shares[host[config.servers + w]]
+        slowdown = config.slowdown[w] if w < len(config.slowdown) else 1.0
+        factors.append(slowdown * (1.0 if share is None or full is None else full / share))
+    return factors
 
 
-def _compute(config, costs: Costs, worker: int, host_factor: float) -> Callable[[], float]:
+def _compute(config, costs: Costs, worker: int, factor: float) -> Callable[[], float]:
     """Worker `worker`'s seconds per step: the calibrating run's measurements replayed
-    (worker i replays its worker i mod N, looping), or what the config's emulated compute
-    would draw, stretched by its slowdown and its host's CPU share."""
-    factor = host_factor * (config.slowdown[worker] if worker < len(config.slowdown) else 1.0)
+    (worker i replays its worker i mod N, looping; calibrate.py stored them unstretched),
+    or what the config's emulated compute would draw, stretched by `factor`
+    (compute_stretch)."""
     if costs.compute:
         draw = itertools.cycle(costs.compute[worker % len(costs.compute)]).__next__
     else:
