@@ -33,7 +33,6 @@ from polyrhythm.launch.local import (
     recorded_failure,
     signal_handlers,
 )
-from polyrhythm.launch.netns import CONGESTION_CONTROL
 from polyrhythm.metrics.records import RunRecord, amend_run, read_summary
 
 PORT = 29500
@@ -69,7 +68,7 @@ def launch_emulated(config, record: RunRecord, show_progress: bool = False) -> d
                                               "placement": config.cluster.placement,
                                               "layout": layout,
                                               "bandwidth": list(shape.bandwidth),
-                                              "tcp": CONGESTION_CONTROL,
+                                              "tcp": cluster.network.congestion_control(),
                                               **fidelity}})
     except BaseException as exc:
         raise recorded_failure(record, exc, config) from None

@@ -108,6 +108,16 @@ class Network:
             run("ip", "link", "delete", link.peer, ok_if="Cannot find device")
         run("ip", "link", "delete", self.bridge, ok_if="Cannot find device")
 
+    def congestion_control(self) -> str | None:
+        """The TCP congestion control the hosts run, as host 0's namespace says (a standing
+        cluster made by an older polyrhythm may not run CONGESTION_CONTROL); None if it
+        cannot be read, which is no reason to fail a run that has ended."""
+        try:
+            return run("ip", "netns", "exec", self.links[0].namespace, "sysctl", "-n",
+                       "net.ipv4.tcp_congestion_control").strip()
+        except ClusterError:
+            return None
+
     def exists(self) -> bool:
         return bool(run("ip", "link", "show", self.bridge, ok_if="does not exist"))
 
