@@ -133,7 +133,7 @@ class RunConfig:
     sections are `Settings` (`config.strategy.name`, `config.strategy.tau`,
     `config.optimizer.lr`). Invalid values are one-line ConfigErrors."""
 
-    def __init__(self, **values: Any) -> None:
+    def __init__(self, /, **values: Any) -> None:
         given = sectioned(values)
         given["strategy"] = into_halves(given["strategy"], STRATEGIES,
                                         COMPONENTS["strategy"].default)
@@ -389,7 +389,7 @@ def load_toml(path: str | os.PathLike) -> dict[str, Any]:
         raise ConfigError(f"invalid TOML in {str(p)!r}: nested too deeply") from None
 
 
-def load_config(path: str | os.PathLike | None = None, **overrides: Any) -> RunConfig:
+def load_config(path: str | os.PathLike | None = None, /, **overrides: Any) -> RunConfig:
     """Config from an optional TOML file, with keyword overrides taking precedence."""
     values = load_toml(path) if path is not None else {}
     return RunConfig(**layered(values, {k: v for k, v in overrides.items() if v is not None}))
