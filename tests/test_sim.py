@@ -232,3 +232,16 @@ def test_a_calibration_replays_a_slowed_workers_compute_once(tmp_path):
     plain = load_config(**{**cal.config.to_dict(), "slowdown": []})
     even = simulate(plain, cal.costs, cal.iterations).logs
     assert even[1].compute_s == pytest.approx(even[0].compute_s, rel=0.25)
+
+
+def test_calibrating_a_run_without_per_step_times_is_one_line_naming_the_flag(tmp_path):
+    import polyrhythm
+
+    summary = polyrhythm.train({"strategy": "bsp", "workers": 2, "epochs": 1,
+                                "steps_per_epoch": 3, "dataset": "digits",
+                                "instrumentation": False, "out": str(tmp_path)})
+    run = subprocess.run([sys.executable, "-m", "polyrhythm.cli", "simulate", "--out",
+                          str(tmp_path), "--calibrate", summary["run_id"]],
+                         capture_output=True, text=True)
+    assert run.returncode == 2 and run.stderr.count("\n") == 1
+    assert "--calibrate: run" in run.stderr and "instrumentation off" in run.stderr

@@ -217,8 +217,13 @@ def compute_times(config, worker: int) -> Callable[[], float] | None:
     if config.compute != "emulated":
         return None
     if config.compute_from is not None:
-        measured = measured_compute(config.out, config.compute_from)
-        return itertools.cycle(measured[worker % len(measured)]).__next__
+        return replay(measured_compute(config.out, config.compute_from), worker)
     delay = Delay(duration(config.compute_time), duration(config.compute_jitter),
                   config.compute_distribution)
     return delay.sampler(config.seed * 100_003 + worker)
+
+
+def replay(measured: list[list[float]], worker: int) -> Callable[[], float]:
+    """Worker `worker`'s steps replayed from per-worker measurements: worker i replays
+    measured worker i mod N, looping."""
+    return itertools.cycle(measured[worker % len(measured)]).__next__

@@ -161,11 +161,17 @@ def measured_compute(out: str | Path, run_id: str) -> list[list[float]]:
     """The compute seconds of every step a stored run measured, per worker in step order:
     what emulated compute replays (compute_from)."""
     store, run = completed_run(out, run_id, "compute_from")
+    return compute_series(store.series("iterations", run_id), run, "compute_from")
+
+
+def compute_series(rows: list, run: dict, asker: str) -> list[list[float]]:
+    """Per worker in step order, the compute seconds of a run's iteration rows; a one-line
+    StoreError (starting with `asker`) if the run kept none."""
     times: list[list[float]] = [[] for _ in range(run["workers"])]
-    for row in store.series("iterations", run_id):
+    for row in rows:
         times[row["worker"]].append((row["step"], row["compute_s"]))
     if not all(times):
-        raise StoreError(f"compute_from: run {run_id} recorded no per-step times (it ran "
+        raise StoreError(f"{asker}: run {run['run_id']} recorded no per-step times (it ran "
                          "with instrumentation off)")
     return [[seconds for _, seconds in sorted(steps)] for steps in times]
 

@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from polyrhythm.config import RunConfig, make_config
-from polyrhythm.metrics.records import completed_run, config_fields, measured_compute
-from polyrhythm.metrics.store import RunStore
+from polyrhythm.metrics.records import completed_run, compute_series, config_fields
 from polyrhythm.sim.setup import Costs, compute_stretch
 
 
@@ -53,15 +52,16 @@ def calibrate(out: str | Path, run_id: str) -> Calibration:
     # Stored unstretched: the simulation stretches them again by the simulated config's
     # slowdowns and CPU shares, which for this run's own config gives them back as measured.
     stretch = compute_stretch(config)
+    rows = store.series("iterations", run_id)
     compute = [[t / stretch[w] for t in times[warmup:] or times]
-               for w, times in enumerate(measured_compute(out, run_id))]
+               for w, times in enumerate(compute_series(rows, row, "--calibrate"))]
     workers = summary["per_worker"]
     steps = max(w["steps"] for w in workers)
     if summary["servers"]:
         update_s = sum(summary["update_s_per_server"]) / max(1, summary["weight_updates"])
     else:
         update_s = sum(w["apply_s"] for w in workers) / max(1, sum(w["steps"] for w in workers))
-    message_s = _message_s(store, run_id, warmup) if summary["servers"] else 0.0
+    message_s = _message_s(rows, warmup) if summary["servers"] else 0.0
     measured = {"samples_per_s": summary["samples_per_s"],
                 "idleness": sum(w["idleness"] for w in workers) / len(workers),
                 "staleness_mean": summary["staleness_mean"]}
@@ -69,10 +69,9 @@ def calibrate(out: str | Path, run_id: str) -> Calibration:
                                              message_s), steps, measured)
 
 
-def _message_s(store: RunStore, run_id: str, warmup: int) -> float:
+def _message_s(rows: list, warmup: int) -> float:
     """A message's own cost to its process (LogP's o): half a parameter-server worker's
     time per step to hand its last push over and take the reply in (its push and pull
     spans), the median over the steps after the warm-up."""
-    spans = sorted(row["push_s"] + row["pull_s"] for row in store.series("iterations", run_id)
-                   if row["step"] >= warmup)
+    spans = sorted(row["push_s"] + row["pull_s"] for row in rows if row["step"] >= warmup)
     return spans[len(spans) // 2] / 2 if spans else 0.0

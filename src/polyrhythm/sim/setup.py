@@ -4,12 +4,11 @@ compute time per step, the model's size and its buckets, and the servers' update
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from polyrhythm.config.emulation import compute_times, host_ranks, per_host
+from polyrhythm.config.emulation import compute_times, host_ranks, per_host, replay
 from polyrhythm.data.sharding import worker_batch_sizes
 from polyrhythm.errors import ConfigError
 from polyrhythm.layout import BucketLayout
@@ -89,13 +88,9 @@ def setup(config, costs: Costs, iterations: int) -> Setup:
     """The simulation of `config` with these costs, `iterations` steps per worker."""
     servers, workers = config.servers, config.workers
     cluster = config.cluster
-    layout = host_ranks(cluster, servers, workers)
-    host = [0] * (servers + workers)
-    for h, ranks in enumerate(layout):
-        for r in ranks:
-            host[r] = h
+    hosts, host = _rank_hosts(config)
     rates = [math.inf if b is None else rate(b, "bandwidth") / 8
-             for b in per_host(cluster.bandwidth, len(layout))]
+             for b in per_host(cluster.bandwidth, hosts)]
     mean = duration(cluster.latency, "latency")
     jitter = duration(cluster.latency_jitter, "latency_jitter")
     latency = Delay(mean, jitter).sampler(config.seed)
@@ -112,10 +107,9 @@ def setup(config, costs: Costs, iterations: int) -> Setup:
 def compute_stretch(config) -> list[float]:
     """Each worker's compute time factor: its slowdown times its host's CPU factor (the
     fullest host's share over its own)."""
-    layout = host_ranks(config.cluster, config.servers, config.workers)
-    shares = [None if c is None else float(c) for c in per_host(config.cluster.cpu, len(layout))]
+    hosts, host = _rank_hosts(config)
+    shares = [None if c is None else float(c) for c in per_host(config.cluster.cpu, hosts)]
     full = max((s for s in shares if s is not None), default=None)
-    host = {r: h for h, ranks in enumerate(layout) for r in ranks}
     factors = []
     for w in range(config.workers):
         share = shares[host[config.servers + w]]
@@ -124,15 +118,22 @@ def compute_stretch(config) -> list[float]:
     return factors
 
 
+def _rank_hosts(config) -> tuple[int, list[int]]:
+    """The cluster's host count and each rank's host (ranks: servers first, then workers)."""
+    layout = host_ranks(config.cluster, config.servers, config.workers)
+    host = [0] * (config.servers + config.workers)
+    for h, ranks in enumerate(layout):
+        for r in ranks:
+            host[r] = h
+    return len(layout), host
+
+
 def _compute(config, costs: Costs, worker: int, factor: float) -> Callable[[], float]:
     """Worker `worker`'s seconds per step: the calibrating run's measurements replayed
     (worker i replays its worker i mod N, looping; calibrate.py stored them unstretched),
     or what the config's emulated compute would draw, stretched by `factor`
     (compute_stretch)."""
-    if costs.compute:
-        draw = itertools.cycle(costs.compute[worker % len(costs.compute)]).__next__
-    else:
-        draw = compute_times(config, worker)
+    draw = replay(costs.compute, worker) if costs.compute else compute_times(config, worker)
     if draw is None:
         raise ConfigError("the simulator needs each step's compute time: emulated compute "
                           "(--compute-time) or a run to calibrate on (--calibrate)")
