@@ -2,6 +2,7 @@
 default, every strategy with its source, every data set and model), and it keeps its two
 commands."""
 
+import contextlib
 import re
 from pathlib import Path
 
@@ -54,3 +55,37 @@ def test_readme_documents_every_data_set_and_model():
 def test_readme_opens_with_the_two_set_up_commands():
     first_block = README.split("```sh", 1)[1].split("```", 1)[0]
     assert "make demo" in first_block and "make test" in first_block
+
+
+# A study cited by its file number ("004 ch. 4", "as 004 reports"): users do not have those
+# files. Numbers such as 5,000, 0.004 or 2004 are not matched.
+NUMBERED_CITATION = re.compile(r"(?<![\w.,])00[0-4](?![\w.,%])")
+
+
+def test_the_studies_are_cited_by_name_in_a_references_section():
+    references = README.split("\n## References\n", 1)
+    assert len(references) == 2, "the README has no References section"
+    for name in ("ResNet-50 CPU scaling thesis", "Jia et al.", "Shi (2019)",
+                 "Nam's parameter-server lectures", "Strategy-Switch thesis"):
+        assert f"**{name}**" in references[1] or name in references[1], name
+    texts = {"README.md": README}
+    root = Path(__file__).parent.parent
+    texts |= {str(p): p.read_text() for p in (root / "experiments").glob("*.toml")}
+    texts |= {f"source of {spec.name}": spec.source or ""
+              for spec in [*STRATEGIES.values(), *DATASETS.values(), *MODELS.values()]}
+    for where, text in texts.items():
+        cited = [line for line in text.splitlines() if NUMBERED_CITATION.search(line)]
+        assert not cited, (where, cited[:3])
+
+
+def test_help_texts_cite_no_study_by_number(capsys):
+    from polyrhythm.cli import COMMANDS, listing, main
+
+    argvs = [["--help"], *([c, "--help"] for c in COMMANDS), *([c] for c in listing.COMMANDS)]
+    for argv in argvs:
+        command = " ".join(argv)
+        with contextlib.suppress(SystemExit):
+            main(argv)
+        out = capsys.readouterr().out
+        assert out, command
+        assert not NUMBERED_CITATION.search(out), (command, NUMBERED_CITATION.findall(out))

@@ -3,8 +3,9 @@ looks like (`shard_stats`).
 
 A splitter takes the training set's labels (and, if it needs them, its samples) and returns
 each worker's training indices; an index on several workers is a copy. Every splitter is a
-pure function of the seed. The document this follows (004, chapters 5-6) found stratified and
-distribution-aware splits gave up to 8x lower run-to-run variance than random ones.
+pure function of the seed. The document this follows (the Strategy-Switch thesis, chapters
+5-6) found stratified and distribution-aware splits gave up to 8x lower run-to-run variance
+than random ones.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def distribution_aware_split(data: ToSplit, workers: int, seed: int,
                              settings) -> list[np.ndarray]:
     """Neighbourhoods of the samples (flatten, PCA, KMeans; scikit-learn): those of more
     than N examples dealt round-robin as classes are, sparse ones (N or fewer) copied to
-    every worker, so each sees them (004 Figure 6.7)."""
+    every worker, so each sees them (the thesis's Figure 6.7)."""
     from sklearn.cluster import KMeans
     from sklearn.decomposition import PCA
 

@@ -107,8 +107,9 @@ def _flag(strategy: str, staleness: float, evidence: dict[str, float]) -> str:
         return ("models drift apart between averagings (tau 4 local steps); no stored run "
                 "to judge")
     if staleness > STALE:
-        return (f"staleness {staleness:.1f}: asynchronous updates cost accuracy (004: asp "
-                "-1.9 points on CIFAR-10); no stored run to judge")
+        return (f"staleness {staleness:.1f}: asynchronous updates cost accuracy (the "
+                "Strategy-Switch thesis: asynchronous PS -0.9 to -2.9 points); no stored run "
+                "to judge")
     return ""
 
 

@@ -1,6 +1,7 @@
 """Synchronous all-reduce SGD with an identical optimizer copy on every worker.
 
-003 Algorithm 1 (all-reduce SGD); the baseline every framework ships (PyTorch DDP, Horovod).
+Algorithm 1 (all-reduce SGD) of Nam's parameter-server lectures; the baseline every framework
+ships (PyTorch DDP, Horovod).
 The reduction is the engine's own collective (Gloo's all-reduce) or one of polyrhythm's
 schedules over point-to-point messages (comm/collectives.py): ring, tree, reduce-broadcast.
 """

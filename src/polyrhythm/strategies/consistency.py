@@ -131,9 +131,9 @@ class BulkSynchronousPolicy(ConsistencyPolicy):
 
 
 class QuorumSynchronousPolicy(BulkSynchronousPolicy):
-    """k-BSP (Dutta et al., "Slow and Stale Gradients Can Win the Race", AISTATS 2018; 004
-    §3.2.2), and backup workers (Chen et al., "Revisiting Distributed Synchronous SGD", 2016:
-    N + b workers, the first N gradients count).
+    """k-BSP (Dutta et al., "Slow and Stale Gradients Can Win the Race", AISTATS 2018; the
+    Strategy-Switch thesis §3.2.2), and backup workers (Chen et al., "Revisiting Distributed
+    Synchronous SGD", 2016: N + b workers, the first N gradients count).
 
     A round closes once `quorum` distinct workers have pushed gradients computed on the current
     parameters; their mean is one update. A straggler's gradient arrives computed on a closed
@@ -188,9 +188,9 @@ class ElasticAveragingPolicy(AsynchronousPolicy):
 
 
 class QuorumAsynchronousPolicy(ConsistencyPolicy):
-    """k-ASP (Dutta et al., AISTATS 2018; 004 §3.2.2): one update once k gradients are in,
-    whatever parameters they were computed on. Nobody is cancelled: a straggler's gradient
-    counts toward a later update. k = 1 is ASP; k = N releases like BSP.
+    """k-ASP (Dutta et al., AISTATS 2018; the Strategy-Switch thesis §3.2.2): one update once k
+    gradients are in, whatever parameters they were computed on. Nobody is cancelled: a straggler's
+    gradient counts toward a later update. k = 1 is ASP; k = N releases like BSP.
     """
 
     STATE = (*ConsistencyPolicy.STATE, "waiting")

@@ -1,5 +1,6 @@
-"""Strategy-Switch's worker side (004 ch. 4): the `from` strategy (a collective one) until its
-rule fires, then for good the `to` strategy (a parameter server's), inside the running job.
+"""Strategy-Switch's worker side (the Strategy-Switch thesis, ch. 4): the `from` strategy (a
+collective one) until its rule fires, then for good the `to` strategy (a parameter server's),
+inside the running job.
 
 The servers exist from the start and wait, idle, for the switch; the first phase's
 collectives run among the workers only. The rule (strategies/switching.py) is asked before

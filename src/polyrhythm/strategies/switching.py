@@ -1,12 +1,12 @@
-"""When Strategy-Switch switches from its synchronous to its asynchronous strategy (004 ch. 4):
-three rules, asked once before training and after every epoch, each answering whether to
-switch now, with its score and why. Pure: no torch, no I/O; the switch strategy asks them in
-a run and a simulator can ask the same objects. The switch is one-way: a rule is not asked
-again once it has fired.
+"""When Strategy-Switch switches from its synchronous to its asynchronous strategy (the
+Strategy-Switch thesis, ch. 4): three rules, asked once before training and after every epoch,
+each answering whether to switch now, with its score and why. Pure: no torch, no I/O; the
+switch strategy asks them in a run and a simulator can ask the same objects. The switch is
+one-way: a rule is not asked again once it has fired.
 
-- `AtRule`: after a fixed share α of the epochs, ⌊α·epochs⌋ of them (004's static switch,
+- `AtRule`: after a fixed share α of the epochs, ⌊α·epochs⌋ of them (the thesis's static switch,
   α swept 10-90 %).
-- `EmpiricalRule`: 004's ER-SS. After epoch k, with validation losses v,
+- `EmpiricalRule`: the thesis's ER-SS. After epoch k, with validation losses v,
   s = Σ_{i=0..w-1} |v(k-i) - v(k-i-1)| / (w · v(k-i-1)) × 100 %, the mean relative change
   of the last w changes; switch once s falls below the threshold (w = 5, 1 %). It needs
   w + 1 losses, so it never fires earlier.
@@ -46,7 +46,7 @@ class Decision:
 
 
 def loss_change(losses: Sequence[float], window: int) -> float | None:
-    """004's s, in percent: the mean relative change over the last `window` changes of the
+    """The thesis's s, in percent: the mean relative change over the last `window` changes of the
     validation loss; None with fewer than window + 1 losses."""
     if len(losses) < window + 1:
         return None
@@ -142,7 +142,7 @@ def _to_given(given: Mapping[str, Any]) -> tuple[StrategySpec, Mapping[str, Any]
 
 SWITCH = StrategySpec(
     "switch", "Strategy-Switch: a collective strategy first, then for good a parameter "
-    "server's, when the rule says so", source="Strategy-Switch (004 ch. 4); after "
+    "server's, when the rule says so", source="the Strategy-Switch thesis, ch. 4; after "
     "Sync-Switch, Li et al., ICDCS 2021", family=SWITCHING,
     worker="polyrhythm.strategies.switch:SwitchWorker", params=(
         Param("from", str, "the strategy before the switch (a collective one)", "allreduce",
