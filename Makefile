@@ -16,7 +16,9 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/polyrhythm compare
 
+# Debian's chromium for the report's browser test, when missing and root can apt-get it.
 test: $(STAMP)
+	@sh scripts/install-chromium
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
 

@@ -1,18 +1,18 @@
 """The report writer, on a store of fabricated runs (no training): files, figures, tables,
-errors, and (where Debian's chromium is installed) a headless render without console errors."""
+errors, and (where Debian's chromium is installed: make test installs it when it can) the
+report opened in a headless browser."""
 
 from __future__ import annotations
 
 import base64
 import re
-import shutil
-import subprocess
 import sys
 from datetime import datetime
 
 import numpy as np
 import pytest
 
+from browser import Chromium, chromium_path, why_no_chromium
 from polyrhythm.config import make_config
 from polyrhythm.errors import PolyrhythmError, StoreError
 from polyrhythm.metrics.store import RunStore
@@ -267,25 +267,54 @@ def test_worker_counts_that_differ_label_the_groups_and_scale(tmp_path):
     assert (path.parent / "speedup_vs_workers.png").read_bytes().startswith(PNG_MAGIC)
 
 
-def _chromium() -> str | None:
-    return shutil.which("chromium") or shutil.which("chromium-browser")
+@pytest.fixture(scope="module")
+def chromium():
+    """One headless Chromium for the module's browser tests; skipped, saying why, without it."""
+    if chromium_path() is None:
+        pytest.skip(why_no_chromium())
+    with Chromium() as browser:
+        yield browser
 
 
-def test_chromium_renders_the_report_without_console_errors(html_report):
-    browser = _chromium()
-    if browser is None:
-        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
-    result = subprocess.run(
-        [browser, "--headless", "--disable-gpu", "--no-sandbox", "--enable-logging=stderr",
-         "--v=0", "--dump-dom", html_report.as_uri()],
-        capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr[-2000:]
-    for name in (*FIGURE_NAMES, *TABLE_IDS):
-        assert f'id="{name}"' in result.stdout, name
-    console = [line for line in result.stderr.splitlines()
-               if "CONSOLE" in line or "Failed to load" in line or "ERR_" in line
-               or "Uncaught" in line]
-    assert not console, "\n".join(console)
+def _png_size(data: bytes) -> list[int]:
+    """Width and height from a PNG's header (IHDR, right after the magic)."""
+    return [int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")]
+
+
+def test_chromium_renders_the_report_without_console_errors(chromium, html_report, fabricated):
+    """The report opened in a real browser: every figure decoded at the PNG's own size and laid
+    out at a non-zero size, every table the writer makes present with its rows, nothing
+    logged at error level."""
+    page = chromium.render(html_report.as_uri())
+    assert page.errors == []
+    assert sorted(f["figure"] for f in page.figures) == sorted(FIGURE_NAMES)
+    for figure in page.figures:
+        png = (html_report.parent / f"{figure['figure']}.png").read_bytes()
+        assert figure["tag"] == "img" and figure["natural"] == _png_size(png), figure
+        assert min(figure["box"]) > 0, figure
+    assert [t["id"] for t in page.tables] == list(TABLE_IDS)
+    for table in page.tables:
+        assert table["rows"] > 0 and min(table["box"]) > 0, table
+    _, ids = fabricated
+    assert page.tables[0]["rows"] == len(ids)  # the table of runs, the failed one included
+
+
+def test_the_browser_check_sees_broken_figures_and_console_errors(chromium, tmp_path):
+    """The checks above can fail: an image that does not decode, one that is missing, a
+    console error and an uncaught exception are all seen."""
+    page_path = tmp_path / "broken.html"
+    page_path.write_text(
+        '<!DOCTYPE html><html><head><link rel="icon" href="data:,"></head><body>'
+        '<figure id="bad"><img src="data:image/png;base64,AAAA"></figure>'
+        '<figure id="gone"><img src="missing.png"></figure><table id="t"></table>'
+        '<script>console.error("drawn wrong"); no_such_function();</script></body></html>')
+    page = chromium.render(page_path.as_uri())
+    assert [(f["figure"], f["natural"]) for f in page.figures] == [("bad", [0, 0]),
+                                                                    ("gone", [0, 0])]
+    assert page.tables == [{"id": "t", "rows": 0, "box": page.tables[0]["box"]}]
+    text = "\n".join(page.errors)
+    assert "console: drawn wrong" in text and "no_such_function" in text, text
+    assert "missing.png" in text, text
 
 
 def test_resource_figures_draw_the_samples_themselves(fabricated):
