@@ -369,8 +369,13 @@ def test_tensorboard_format_writes_each_runs_series(fabricated, tmp_path):
         run.column("iterations", "step")[first])
     assert values("server0/staleness") == list(run.column("pushes", "staleness"))
     assert len(values("server0/update_ms")) == len(run.column("updates", "seconds"))
-    ranks = run.column("resources", "rank")
-    assert len(values("worker1/cpu_percent")) == int((ranks == 1).sum())
+    # Resources under the same names as the spans: role and index (worker 1 is rank 2 here).
+    ranks, cpu = run.column("resources", "rank"), run.column("resources", "cpu_percent")
+    assert values("worker1/cpu_percent") == pytest.approx(cpu[ranks == 2])
+    assert values("server0/rss_mib") == pytest.approx(
+        run.column("resources", "rss_bytes")[ranks == 0] / 2**20)
+    processes = {tag.split("/")[0] for tag in events.Tags()["scalars"]} - {"epoch", "final"}
+    assert processes == {"server0", "worker0", "worker1", "worker2", "worker3"}
     # Wall times: the run's creation plus the time since the job started.
     created = datetime.fromisoformat(run.row["created"]).timestamp()
     assert [e.wall_time - created for e in events.Scalars("epoch/val_accuracy")] == \

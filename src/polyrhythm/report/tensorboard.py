@@ -9,12 +9,15 @@ them with `tensorboard --logdir <out_dir>/tensorboard`. Each run holds:
   (step: the worker's step);
 - `server<r>/staleness` of every applied gradient and `server<r>/update_ms` of every weight
   update (step: their order on that server);
-- `<role><rank>/cpu_percent` and `<role><rank>/rss_mib` (step: the sample's index);
+- `worker<i>/cpu_percent`, `worker<i>/rss_mib` and the same under `server<r>/` for every
+  process (step: the sample's index);
 - the run's config as hyperparameters, with its final accuracy, samples/s and wall time as
   their metrics (TensorBoard's HPARAMS tab compares runs).
 
 Every event's wall time is the run's creation time plus its time since the job started, so
-TensorBoard's "relative" axis reads as training time. Needs the `tensorboard` package.
+TensorBoard's "relative" axis reads as training time. Every process is named by its role and
+its index in that role, as everywhere else (worker 0 is `worker0`, whatever its rank), so one
+process's spans and resources sit under one prefix. Needs the `tensorboard` package.
 """
 
 from __future__ import annotations
@@ -81,14 +84,15 @@ def _servers(writer, run: Run, start: float) -> None:
 
 def _resources(writer, run: Run, start: float) -> None:
     r = run.series.get("resources", {})
-    counts: dict[int, int] = {}
+    servers = int(run.row["servers"])  # ranks: servers first, then workers
+    counts: dict[str, int] = {}
     for row in range(len(r.get("rank", ()))):
-        rank, when = int(r["rank"][row]), start + float(r["t"][row])
-        counts[rank] = counts.get(rank, 0) + 1
-        process = f"{r['role'][row]}{rank}"
-        writer.add_scalar(f"{process}/cpu_percent", r["cpu_percent"][row], counts[rank],
+        role, rank, when = r["role"][row], int(r["rank"][row]), start + float(r["t"][row])
+        process = f"{role}{rank - servers if role == 'worker' else rank}"
+        counts[process] = counts.get(process, 0) + 1
+        writer.add_scalar(f"{process}/cpu_percent", r["cpu_percent"][row], counts[process],
                           walltime=when)
-        writer.add_scalar(f"{process}/rss_mib", r["rss_bytes"][row] / 2**20, counts[rank],
+        writer.add_scalar(f"{process}/rss_mib", r["rss_bytes"][row] / 2**20, counts[process],
                           walltime=when)
 
 
