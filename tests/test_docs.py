@@ -6,8 +6,9 @@ import contextlib
 import re
 from pathlib import Path
 
-from polyrhythm.config import COMPONENTS, flat_keys
+from polyrhythm.config import COMPONENTS, flat_keys, load_config
 from polyrhythm.data import DATASETS
+from polyrhythm.launch.torchrun import host_of_this_rank
 from polyrhythm.models import MODELS
 from polyrhythm.strategies import STRATEGIES
 
@@ -89,3 +90,68 @@ def test_help_texts_cite_no_study_by_number(capsys):
         out = capsys.readouterr().out
         assert out, command
         assert not NUMBERED_CITATION.search(out), (command, NUMBERED_CITATION.findall(out))
+
+
+def _outside_code(text: str) -> list[tuple[int, str]]:
+    """(line number, line) of the text outside fenced code blocks; a fence reads as blank."""
+    lines, fenced = [], False
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.strip().startswith("```"):
+            fenced = not fenced
+            line = ""
+        lines.append((number, "" if fenced else line))
+    return lines
+
+
+def loose_tables(text: str) -> list[int]:
+    """Line numbers of the tables that touch other text: a Markdown table (a run of lines
+    starting with '|') runs on into a line right after it, and a line right before it makes
+    its header a paragraph's, so each needs a blank line on both sides."""
+    lines = _outside_code(text)
+    is_row = [line.lstrip().startswith("|") for _, line in lines]
+    loose = []
+    for i, (number, _) in enumerate(lines):
+        starts = is_row[i] and (i == 0 or not is_row[i - 1])
+        ends = is_row[i] and (i + 1 == len(lines) or not is_row[i + 1])
+        if starts and i > 0 and lines[i - 1][1].strip():
+            loose.append(number)
+        if ends and i + 1 < len(lines) and lines[i + 1][1].strip():
+            loose.append(number)
+    return loose
+
+
+def test_every_table_in_the_readme_stands_apart_from_the_text():
+    assert loose_tables(README) == []
+    # The check sees a table that runs into the next line, and text glued on above one.
+    assert loose_tables("text\n\n| a |\n|---|\n| 1 |\nmore text\n") == [5]
+    assert loose_tables("text\n| a |\n|---|\n\n```\n| code |\n```\n") == [2]
+
+
+def section(title: str) -> str:
+    """One '## title' section of the README, up to the next."""
+    return README.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_torchrun_examples_start_the_processes_their_config_places(tmp_path, monkeypatch):
+    """Each torchrun line of the README names a config shown beside it, and starts the nodes
+    and processes per node that config places (the checks each rank makes as it starts)."""
+    text = section("Several machines with torchrun")
+    configs = {}
+    for block in re.findall(r"```toml\n(.*?)```", text, re.S):
+        name = re.match(r"# (\S+\.toml)\n", block).group(1)
+        (tmp_path / name).write_text(block)
+        configs[name] = load_config(tmp_path / name)
+    commands = re.findall(r"torchrun (.*?)-m polyrhythm\.node (\S+)", text.replace("\\\n", " "))
+    assert len(commands) == 3 and {name for _, name in commands} == set(configs)
+    for flags, name in commands:
+        config = configs[name]
+        nodes = int(re.search(r"--nnodes (\d+)", flags).group(1)) if "--nnodes" in flags else 1
+        per_node = int(re.search(r"--nproc-per-node (\d+)", flags).group(1))
+        assert nodes * per_node == config.world_size, (name, flags)
+        for node in range(nodes):
+            for key, value in (("GROUP_RANK", node), ("GROUP_WORLD_SIZE", nodes),
+                               ("RANK", node * per_node), ("LOCAL_RANK", 0),
+                               ("LOCAL_WORLD_SIZE", per_node)):
+                monkeypatch.setenv(key, str(value))
+            assert len(host_of_this_rank(config)) == per_node, (name, flags)
+
