@@ -3,7 +3,10 @@ default, every strategy with its source, every data set and model), and it keeps
 commands."""
 
 import contextlib
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 from polyrhythm.config import COMPONENTS, flat_keys, load_config
@@ -155,3 +158,38 @@ def test_the_torchrun_examples_start_the_processes_their_config_places(tmp_path,
                 monkeypatch.setenv(key, str(value))
             assert len(host_of_this_rank(config)) == per_node, (name, flags)
 
+
+
+USER_MODULE = """
+import numpy as np
+
+def blobs(seed):
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 3, 90)
+    return (rng.standard_normal((90, 4)) + y[:, None]).astype("float32"), y
+
+def halves(data, workers, seed, settings):
+    return [list(range(w, len(data.labels), workers)) for w in range(workers)]
+"""
+
+
+def test_a_users_functions_are_found_on_pythonpath_not_in_the_current_directory(tmp_path):
+    """As Data and models says: the current directory is not on the path of the polyrhythm
+    command (an installed script; `-P` does the same for `python -m`), so a module there is
+    one line and exit 2 until PYTHONPATH names its folder."""
+    (tmp_path / "mydata.py").write_text(USER_MODULE)
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+
+    def shard(*pythonpath: str) -> subprocess.CompletedProcess:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([*paths, *pythonpath])}
+        return subprocess.run([sys.executable, "-P", "-m", "polyrhythm.cli", "shard",
+                               "--dataset", "mydata:blobs", "--sharding", "mydata:halves",
+                               "--workers", "2"], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=120)
+
+    missing = shard()
+    assert missing.returncode == 2 and missing.stderr == (
+        "polyrhythm: error: cannot load 'mydata:blobs': No module named 'mydata'\n")
+    found = shard(str(tmp_path))
+    assert found.returncode == 0, found.stderr
+    assert "mydata:blobs, 2 workers, sharding mydata:halves" in found.stdout
