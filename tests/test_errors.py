@@ -262,3 +262,22 @@ def test_strategies_command_lists_every_strategy() -> None:
     assert parameters["easgd"] == ["--tau", "--alpha"]
     assert parameters["bsp"] == parameters["allreduce"] == []
     assert "(default: 3)" in next(line for line in lines if "--staleness" in line)
+
+
+@pytest.mark.parametrize("args", [["strategies"], ["models"], ["datasets"], ["runs"],
+                                  ["runs", "--json"]], ids=" ".join)
+def test_a_closed_output_pipe_is_a_quiet_end(out: Path, args: list[str]) -> None:
+    # `polyrhythm strategies | head`: the reader is gone. Its end is closed before the command
+    # starts, so every write fails, the listing's (over a pipe's buffer) during a print and
+    # the runs' (one earlier run, a few lines) at the last flush.
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "polyrhythm.cli", *args,
+             *(["--out", str(out)] if args[0] == "runs" else [])],
+            stdout=write, stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write)
+    assert proc.returncode == 141, proc.stderr
+    assert proc.stderr == ""

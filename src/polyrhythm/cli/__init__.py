@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 from polyrhythm.cli import (
@@ -37,8 +38,25 @@ def build_parser() -> Parser:
 
 def main(argv: list[str] | None = None) -> int:
     try:
+        return _command(argv)
+    except BrokenPipeError:
+        # The reader of our output is gone (`| head` read what it wanted): a normal end for a
+        # command-line tool. What is still buffered can reach no one; sending the streams to
+        # devnull keeps the interpreter's last flush from raising the same error again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        for stream in (sys.stdout, sys.stderr):
+            os.dup2(devnull, stream.fileno())
+        os.close(devnull)
+        return 128 + 13  # as a tool ended by SIGPIPE (13) exits, which Python ignores
+
+
+def _command(argv: list[str] | None) -> int:
+    """Parse and run one command; a user's mistake is one line on stderr and its exit code."""
+    try:
         args = build_parser().parse_args(argv)
-        return COMMANDS[args.command].run(args)
+        code = COMMANDS[args.command].run(args)
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at the interpreter's exit
+        return code
     except PolyrhythmError as exc:
         print(f"polyrhythm: error: {exc}", file=sys.stderr)
         return exc.exit_code
