@@ -7,7 +7,7 @@ import tomllib
 
 import pytest
 
-from polyrhythm.cli import main
+from polyrhythm.cli import build_parser, main
 from polyrhythm.config import make_config
 from polyrhythm.data import DATASETS, DatasetSpec
 from polyrhythm.errors import ConfigError
@@ -150,3 +150,13 @@ def test_a_strategys_settings_may_hold_other_strategies_settings(tmp_path):
             make_config({"strategy": "toy-switch", "toy_then": "toy-switch"})
     finally:
         STRATEGIES.unregister("toy-switch")
+
+
+def test_a_switch_is_listed_bare_as_the_parser_takes_it(capsys):
+    code, out, _ = run_cli(capsys, "datasets")
+    augment = [line.split()[:2] for line in out.splitlines() if "--augment" in line]
+    assert code == 0 and augment == [["--augment", "random"]] * 2  # cifar10's and cifar100's
+    assert "--augment VALUE" not in out
+    parser = build_parser()
+    assert parser.parse_args(["train", "--augment"]).augment is True
+    assert parser.parse_args(["train", "--no-augment"]).augment is False

@@ -34,6 +34,12 @@ def metavar(p: Param) -> str:
     return p.metavar or {int: "N", float: "X", str: "NAME"}.get(kind, "VALUE")
 
 
+def usage(p: Param) -> str:
+    """How a setting is written on the command line: `--tau N`, or a switch alone
+    (`--augment`; `--no-augment` too), as add_flag's parser takes it."""
+    return p.flag if p.kind is bool else f"{p.flag} {metavar(p)}"
+
+
 def default_text(p: Param) -> str:
     text = p.default_text()
     return f" (default: {text})" if text else ""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from polyrhythm.cli.flags import default_text, metavar
+from polyrhythm.cli.flags import default_text, usage
 from polyrhythm.config import COMPONENTS
 
 COMMANDS = {"strategies": "strategy", "datasets": "data", "models": "model"}
@@ -22,16 +22,14 @@ def add_parser(commands) -> None:
 
 def run(args: argparse.Namespace) -> int:
     registry = COMPONENTS[COMMANDS[args.command]].registry
-    width = max([20, *(len(f"{p.flag} {metavar(p)}") for c in registry.values()
-                       for p in c.params)])
+    width = max([20, *(len(usage(p)) for c in registry.values() for p in c.params)])
     sized = args.command == "models"
     for component in registry.values():
         source = f" [{component.source}]" if component.source else ""
         size = f"{model_size(component.parameters)}  " if sized else ""
         print(f"{component.name:<17} {size}{component.summary}{source}")
         for p in component.params:
-            flag = f"{p.flag} {metavar(p)}"
-            print(f"    {flag:<{width}} {p.help}{default_text(p)}")
+            print(f"    {usage(p):<{width}} {p.help}{default_text(p)}")
     if sized:
         print("(parameter counts and float32 sizes for a 3x32x32 sample and 10 classes)")
     return 0
