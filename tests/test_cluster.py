@@ -209,7 +209,7 @@ def test_cluster_up_status_and_down_from_the_command_line(tmp_path, before):
     assert leftovers() == before
     assert "clitest" not in _cli("status").stdout
     for bad, message in ((["--hosts", "2", "--bandwidth", "100mbps"], "such as 100mbit"),
-                         (["--hosts", "2", "--cpu", "1", "1", "1"], "3 values for 2 hosts"),
+                         (["--hosts", "2", "--cpu", "1", "1", "1"], "one per host (2), got 3"),
                          (["--bandwidth", "1gbit"], "needs --hosts")):
         done = _cli("up", "--name", "clitest", *bad)
         assert done.returncode == 2 and message in done.stderr

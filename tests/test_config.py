@@ -126,3 +126,25 @@ def test_sweeps_take_a_base_in_sections_and_flags_win_over_a_file():
     assert base == {"workers": 2, "strategy": "localsgd", "tau": 3, "lr": 0.2}
     with pytest.raises(ConfigError, match="tau is given twice"):
         flat_config({"tau": 2, "strategy": {"name": "localsgd", "tau": 3}})
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"workers": 4, "slowdown": [1, 1, 3]}, "slowdown needs one value per worker (4), got 3"),
+    ({"workers": 2, "slowdown": [1, 1, 3]}, "slowdown needs one value per worker (2), got 3"),
+    ({"workers": 3, "worker_delay_s": [0.05]},
+     "worker_delay_s needs one value per worker (3), got 1"),
+    ({"workers": 4, "hosts": 3, "cpu": [1, 1]}, "cpu needs one value, or one per host (3), got 2"),
+    ({"workers": 2, "workers_per_host": 1, "bandwidth": ["1gbit"] * 2},  # 1 server's host too
+     "bandwidth needs one value, or one per host (3), got 2"),
+])
+def test_a_list_has_one_value_per_worker_or_per_host(values, message):
+    with pytest.raises(ConfigError) as info:
+        make_config(values)
+    assert str(info.value) == message
+
+
+def test_lists_of_the_right_length_and_an_empty_one_are_taken():
+    config = make_config({"workers": 4, "slowdown": [1, 1, 1, 3], "worker_delay_s": [],
+                          "hosts": 3, "cpu": [0.5]})
+    assert config.slowdown == [1, 1, 1, 3] and config.worker_delay_s == []
+    assert make_config({"workers": 4, "hosts": 3, "cpu": [1, 1, 0.5]}).cluster.cpu == [1, 1, 0.5]

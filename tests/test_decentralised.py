@@ -218,7 +218,7 @@ def test_gossip_drains_every_message_when_workers_finish_at_different_times(tmp_
     # Worker 0 is 50 ms slower a step, everyone gossips every step: the others finish early,
     # and their models and DONEs reach worker 0 while it still trains.
     config = small_config(tmp_path, strategy="gossip", workers=3, epochs=1, gossip_p=1.0,
-                          worker_delay_s=[0.05])
+                          worker_delay_s=[0.05, 0, 0])
     summary = polyrhythm.train(config)
     traffic = summary["traffic_per_rank"]
     assert [r["messages_sent"] for r in traffic] == [10 + 2] * 3

@@ -26,7 +26,7 @@ def test_asp_makes_n_times_the_updates_of_bsp_and_still_learns(tmp_path):
 def test_ssp_holds_fast_workers_back_behind_a_slow_one(tmp_path):
     # Worker 0 computes 40 ms slower per step. Under ASP the others race ahead and finish
     # early; under SSP with s = 1 they may lead by at most 1 clock, so they wait for it.
-    common = {"workers": 3, "epochs": 1, "steps_per_epoch": 25, "worker_delay_s": [0.04],
+    common = {"workers": 3, "epochs": 1, "steps_per_epoch": 25, "worker_delay_s": [0.04, 0, 0],
               "out": str(tmp_path)}
     asp = polyrhythm.train(strategy="asp", **common)
     ssp = polyrhythm.train(strategy="ssp", staleness=1, **common)

@@ -377,3 +377,17 @@ def test_every_experiment_file_parses_and_every_point_is_valid(path):
 
 def test_the_experiments_are_there():
     assert len(list(EXPERIMENTS.glob("*.toml"))) >= 8
+
+
+def test_a_per_worker_list_follows_the_workers_of_its_point(tmp_path):
+    # Linked to the workers, each point's list fits; left in the base, a point it does not
+    # fit is refused before anything runs, naming the point.
+    linked = parse_sweep({"base": {"strategy": "asp"}, "grid": {"scale": [
+        {"workers": 2, "slowdown": [1.0, 3.0]}, {"workers": 3, "slowdown": [1.0, 1.0, 3.0]}]}},
+        out=str(tmp_path))
+    assert [len(run.config.slowdown) for run in linked.plan()] == [2, 3]
+    with pytest.raises(ConfigError) as info:
+        parse_sweep({"base": {"slowdown": [1.0, 3.0]}, "grid": {"workers": [2, 3]}},
+                    out=str(tmp_path))
+    assert str(info.value) == ("sweep 'sweep', point bsp workers=3: slowdown needs one value "
+                               "per worker (3), got 2")

@@ -305,9 +305,10 @@ def _check_run(run: Settings) -> None:
     if run.batch_size < run.workers:
         raise ConfigError(f"batch size {run.batch_size} is smaller than the worker count "
                           f"{run.workers}")
-    for key in ("worker_delay_s", "slowdown"):
-        if len(run[key]) > run.workers:
-            raise ConfigError(f"{key} has {len(run[key])} entries for {run.workers} workers")
+    for key in ("worker_delay_s", "slowdown"):  # none, or one per worker: never a guess
+        if len(run[key]) not in (0, run.workers):
+            raise ConfigError(f"{key} needs one value per worker ({run.workers}), got "
+                              f"{len(run[key])}")
 
 
 def unread_fields(fields: Mapping[str, Any]) -> set[str]:

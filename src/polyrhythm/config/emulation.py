@@ -114,8 +114,8 @@ def _check_per_host(values: dict[str, Any], hosts: int) -> None:
     """bandwidth and cpu: one value for every host, or one per host."""
     for key in ("bandwidth", "cpu"):
         if len(values[key]) not in (0, 1, hosts):
-            raise ConfigError(f"{key} has {len(values[key])} values for {hosts} hosts: give "
-                              "one for every host, or one per host")
+            raise ConfigError(f"{key} needs one value, or one per host ({hosts}), got "
+                              f"{len(values[key])}")
 
 
 def settle(cluster: Settings, workers: int, servers: int) -> Settings:

@@ -13,7 +13,7 @@ A sweep file is TOML:
     batch_size = [32, 64]
 
 Grid values override base values. A list-valued field takes a list of lists in the grid
-(`worker_delay_s = [[], [0.2]]`). A field a point does not read is dropped from that point
+(`worker_delay_s = [[], [0, 0, 0, 0.2]]`). A field a point does not read is dropped from that point
 rather than making it invalid: other strategies' (data sets', models') parameters (`tau` for
 `bsp`), and `servers` and `bucket_kb` for strategies without servers (`bucket_kb` also for
 those that push whole gradients). Points that become identical are run once, so strategy = ["bsp",
