@@ -391,3 +391,14 @@ def test_a_per_worker_list_follows_the_workers_of_its_point(tmp_path):
                     out=str(tmp_path))
     assert str(info.value) == ("sweep 'sweep', point bsp workers=3: slowdown needs one value "
                                "per worker (3), got 2")
+
+
+def test_compare_takes_its_strategies_as_every_list_flag_takes_a_list():
+    from polyrhythm.cli import build_parser
+
+    parser = build_parser()
+    for words in (["bsp", "asp", "ssp"], ["bsp,asp", "ssp"], ["bsp, asp,ssp"]):
+        assert parser.parse_args(["compare", "--strategies", *words]).strategies == [
+            "bsp", "asp", "ssp"]
+    assert parser.parse_args(["compare"]).strategies is None  # the default five
+    assert parser.parse_args(["train", "--slowdown", "1", "1,1", " 3"]).slowdown == [1, 1, 1, 3]

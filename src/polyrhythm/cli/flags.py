@@ -53,9 +53,16 @@ def add_flag(parser: argparse.ArgumentParser, p: Param, help_text: str) -> None:
         return
     kwargs: dict[str, Any] = {"dest": p.name, "default": None, "metavar": metavar(p),
                               "type": p.kind, "help": help_text}
-    if p.kind is list:  # --slowdown 1 1 3 or --slowdown 1,1,3
-        kwargs |= {"nargs": "+", "action": _Entries, "type": _items(p.item)}
+    if p.kind is list:
+        kwargs |= list_of(p.item)
     parser.add_argument(p.flag, **kwargs)
+
+
+def list_of(kind: type) -> dict[str, Any]:
+    """add_argument's keywords for a list flag, written the one way every command takes a
+    list: `--slowdown 1 1 3`, `--slowdown 1,1,3` or both. Its default must be None (the
+    entries given are added to what is there)."""
+    return {"nargs": "+", "action": _Entries, "type": _items(kind)}
 
 
 class _Entries(argparse.Action):
@@ -69,7 +76,7 @@ class _Entries(argparse.Action):
 def _items(kind: type):
     """One command-line word of a list flag: one entry, or several joined by commas."""
     def parse(word: str) -> list:
-        return [kind(part) for part in word.split(",") if part]
+        return [kind(part.strip()) for part in word.split(",") if part.strip()]
     parse.__name__ = kind.__name__  # argparse names it in "invalid float value: ..."
     return parse
 
