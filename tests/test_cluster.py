@@ -14,6 +14,8 @@ import pytest
 
 import polyrhythm
 from helpers import equivalence_config, max_diff, stored_parameters
+from polyrhythm.cli import main
+from polyrhythm.cli.train import cluster_line
 from polyrhythm.errors import ClusterError
 from polyrhythm.launch.cluster import ClusterShape, EmulatedCluster, can_emulate, leftovers
 from polyrhythm.metrics.store import RunStore
@@ -42,16 +44,18 @@ def before():
 
 @pytest.mark.parametrize(("strategy", "workers"), [("bsp", 2), ("asp", 1), ("allreduce", 2)])
 def test_a_run_across_two_hosts_ends_as_the_same_run_on_loopback(tmp_path, strategy, workers,
-                                                                  before):
+                                                                  before, capsys):
     fields = {"strategy": strategy, "workers": workers, "epochs": 1}
     local = polyrhythm.train(equivalence_config(tmp_path, **fields))
     cluster = polyrhythm.train(equivalence_config(tmp_path, hosts=2, **fields))
     assert cluster["status"] == "completed"
     assert len(cluster["cluster"]["hosts"]) == 2
+    assert cluster["cluster"]["name"] is None and "standing" not in capsys.readouterr().err
+    assert cluster_line(cluster["cluster"]).startswith("emulated cluster of 2 hosts; ")
     assert max_diff(stored_parameters(cluster), stored_parameters(local)) <= 1e-4
 
 
-def test_a_standing_cluster_is_shaped_listed_used_and_removed(tmp_path, before):
+def test_a_standing_cluster_is_shaped_listed_used_and_removed(tmp_path, before, capsys):
     shape = ClusterShape(2, ("100mbit", "1gbit"), (0.5, 0.5))
     cluster = EmulatedCluster("testup", shape)
     cluster.up(standing=True)
@@ -74,6 +78,11 @@ def test_a_standing_cluster_is_shaped_listed_used_and_removed(tmp_path, before):
             tmp_path, strategy="asp", workers=1, epochs=1, hosts=2,
             bandwidth=["100mbit", "1gbit"], cpu=[0.5]))
         assert summary["status"] == "completed" and summary["cluster"]["name"] == "testup"
+        assert capsys.readouterr().err.splitlines() == [
+            "polyrhythm: on the standing cluster 'testup' (2 hosts: 100mbit link, 0.5 cores; "
+            "1gbit link, 0.5 cores), not one of the run's own"]
+        assert cluster_line(summary["cluster"]).startswith("standing cluster 'testup' of 2 "
+                                                           "hosts; ")
         assert summary["cluster"]["tcp"] == "reno"
         assert leftovers() == made  # the run removed its own groups, not the cluster's
     finally:
@@ -221,5 +230,13 @@ def test_cluster_up_status_and_down_from_the_command_line(tmp_path, before):
     assert from_run.returncode == 0, from_run.stderr  # 2 worker hosts + 1 server's
     assert from_run.stdout.count("1gbit link") == 3
     _cli("down", "--name", "clitest")
-    gone = _cli("down", "--name", "clitest")
-    assert gone.returncode == 2 and "no standing cluster 'clitest'" in gone.stderr
+    gone = _cli("down", "--name", "clitest")  # nothing to remove: said, and no error
+    assert (gone.returncode, gone.stdout, gone.stderr) == (
+        0, "no standing cluster 'clitest': nothing to remove\n", "")
+
+
+def test_cluster_down_without_root_is_one_line_and_exit_2(monkeypatch, capsys):
+    monkeypatch.setattr("os.geteuid", lambda: 1000)
+    assert main(["cluster", "down", "--name", "clitest"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.splitlines()) == 1 and "needs root" in err

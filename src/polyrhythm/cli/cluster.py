@@ -57,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
         if args.all:
             remove_everything()
             print("removed every namespace, link, qdisc and cgroup of polyrhythm's")
+        elif not EmulatedCluster.is_standing(args.name):  # nothing to remove is no error
+            print(f"no standing cluster {args.name!r}: nothing to remove")
         else:
             EmulatedCluster.standing(args.name).down()
             print(f"cluster {args.name} is down")

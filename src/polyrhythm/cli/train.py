@@ -71,7 +71,8 @@ def format_summary(s: dict) -> str:
 def cluster_line(cluster: dict) -> str:
     """The emulated cluster a run had and the fidelity guard's verdict, in one line."""
     hosts = cluster["hosts"]
-    line = (f"emulated cluster of {count(len(hosts), 'host')}; machine "
+    which = f"standing cluster {cluster['name']!r}" if cluster.get("name") else "emulated cluster"
+    line = (f"{which} of {count(len(hosts), 'host')}; machine "
             f"{cluster['machine_busy']:.0%} busy: ")
     if cluster["emulator_bound"] is None:
         return line + "too short for the fidelity guard to judge (under half a second)"

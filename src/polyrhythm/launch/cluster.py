@@ -61,6 +61,16 @@ class ClusterShape:
                 f"{f'{cpu:g} cores' if cpu is not None else 'unlimited CPU'}")
 
 
+    def summary(self) -> str:
+        """Its hosts, links and CPU shares in a line: `2 hosts, each 1gbit link, 0.5 cores`."""
+        hosts = [self.describe(h) for h in range(self.hosts)]
+        if self.hosts == 1:
+            return f"1 host, {hosts[0]}"
+        if len(set(hosts)) == 1:
+            return f"{self.hosts} hosts, each {hosts[0]}"
+        return f"{self.hosts} hosts: " + "; ".join(hosts)
+
+
 class EmulatedCluster:
     """One cluster's namespaces, links, qdiscs and cgroups, by its name."""
 
@@ -128,6 +138,11 @@ class EmulatedCluster:
     @staticmethod
     def _state_path(name: str) -> Path:
         return STATE_DIR / f"{name}.json"
+
+    @classmethod
+    def is_standing(cls, name: str) -> bool:
+        """Whether `cluster up` made a standing cluster `name` (not yet down)."""
+        return cls._state_path(name).exists()
 
     @classmethod
     def standing(cls, name: str) -> EmulatedCluster:

@@ -54,6 +54,9 @@ def launch_emulated(config, record: RunRecord, show_progress: bool = False) -> d
             cluster = standing_of_shape(shape)
             if cluster is None:
                 cluster = own = EmulatedCluster.temporary(shape)
+            else:  # someone made it and may be using it: say so, not leave them to guess
+                print(f"polyrhythm: on the standing cluster {cluster.name!r} "
+                      f"({shape.summary()}), not one of the run's own", file=sys.stderr)
             janitor = Janitor(cluster, own is not None, record)
             if own is not None:
                 own.up()
