@@ -203,7 +203,7 @@ def test_the_ring_a_round_at_a_time_moves_what_member_by_member_moves(monkeypatc
     import polyrhythm.sim.collective as collective
 
     config = cluster("ring", 8, bandwidth="100mbit", compute_time="100ms",
-                     compute_jitter="5ms", latency="2ms", slowdown=[1, 1, 1, 2])
+                     compute_jitter="5ms", latency="2ms", slowdown=[1, 1, 1, 2, 1, 1, 1, 1])
     costs = Costs(1_000_000, update_s=0.001, reduce_s=0.002, message_s=0.0005)
     fast = simulate(config, costs, 20)
     monkeypatch.setattr(collective, "plan", functools.partial(collective.plan, apart=False))
