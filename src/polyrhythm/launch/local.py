@@ -34,9 +34,10 @@ import torch.distributed as dist
 from polyrhythm.config.servers import CONTINUE
 from polyrhythm.context import Topology
 from polyrhythm.errors import RunFailed
+from polyrhythm.launch import runlock
 from polyrhythm.launch.progress import ProgressBoard
 from polyrhythm.metrics.records import RunRecord, fail_run, read_summary
-from polyrhythm.runtime.checkpoint import Resume, complete_epochs
+from polyrhythm.runtime.checkpoint import Resume, complete_epochs, tidy
 
 # Imported once by the forkserver; every rank is forked with them loaded.
 PRELOAD = ["polyrhythm.launch.local", "polyrhythm.launch.rank"]
@@ -92,6 +93,9 @@ def launch_local(config, record: RunRecord, progress: ProgressBoard | None = Non
             for end in pipe:
                 end.close()
             (record.dir / RENDEZVOUS_FILE).unlink(missing_ok=True)
+            # No rank writes any more: a failed run keeps the last two complete checkpoints,
+            # to resume from (a completed one has been tidied by its rank 0 already).
+            tidy(record.dir, config.workers, config.servers, completed=False)
 
 
 def recorded_failure(record: RunRecord, exc: BaseException, config=None) -> RunFailed:
@@ -291,6 +295,7 @@ def _teardown(procs: list) -> None:
 def _rank_main(config_values: dict, rank: int, rendezvous: str, record: RunRecord, events,
                alive, resume: Resume | None) -> None:
     """Entry point of one rank."""
+    runlock.hold(record.dir)  # until this process ends: a resume waits for it (runlock.py)
     _bind_to_parent(rank, alive)
     _redirect_output(record.log_path(rank))
     from polyrhythm.config import RunConfig

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from polyrhythm.comm.transport import Transport
 from polyrhythm.context import ProgressSink, RankContext, Topology, no_progress
 from polyrhythm.metrics.records import RunRecord, complete_run
-from polyrhythm.runtime.checkpoint import Resume
+from polyrhythm.runtime.checkpoint import Resume, tidy
 from polyrhythm.runtime.job import run_rank
 from polyrhythm.units import Delay, duration
 
@@ -36,7 +36,8 @@ def lifecycle(config, rank: int, join: JoinGroup, record: RunRecord | None,
               run_dir: Path | None = None, resume: Resume | None = None) -> dict | None:
     """Run this rank of the job; rank 0 completes the run's record (given as `record`) and
     returns the summary. Every rank writes its checkpoints under `run_dir` (None: none) and,
-    resuming, starts from `resume`. Raises whatever ended the rank early."""
+    resuming, starts from `resume`; once all are done, rank 0 leaves only the last two.
+    Raises whatever ended the rank early."""
     join()
     topology = Topology(config.servers, config.workers)
     transport = Transport()
@@ -49,5 +50,7 @@ def lifecycle(config, rank: int, join: JoinGroup, record: RunRecord | None,
         torch.save(result.state_dict, record.model_path)
         summary = complete_run(record, result.summary, result.epochs, result.series)
     transport.barrier()  # leave together: a rank tearing down Gloo early can abort its peers
+    if rank == 0 and run_dir is not None:  # every rank is past its last checkpoint now
+        tidy(run_dir, config.workers, config.servers, completed=True)
     dist.destroy_process_group()
     return summary

@@ -7,14 +7,23 @@ with their place in the flat model, so a resume may use another number of server
 0 also writes `model.pt`, its model's plain `state_dict` with the optimizer's momentum in
 `torch.optim.SGD`'s layout, loadable by plain PyTorch. Each file is written atomically
 (written, flushed to disk, renamed), so a crash while writing leaves the previous one usable.
-A checkpoint is complete when every file it needs is there; each rank keeps its files of the
-last two complete checkpoints.
+A checkpoint is complete when every file it needs is there. While the run goes on, each rank
+removes its own files of the checkpoints older than the last two complete ones (worker 0's
+include `model.pt` and the servers' mark), and a folder goes with its last file; once no rank
+writes any more, `tidy` leaves the last two complete checkpoints and nothing else.
+
+`snapshots/` holds the model at the end of each epoch (worker 0's; every worker's where the
+workers hold different models), written once by the worker that keeps it: the epochs are
+validated on them after training, so a resumed run needs those of the epochs already done.
+They stay while the run may be resumed and go when it completes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +33,8 @@ from polyrhythm.errors import DataError
 
 FOLDER = "checkpoints"
 SERVERS_EXPECTED = "servers-expected"  # worker 0's mark: this checkpoint needs server files
+MODEL = "model.pt"  # worker 0's: the model and optimizer as plain PyTorch loads them
+SNAPSHOTS = "snapshots"
 _EPOCH = re.compile(r"epoch-(\d{4,})$")
 
 
@@ -34,7 +45,7 @@ def epoch_dir(run_dir: Path, epochs_done: int) -> Path:
 def snapshot_file(run_dir: Path, worker: int, epoch: int) -> Path:
     """Worker `worker`'s model snapshot at the end of epoch `epoch`, validated after
     training: written once (not in every checkpoint, whose size would grow with the epochs)."""
-    return Path(run_dir) / FOLDER / "snapshots" / f"worker-{worker}-epoch-{epoch:04d}.pt"
+    return Path(run_dir) / FOLDER / SNAPSHOTS / f"worker-{worker}-epoch-{epoch:04d}.pt"
 
 
 def save(state: dict, path: Path) -> None:
@@ -60,7 +71,10 @@ def mark_servers_expected(run_dir: Path, epochs_done: int) -> None:
 
 
 def is_complete(folder: Path, workers: int, servers: int) -> bool:
-    names = {p.name for p in folder.iterdir()} if folder.is_dir() else set()
+    try:
+        names = {p.name for p in folder.iterdir()}
+    except OSError:  # not there, or removed meanwhile by a rank pruning it
+        return False
     needed = {f"worker-{i}.pt" for i in range(workers)}
     if SERVERS_EXPECTED in names:
         needed |= {f"server-{j}.pt" for j in range(servers)}
@@ -69,18 +83,51 @@ def is_complete(folder: Path, workers: int, servers: int) -> bool:
 
 def complete_epochs(run_dir: Path, workers: int, servers: int) -> list[int]:
     """Epochs-completed counts of the complete checkpoints, oldest first."""
-    root = Path(run_dir) / FOLDER
-    found = [(int(m.group(1)), p) for p in root.iterdir()
-             if (m := _EPOCH.match(p.name))] if root.is_dir() else []
-    return sorted(e for e, p in found if is_complete(p, workers, servers))
+    return [e for e in _epoch_folders(run_dir)
+            if is_complete(epoch_dir(run_dir, e), workers, servers)]
 
 
-def prune(run_dir: Path, own: str, workers: int, servers: int) -> None:
-    """Remove this rank's files (`own`: "worker-0.pt") older than the second-newest complete
-    checkpoint (each rank prunes only its own: no rank removes what another may still need)."""
+def prune(run_dir: Path, own: list[str], workers: int, servers: int) -> None:
+    """Remove this rank's files (`own`: its names in a checkpoint folder) of the checkpoints
+    older than the second-newest complete one, and each folder left empty. A rank removes
+    only its own: a checkpoint that is not yet complete may still be completed by a rank
+    that lags behind, and the last two complete ones are never touched, so whichever rank
+    prunes first, the last two complete checkpoints stay whole."""
     complete = complete_epochs(run_dir, workers, servers)
-    for epochs_done in range(min(complete[-2:], default=0)):
-        (epoch_dir(run_dir, epochs_done) / own).unlink(missing_ok=True)
+    if len(complete) < 2:
+        return
+    for epochs_done in _epoch_folders(run_dir):
+        if epochs_done >= complete[-2]:
+            continue
+        folder = epoch_dir(run_dir, epochs_done)
+        for name in own:
+            (folder / name).unlink(missing_ok=True)
+            (folder / f"{name}.partial").unlink(missing_ok=True)  # left by a crash
+        with contextlib.suppress(OSError):  # not empty yet: another rank's files are there
+            folder.rmdir()
+
+
+def tidy(run_dir: Path, workers: int, servers: int, completed: bool) -> None:
+    """Once no rank writes any more (every rank is past training, or dead): remove every
+    checkpoint folder but the last two complete ones (older ones some rank left, and newer
+    incomplete ones, which cannot be resumed from: a run that went on without a lost worker
+    writes only such), and, if the run `completed`, the snapshots, validated by now. With
+    no complete checkpoint here (ranks on hosts without a shared disk) nothing is removed."""
+    complete = complete_epochs(run_dir, workers, servers)
+    if not complete:
+        return
+    for epochs_done in _epoch_folders(run_dir):
+        if epochs_done not in complete[-2:]:
+            shutil.rmtree(epoch_dir(run_dir, epochs_done), ignore_errors=True)
+    if completed:
+        shutil.rmtree(Path(run_dir) / FOLDER / SNAPSHOTS, ignore_errors=True)
+
+
+def _epoch_folders(run_dir: Path) -> list[int]:
+    """Epochs-completed counts of every checkpoint folder, complete or not."""
+    root = Path(run_dir) / FOLDER
+    return sorted(int(m.group(1)) for p in root.iterdir()
+                  if (m := _EPOCH.match(p.name))) if root.is_dir() else []
 
 
 def plain_sgd_state(flat, momentum: torch.Tensor | None) -> dict:

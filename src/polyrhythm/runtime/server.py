@@ -292,7 +292,7 @@ class ParameterServerShard:
             return
         folder = checkpoint.epoch_dir(ctx.run_dir, due)
         checkpoint.save(self.state_dict(), folder / f"server-{ctx.rank}.pt")
-        checkpoint.prune(ctx.run_dir, f"server-{ctx.rank}.pt", config.workers, config.servers)
+        checkpoint.prune(ctx.run_dir, [f"server-{ctx.rank}.pt"], config.workers, config.servers)
         self.checkpointed = due
 
     def state_dict(self) -> dict:

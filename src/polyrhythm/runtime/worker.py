@@ -302,10 +302,12 @@ class Worker:
             momentum = getattr(getattr(self.strategy, "optimizer", None), "buffer", None)
             optimizer = checkpoint.plain_sgd_state(self.flat, momentum)
             checkpoint.save({"model": model, "optimizer": optimizer},
-                            checkpoint.epoch_dir(ctx.run_dir, epochs_done) / "model.pt")
+                            checkpoint.epoch_dir(ctx.run_dir, epochs_done) / checkpoint.MODEL)
+        own = [f"worker-{i}.pt"] + ([checkpoint.MODEL, checkpoint.SERVERS_EXPECTED] if i == 0
+                                    else [])
         checkpoint.save(self.checkpoint_state(),
-                        checkpoint.epoch_dir(ctx.run_dir, epochs_done) / f"worker-{i}.pt")
-        checkpoint.prune(ctx.run_dir, f"worker-{i}.pt", config.workers, config.servers)
+                        checkpoint.epoch_dir(ctx.run_dir, epochs_done) / own[0])
+        checkpoint.prune(ctx.run_dir, own, config.workers, config.servers)
 
     def _agree_on_statistics(self, lost: set[int]) -> list[torch.Tensor]:
         """Each epoch end's running statistics as the batch-weighted mean of the workers
