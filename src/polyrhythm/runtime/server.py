@@ -236,8 +236,13 @@ class ParameterServerShard:
                                 momentum.split(sizes), strict=True):
             bucket.take_over(w, m, int(steps))
         self.switched = bool(switched)
-        # The workers checkpointed the epochs before the switch themselves.
-        self.checkpointed = int(steps) // self.steps_per_epoch
+        # The workers checkpointed the epochs before the switch themselves. Their checkpoint
+        # of the epoch the switch followed holds their switched state: it is complete with
+        # this server's as it is now, before any push.
+        done = int(steps) // self.steps_per_epoch
+        self.checkpointed = done
+        if switched and self.ctx.run_dir is not None and self.every and not done % self.every:
+            self._save(done)
 
     def _act(self, key: int, bucket: Bucket, decision: Decision) -> None:
         if decision.update and bucket.pending_weight > 0:
@@ -290,10 +295,14 @@ class ParameterServerShard:
         due = min(self.checkpointed + self.every, config.epochs)
         if due <= self.checkpointed or epochs < due - 1e-6:
             return
-        folder = checkpoint.epoch_dir(ctx.run_dir, due)
-        checkpoint.save(self.state_dict(), folder / f"server-{ctx.rank}.pt")
-        checkpoint.prune(ctx.run_dir, [f"server-{ctx.rank}.pt"], config.workers, config.servers)
-        self.checkpointed = due
+        self._save(due)
+
+    def _save(self, epochs_done: int) -> None:
+        """Write this server's file of the checkpoint after `epochs_done` epochs."""
+        ctx, config, own = self.ctx, self.ctx.config, f"server-{self.ctx.rank}.pt"
+        checkpoint.save(self.state_dict(), checkpoint.epoch_dir(ctx.run_dir, epochs_done) / own)
+        checkpoint.prune(ctx.run_dir, [own], config.workers, config.servers)
+        self.checkpointed = epochs_done
 
     def state_dict(self) -> dict:
         """Every bucket's state, by bucket id, and the buckets' places in the flat model."""

@@ -296,7 +296,7 @@ class Worker:
             if not path.exists():
                 checkpoint.save({"snapshot": self.snapshots[e]}, path)
         if i == 0:
-            if self.strategy.progress is not None:  # servers hold the model now
+            if self.strategy.servers_hold_model:
                 checkpoint.mark_servers_expected(ctx.run_dir, epochs_done)
             model = self.model.state_dict()
             momentum = getattr(getattr(self.strategy, "optimizer", None), "buffer", None)

@@ -64,6 +64,12 @@ class Strategy(ABC):
         return {}
 
     @property
+    def servers_hold_model(self) -> bool:
+        """Whether a checkpoint needs the servers' state now: where they count the model's
+        progress (parameter-server strategies), and a Strategy-Switch's once it switched."""
+        return self.progress is not None
+
+    @property
     def stopped(self) -> bool:
         """The job ended training before this worker's last step (k-BSP's servers end it
         once the run's rounds are done): the worker takes no more steps."""

@@ -121,6 +121,10 @@ class SwitchWorker(Strategy):
         return self.current.stopped
 
     @property
+    def servers_hold_model(self) -> bool:
+        return self.current is self.second  # they wait, idle, until the handover
+
+    @property
     def progress(self) -> float | None:
         return float(self.steps) if self.current is self.first else self.second.progress
 
