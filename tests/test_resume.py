@@ -4,6 +4,7 @@ ends; a damaged checkpoint is passed over with a word; a diverging run stops as 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,15 +17,19 @@ import torch
 
 import polyrhythm
 from helpers import max_diff, rank_processes, stored_parameters
-from polyrhythm.metrics.store import RunStore
-from polyrhythm.runtime.checkpoint import complete_epochs
+from polyrhythm.config import make_config
+from polyrhythm.errors import DataError, StoreError
+from polyrhythm.launch import runlock
+from polyrhythm.metrics.records import RunRecord, start_run
+from polyrhythm.metrics.store import LAUNCHER_GONE, RunStore, process_identity
+from polyrhythm.runtime.checkpoint import complete_epochs, epoch_dir
 
 EPOCHS = 4
 
 
-def _kill_a_worker_after(out: Path, fields: dict, epochs_done: int) -> str:
-    """Start `polyrhythm train` with these fields, SIGKILL a worker rank once a complete
-    checkpoint of `epochs_done` epochs exists; the run's id (stored as failed)."""
+def _started(out: Path, fields: dict, epochs_done: int) -> tuple[subprocess.Popen, Path]:
+    """Start `polyrhythm train` with these fields; (the launcher, its run's folder) once a
+    complete checkpoint of `epochs_done` epochs exists."""
     args = [sys.executable, "-m", "polyrhythm.cli", "train", "--out", str(out)]
     for key, value in fields.items():
         flag = "--" + key.replace("_", "-")
@@ -32,15 +37,20 @@ def _kill_a_worker_after(out: Path, fields: dict, epochs_done: int) -> str:
             flag, str(value)]
     launcher = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
-    run_dir = None
     while time.monotonic() < deadline:
         dirs = [d for d in out.glob("2*") if d.is_dir()] if out.exists() else []
         if dirs and epochs_done in complete_epochs(dirs[0], fields["workers"],
                                                    fields.get("servers", 1)):
-            run_dir = dirs[0]
-            break
+            return launcher, dirs[0]
         time.sleep(0.02)
-    assert run_dir is not None, "no checkpoint came"
+    launcher.kill()
+    raise AssertionError("no checkpoint came")
+
+
+def _kill_a_worker_after(out: Path, fields: dict, epochs_done: int) -> str:
+    """Start `polyrhythm train` with these fields, SIGKILL a worker rank once a complete
+    checkpoint of `epochs_done` epochs exists; the run's id (stored as failed)."""
+    launcher, run_dir = _started(out, fields, epochs_done)
     # Ranks are children of the launcher's forkserver: look among all its descendants.
     ranks = rank_processes(launcher.pid)
     assert 1 in ranks, "no rank 1 process"
@@ -48,11 +58,29 @@ def _kill_a_worker_after(out: Path, fields: dict, epochs_done: int) -> str:
     _, stderr = launcher.communicate(timeout=60)
     assert launcher.returncode == 1 and "killed by SIGKILL" in stderr, stderr
     assert f"`polyrhythm train --resume {run_dir.name} --out {out}` goes on after" in stderr
+    # Torn down, the failed run keeps its last two complete checkpoints and nothing else.
+    kept = complete_epochs(run_dir, fields["workers"], fields.get("servers", 1))
+    assert len(kept) == 2 and epochs_done in kept
+    assert _checkpoint_folders(run_dir) == [f"epoch-{e:04d}" for e in kept]
     return run_dir.name
 
 
+def _alive(process: psutil.Process) -> bool:
+    """Running, not a zombie (an orphan ended but not yet reaped has let go of everything)."""
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _checkpoint_folders(run_dir: Path) -> list[str]:
+    return sorted(p.name for p in (run_dir / "checkpoints").iterdir() if p.name != "snapshots")
+
+
 @pytest.mark.parametrize(("strategy", "extra"), [
-    ("bsp", {}), ("allreduce", {}), ("switch", {"at": 0.25, "to": "bsp"}),  # killed after it
+    ("bsp", {}), ("allreduce", {}),
+    ("switch", {"at": 0.25, "to": "bsp"}),  # resumed after the switch
+    ("switch", {"at": 0.5, "to": "bsp"}),  # from the checkpoint of the switch's epoch
 ])
 def test_a_killed_run_resumed_ends_where_an_uninterrupted_one_ends(tmp_path, strategy, extra):
     fields = {"strategy": strategy, "workers": 2, "epochs": EPOCHS, "dataset": "digits",
@@ -61,16 +89,90 @@ def test_a_killed_run_resumed_ends_where_an_uninterrupted_one_ends(tmp_path, str
     out = tmp_path / "runs"
     run_id = _kill_a_worker_after(out, {**fields, "servers": 1} if strategy == "bsp" else fields,
                                   epochs_done=2)
+    for later in complete_epochs(out / run_id, 2, 1):  # the kill may have come later
+        if later > 2:
+            shutil.rmtree(epoch_dir(out / run_id, later))
     said = []
     summary = polyrhythm.resume(run_id, out, say=said.append)
     assert summary["run_id"] == run_id and summary["status"] == "completed"
-    assert said[-1].startswith(f"resuming run {run_id} after epoch ")
+    assert said[-1].startswith(f"resuming run {run_id} after epoch 2 of {EPOCHS}")
     assert len(summary["epoch_metrics"]) == EPOCHS
     whole = polyrhythm.train({**fields, "out": str(tmp_path / "w")})
     assert max_diff(stored_parameters(summary), stored_parameters(whole)) <= 1e-5
     (row,) = [r for r in RunStore(out / "polyrhythm.db").runs() if r["run_id"] == run_id]
     assert row["status"] == "completed" and len(RunStore(out / "polyrhythm.db").epochs(
         run_id)) == EPOCHS
+    assert _checkpoint_folders(out / run_id) == [f"epoch-{EPOCHS - 1:04d}",
+                                                 f"epoch-{EPOCHS:04d}"]
+
+
+def test_a_run_whose_launcher_was_killed_resumes_at_once_and_ends_as_an_uninterrupted_one(
+        tmp_path):
+    """The launcher itself is SIGKILLed (an OOM kill, a closed terminal): its run is left
+    `running` and its ranks leave on their own. `--resume` at once, with no listing in
+    between to mark the run failed, waits for them and goes on."""
+    fields = {"strategy": "bsp", "workers": 2, "servers": 1, "epochs": EPOCHS,
+              "dataset": "digits", "steps_per_epoch": 10, "threads": 1,
+              "worker_delay_s": [0.03, 0.03], "lr_decay_every": 1, "lr_decay": 0.5,
+              "checkpoint_every": 1}
+    out = tmp_path / "runs"
+    launcher, run_dir = _started(out, fields, epochs_done=2)
+    family = psutil.Process(launcher.pid).children(recursive=True)
+    assert len(rank_processes(launcher.pid)) == 3
+    launcher.kill()
+    launcher.communicate(timeout=60)
+    assert RunStore(out / "polyrhythm.db").run(run_dir.name)["status"] == "running"
+    said = []
+    summary = polyrhythm.resume(run_dir.name, out, say=said.append)
+    assert summary["status"] == "completed" and len(summary["epoch_metrics"]) == EPOCHS
+    assert said[-1].startswith(f"resuming run {run_dir.name} after epoch ")
+    assert not [p for p in family if _alive(p)]  # the resume waited for them to leave
+    whole = polyrhythm.train({**fields, "out": str(tmp_path / "w")})
+    assert max_diff(stored_parameters(summary), stored_parameters(whole)) <= 1e-5
+
+
+def test_a_run_whose_launcher_lives_is_not_resumed_and_one_whose_launcher_is_gone_is(
+        tmp_path):
+    out = tmp_path / "runs"
+    config = make_config({"strategy": "bsp", "workers": 2, "dataset": "digits",
+                          "out": str(out)})
+    live = start_run(config)  # launched by this process, which lives
+    with pytest.raises(StoreError, match=f"run {live.run_id} is still running by process "
+                                         f"{os.getpid()} on "):
+        polyrhythm.resume(live.run_id, out)
+    assert live.store.run(live.run_id)["status"] == "running"  # left as it was
+    # Launched by a process that is gone (this pid, another start time): marked failed as a
+    # listing would, then resumed; this one wrote no checkpoint, so that is what it says.
+    gone = RunRecord(out, "20260101-000000-bsp-gone00")
+    (gone.dir / "logs").mkdir(parents=True)
+    (gone.dir / "config.toml").write_text(config.to_toml())
+    gone.store.add_run(gone.run_id, "2026-01-01T00:00:00+00:00", config.columns(),
+                       config.to_toml(), launcher={**process_identity(), "start": "0"})
+    with pytest.raises(DataError, match="no usable checkpoint"):
+        polyrhythm.resume(gone.run_id, out)
+    row = gone.store.run(gone.run_id)
+    assert row["status"] == "failed" and row["error"] == LAUNCHER_GONE
+    live.store.complete_run(live.run_id, {"final_val_accuracy": 0.5, "samples_per_s": 1.0,
+                                          "wall_s": 1.0}, [])
+    with pytest.raises(StoreError, match=f"run {live.run_id} is completed: only a failed"):
+        polyrhythm.resume(live.run_id, out)
+
+
+def test_resume_waits_for_the_processes_that_still_hold_the_run(tmp_path):
+    """A rank of the run (here a stand-in that takes the ranks' hold) keeps a resume
+    waiting; once it is gone the wait ends."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from polyrhythm.launch import runlock; "
+         f"runlock.hold({str(tmp_path)!r}); print('held', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        with pytest.raises(StoreError, match="still run after 0.2 s"):
+            runlock.wait_until_free(tmp_path, timeout=0.2)
+    finally:
+        holder.kill()
+        holder.wait()
+    runlock.wait_until_free(tmp_path, timeout=60)  # returns once the hold is let go
 
 
 def test_resuming_with_two_servers_instead_of_one_matches(tmp_path):

@@ -9,11 +9,19 @@ from typing import Any
 from polyrhythm.config import RunConfig, layered, load_config
 from polyrhythm.data.datasets import open_source
 from polyrhythm.errors import ConfigError
+from polyrhythm.launch import runlock
 from polyrhythm.launch.cluster import can_emulate
 from polyrhythm.launch.emulated import launch_emulated
 from polyrhythm.launch.local import launch_local
 from polyrhythm.launch.progress import ProgressBoard
-from polyrhythm.metrics.records import RunRecord, measured_compute, reopen_run, start_run
+from polyrhythm.metrics.records import (
+    RunRecord,
+    check_resumable,
+    measured_compute,
+    reopen_run,
+    start_run,
+)
+from polyrhythm.models.build import check_model
 from polyrhythm.runtime.checkpoint import latest
 
 
@@ -38,9 +46,12 @@ def train(config: RunConfig | dict | str | Path | None = None, *, show_progress:
     a process of the job fails (the run is then stored as failed).
     """
     config = resolve_config(config, **overrides)
-    # Fail on what is missing or unsafe (data, a run to replay, root for a cluster) before a
-    # run record exists; the data is read through, not kept (workers read their shards).
-    open_source(config.data, config.seed).check()
+    # Fail on what is missing, unsafe or mismatched (data, a model that cannot take its
+    # samples, a run to replay, root for a cluster) before a run record exists; the data is
+    # read through, not kept (workers read their shards).
+    source = open_source(config.data, config.seed)
+    source.check()
+    check_model(config.model, source.shape, source.classes)
     if config.compute_from is not None:
         measured_compute(config.out, config.compute_from)
     if config.cluster.hosts:
@@ -59,7 +70,8 @@ RESUMABLE = {"servers", "epochs", "checkpoint_every"}
 def resume(run_id: str, out: str | Path = "runs", *, show_progress: bool = False,
            say=print, **overrides: Any) -> dict:
     """Carry on a failed or interrupted run from its newest usable checkpoint, to its
-    configured epochs, in the same run record; return its summary as `train` does."""
+    configured epochs, in the same run record; return its summary as `train` does. A run
+    whose launcher died without recording its end (SIGKILL) counts as failed."""
     record = RunRecord(Path(out), run_id)
     if not (record.dir / "config.toml").is_file():
         raise ConfigError(f"no run {run_id!r} in {str(out)!r}")
@@ -71,6 +83,10 @@ def resume(run_id: str, out: str | Path = "runs", *, show_progress: bool = False
     config = resolve_config(stored, **overrides)
     if config.cluster.hosts:
         raise ConfigError("resuming a run on an emulated cluster is not supported yet")
+    check_resumable(record)
+    # A killed launcher's ranks leave once they see it gone: wait for them, so that none
+    # writes a checkpoint any more when the newest is chosen and the new ranks start.
+    runlock.wait_until_free(record.dir)
     point, done = latest(record.dir, stored.workers, stored.servers, say=say)
     reopen_run(record)
     say(f"resuming run {run_id} after epoch {done} of {config.epochs}")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from polyrhythm.errors import StoreError
+from polyrhythm.metrics.launcher import read_identity
 from polyrhythm.metrics.store import RunStore, process_identity
 
 STORE_NAME = "polyrhythm.db"
@@ -85,6 +86,28 @@ def fail_run(record: RunRecord, error: str, status: str = "failed") -> None:
     summary = {"run_id": record.run_id, "status": status, "error": error,
                "run_dir": str(record.dir)}
     (record.dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+
+
+def check_resumable(record: RunRecord) -> None:
+    """A one-line StoreError unless the run may be resumed: failed (or diverged), or left
+    `running` by a launcher that is gone (SIGKILL), which is first marked failed as a listing
+    would mark it. A run whose launcher lives is refused: two launchers on one run would each
+    start its ranks."""
+    store = record.store
+    store.fail_orphans(record.run_id)
+    run = store.run(record.run_id)
+    if run is None:
+        raise StoreError(f"no run {record.run_id!r} in {str(store.path)!r}")
+    if run["status"] in ("failed", "diverged"):
+        return
+    if run["status"] == "running":
+        launcher = read_identity(run["launcher"]) or {}
+        by = (f" by process {launcher.get('pid')} on {launcher.get('host')}, which is not "
+              "gone" if launcher else "")
+        raise StoreError(f"run {record.run_id} is still running{by}: only a failed or "
+                         "interrupted run can be resumed")
+    raise StoreError(f"run {record.run_id} is {run['status']}: only a failed or interrupted "
+                     "run can be resumed")
 
 
 def reopen_run(record: RunRecord) -> None:

@@ -25,7 +25,8 @@ column names, which are constants of this module, are formatted into statements.
 A run still `running` whose launcher was a process of this host that is gone (its pid no
 longer exists, or belongs to a process started at another time) is marked `failed` with the
 error `launcher gone` when the runs are listed (`RunStore.runs`: `polyrhythm runs`, reports,
-sweeps). Runs launched on other hosts, or by a process that still lives, are left alone.
+sweeps), and before a run is resumed (`polyrhythm train --resume`). Runs launched on other
+hosts, or by a process that still lives, are left alone.
 """
 
 from __future__ import annotations
@@ -271,16 +272,18 @@ class RunStore:
                                   (json.dumps(launcher), run_id))
             return cursor.rowcount == 1
 
-    def fail_orphans(self) -> list[str]:
-        """Mark failed, with the error LAUNCHER_GONE, every running run whose launcher was a
-        process of this host that is gone; return their ids. Runs of other hosts, and of a
-        launcher that still lives (or that this process cannot tell), are left alone; so is
-        everything if the store cannot be written now (the next listing tries again)."""
+    def fail_orphans(self, run_id: str | None = None) -> list[str]:
+        """Mark failed, with the error LAUNCHER_GONE, every running run (or only `run_id`)
+        whose launcher was a process of this host that is gone; return their ids. Runs of
+        other hosts, and of a launcher that still lives (or that this process cannot tell),
+        are left alone; so is everything if the store cannot be written now (the next
+        listing tries again)."""
         if not self.path.exists():
             return []
         with self._connect(write=False) as conn:
-            running = conn.execute("SELECT run_id, launcher FROM runs"
-                                   " WHERE status = 'running' AND launcher IS NOT NULL").fetchall()
+            running = conn.execute("SELECT run_id, launcher FROM runs WHERE status = 'running'"
+                                   " AND launcher IS NOT NULL AND (? IS NULL OR run_id = ?)",
+                                   (run_id, run_id)).fetchall()
         if not running:
             return []
         here = process_identity()
@@ -290,10 +293,10 @@ class RunStore:
         try:
             with self._connect() as conn:
                 # Still running: a run completed meanwhile stays completed.
-                return [run_id for run_id in gone if conn.execute(
+                return [orphan for orphan in gone if conn.execute(
                     "UPDATE runs SET status = 'failed', error = ?"
                     " WHERE run_id = ? AND status = 'running'",
-                    (LAUNCHER_GONE, run_id)).rowcount == 1]
+                    (LAUNCHER_GONE, orphan)).rowcount == 1]
         except StoreError:
             return []
 
