@@ -133,6 +133,29 @@ def _halves(settings: Any, run: Any) -> str | None:
     return None
 
 
+def _switch_point(settings: Any, run: Any) -> str | None:
+    """Rule at with α > 0 must leave some epochs to the first strategy: ⌊α·epochs⌋ = 0
+    would switch before training, which only α = 0 asks for. (With α < 1, ⌊α·epochs⌋ is
+    below epochs, in floating point too, so the switch always comes before the end; α = 1
+    never switches, on purpose.)"""
+    alpha, epochs = settings.at, run.epochs
+    if settings.rule != "at" or alpha <= 0 or math.floor(alpha * epochs) > 0:
+        return None
+    needed = math.ceil(1 / alpha) if alpha >= 1e-6 else None
+    while needed is not None and math.floor(alpha * needed) < 1:
+        needed += 1  # 1/α rounded up may still fall short by a rounding error
+    more = f"at least {needed} epochs" if needed else "more epochs"
+    if epochs > 1:  # with one epoch, no α < 1 leaves it to the first strategy
+        more += " or a larger --at"
+    return (f"switch at {alpha:g} of {epochs} epoch{'s' * (epochs != 1)} is after "
+            f"⌊{alpha * epochs:g}⌋ = 0 epochs, so {settings['from'].name} would never run: "
+            f"give {more} (--at 0 switches before training on purpose)")
+
+
+def _check(settings: Any, run: Any) -> str | None:
+    return _halves(settings, run) or _switch_point(settings, run)
+
+
 def _to_given(given: Mapping[str, Any]) -> tuple[StrategySpec, Mapping[str, Any]]:
     """The `to` half as given: its declaration and its settings."""
     to = given.get("to", "asp")
@@ -161,6 +184,6 @@ SWITCH = StrategySpec(
         Param("idleness_threshold", float, "rule straggler: switch when the most idle worker "
               "waited for peers more than this share of the last epoch", IDLENESS_THRESHOLD,
               rule=within(0, 1, low_open=True, high_open=True))),
-    check=_halves,
+    check=_check,
     policy=lambda s, n: STRATEGIES[s.to.name].policy(s.to, n),
     whole_gradient=lambda given: _to_given(given)[0].whole_gradient(_to_given(given)[1]))
