@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import polyrhythm
@@ -142,6 +143,13 @@ FLAG_CASES = [
     pytest.param(["--strategy", "kbsp", "--staleness", "2"],
                  ["strategy 'kbsp' takes no --staleness", "--quorum"],
                  id="staleness-for-kbsp"),
+    pytest.param(["--strategy", "switch", "--from", "ring", "--to", "ssp", "--staleness", "2",
+                  "--at", "0.3"],
+                 ["⌊0.9⌋ = 0 epochs", "ring would never run", "at least 4 epochs"],
+                 id="switch-before-training"),
+    pytest.param(["--model", "resnet20", "--dataset", "synthetic", "--synthetic-shape", "20"],
+                 ["model resnet20 needs image samples", "dataset gives shape (20,)"],
+                 id="image-model-on-feature-vectors"),
 ]
 
 
@@ -168,6 +176,16 @@ def test_data_path_not_an_archive(out: Path) -> None:
     junk = write(out.parent / "cifar.tar.gz", b"not a tar archive")
     proc = run_train(out, "--dataset", "cifar10", "--data-path", str(junk))
     assert_one_line_error(proc, str(junk))
+    assert_no_run_left(out)
+
+
+def test_image_model_on_an_npz_of_feature_vectors(out: Path) -> None:
+    """Caught before launch from the file's arrays, as for any data set."""
+    data = out.parent / "vectors.npz"
+    np.savez(data, x=np.random.default_rng(0).normal(size=(40, 8)).astype(np.float32),
+             y=np.arange(40) % 4)
+    proc = run_train(out, "--dataset", "npz", "--data-path", str(data), "--model", "resnet20")
+    assert_one_line_error(proc, "model resnet20 needs image samples", "shape (8,)")
     assert_no_run_left(out)
 
 

@@ -132,6 +132,27 @@ def test_bad_switch_settings_are_one_line_errors(fields, message):
         make_config({"strategy": "switch", "workers": 2, **fields})
 
 
+def test_a_switch_before_any_epoch_of_its_first_half_is_refused_before_anything_starts(
+        tmp_path):
+    """⌊0.3 · 3⌋ = 0: ring would never run. Refused, with the epochs that would do; α = 0
+    (before training) and α = 1 (never) keep their meaning, and more epochs make 0.3 fine."""
+    fields = {"strategy": "switch", "from": "ring", "to": "ssp", "staleness": 2, "at": 0.3,
+              "out": str(tmp_path / "runs")}
+    with pytest.raises(ConfigError, match=re.escape(
+            "switch at 0.3 of 3 epochs is after ⌊0.9⌋ = 0 epochs, so ring would never run: "
+            "give at least 4 epochs or a larger --at")):
+        polyrhythm.train(fields)
+    assert not (tmp_path / "runs").exists()
+    with pytest.raises(ConfigError, match=re.escape("give at least 2 epochs (--at 0")):
+        make_config({**fields, "at": 0.9, "epochs": 1})  # no α < 1 helps one epoch
+    with pytest.raises(ConfigError, match=re.escape("give at least 1000 epochs or")):
+        make_config({**fields, "at": 0.001, "epochs": 999})
+    assert make_config({**fields, "epochs": 4}).strategy.at == 0.3  # ⌊1.2⌋ = 1
+    for alpha in (0.0, 1.0):
+        assert make_config({**fields, "at": alpha}).strategy.at == alpha
+    assert make_config({**fields, "rule": "empirical"}).strategy.rule == "empirical"
+
+
 def test_train_prints_when_and_why_it_switched():
     switched = {"switch_rule": "empirical", "switch_epoch": 11, "switch_s": 0.0808,
                 "switch_why": "loss change s = 0.413 % < 1 %",
