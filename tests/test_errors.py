@@ -150,12 +150,23 @@ FLAG_CASES = [
     pytest.param(["--model", "resnet20", "--dataset", "synthetic", "--synthetic-shape", "20"],
                  ["model resnet20 needs image samples", "dataset gives shape (20,)"],
                  id="image-model-on-feature-vectors"),
+    # A user's functions the ranks could not import: caught by the launcher, not by a rank.
+    pytest.param(["--model", "no_such_module:net"],
+                 ["cannot load 'no_such_module:net'", "No module named"],
+                 id="model-not-importable"),
+    pytest.param(["--sharding", "no_such_module:split"],
+                 ["cannot load 'no_such_module:split'", "No module named"],
+                 id="splitter-not-importable"),
+    pytest.param(["--sharding", "polyrhythm.data.splitters:SPLITTERS"],
+                 ["sharding 'polyrhythm.data.splitters:SPLITTERS' is not a function"],
+                 id="splitter-not-a-function"),
 ]
 
 
 @pytest.mark.parametrize(("args", "needles"), FLAG_CASES)
 def test_bad_flag(out: Path, args: list[str], needles: list[str]) -> None:
     assert_one_line_error(run_train(out, *args), *needles)
+    assert_no_run_left(out)
     assert_no_run_left(out)
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from polyrhythm.config import RunConfig, layered, load_config
 from polyrhythm.data.datasets import open_source
+from polyrhythm.data.splitters import splitter
 from polyrhythm.errors import ConfigError
 from polyrhythm.launch import runlock
 from polyrhythm.launch.cluster import can_emulate
@@ -47,11 +48,13 @@ def train(config: RunConfig | dict | str | Path | None = None, *, show_progress:
     """
     config = resolve_config(config, **overrides)
     # Fail on what is missing, unsafe or mismatched (data, a model that cannot take its
-    # samples, a run to replay, root for a cluster) before a run record exists; the data is
-    # read through, not kept (workers read their shards).
+    # samples, a user's splitter that cannot be imported, a run to replay, root for a
+    # cluster) before a run record exists; the data is read through, not kept (workers read
+    # their shards).
     source = open_source(config.data, config.seed)
     source.check()
     check_model(config.model, source.shape, source.classes)
+    splitter(config.data.sharding or "random")
     if config.compute_from is not None:
         measured_compute(config.out, config.compute_from)
     if config.cluster.hosts:

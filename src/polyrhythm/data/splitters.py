@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from polyrhythm.errors import DataError
+from polyrhythm.errors import ConfigError, DataError
 from polyrhythm.settings import load_object
 
 DEFAULT_COMPONENTS, DEFAULT_MAX_ITER = 32, 150
@@ -86,12 +86,20 @@ SPLITTERS: dict[str, Callable[..., list[np.ndarray]]] = {
     "distribution-aware": distribution_aware_split}
 
 
+def splitter(name: str) -> Callable[..., list[np.ndarray]]:
+    """The splitter a name means: ours, or the user's "package.module:function" imported (a
+    one-line ConfigError if it cannot be: the launcher asks before any process starts)."""
+    function = SPLITTERS.get(name) or load_object(name)
+    if not callable(function):
+        raise ConfigError(f"sharding {name!r} is not a function")
+    return function
+
+
 def split(data: ToSplit, workers: int, seed: int, settings) -> list[np.ndarray]:
     """Each worker's training indices, by the splitter the [data] settings name (or a
     user's "package.module:function" of the same signature), checked."""
     name = settings.sharding or "random"
-    splitter = SPLITTERS.get(name) or load_object(name)
-    shards = [np.asarray(s, dtype=np.int64) for s in splitter(data, workers, seed, settings)]
+    shards = [np.asarray(s, dtype=np.int64) for s in splitter(name)(data, workers, seed, settings)]
     n = len(data.labels)
     if len(shards) != workers or any(len(s) == 0 for s in shards):
         raise DataError(f"sharding {name} gave {len(shards)} shards for {workers} workers, "
