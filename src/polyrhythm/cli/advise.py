@@ -1,5 +1,5 @@
-"""`polyrhythm advise`: which strategy and how many servers, for this model on these hosts
-(sim/advise.py)."""
+"""`polyrhythm advise`: which strategy and how many servers, for this model and data on these
+hosts (sim/advise.py)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,12 @@ import argparse
 import json
 from dataclasses import replace
 
+from polyrhythm.cli.flags import add_component_flags, config_flags, list_of
 from polyrhythm.errors import ConfigError
 from polyrhythm.units import duration
 
 DEFAULT_EPOCH_SAMPLES = 50_000  # CIFAR-10's training set
+DEFAULT_BANDWIDTH = "1gbit"
 
 
 def add_parser(commands) -> None:
@@ -19,18 +21,20 @@ def add_parser(commands) -> None:
         description="Simulate every strategy and server layout that fits the hosts (a worker "
         "on each; servers on worker hosts or on hosts of their own), rank them by predicted "
         "time per epoch, flag those whose staleness is known to cost accuracy (from the "
-        "store's runs where there are any), and recommend one with its expected error.")
+        "store's runs of the same model and data where there are any, naming them; else the "
+        "documents' figures), and recommend one with its expected error. The model is sized "
+        "for --dataset's samples. Lists take spaces or commas: --cpu 1 1 0.5 or 1,1,0.5.")
     adv.add_argument("--hosts", type=int, required=True, metavar="N", help="machines")
-    adv.add_argument("--bandwidth", metavar="RATE", default="1gbit",
-                     help="each host's link, one rate or one per host, comma-separated "
-                     "(default: 1gbit)")
+    adv.add_argument("--bandwidth", metavar="RATE", help="each host's link: one rate, or one "
+                     f"per host (default: {DEFAULT_BANDWIDTH})", **list_of(str))
     adv.add_argument("--latency", metavar="DURATION", default="0ms",
                      help="one-way latency of a message (default: 0ms)")
-    adv.add_argument("--cpu", metavar="SHARES", help="each host's CPU share in cores, "
-                     "comma-separated: 1,1,0.5 (a host at half speed computes twice as long)")
-    adv.add_argument("--model", default="cnn", metavar="NAME",
-                     help="a registered model (default: cnn)")
+    adv.add_argument("--cpu", metavar="CORES", help="each host's CPU share in cores: one, or "
+                     "one per host (a host at half speed computes twice as long)",
+                     **list_of(float))
+    add_component_flags(adv, "model")
     adv.add_argument("--model-mb", type=float, metavar="MB", help="or the model's size in MB")
+    add_component_flags(adv, "data", shared=False)
     adv.add_argument("--worker-batch-size", type=int, default=32, metavar="N",
                      help="samples per worker and step (default: 32)")
     adv.add_argument("--compute-time", metavar="DURATION", help="one step's forward and "
@@ -46,21 +50,48 @@ def add_parser(commands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from polyrhythm.sim import Costs
-    from polyrhythm.sim.advise import VALIDATED_ERROR, advise, recommend
+    from polyrhythm.cli.sizing import model_parameters
+    from polyrhythm.config import make_config, sectioned
+    from polyrhythm.sim.advise import advise, options, recommend
+    from polyrhythm.sim.evidence import stored_runs
 
     if args.hosts < 2:
         raise ConfigError(f"--hosts must be at least 2, got {args.hosts}")
     if args.epoch_samples < 1:
         raise ConfigError(f"--epoch-samples must be at least 1, got {args.epoch_samples}")
-    costs = Costs.estimated(args.model, args.model_mb)
-    parameters = costs.parameters
-    error = VALIDATED_ERROR
-    base = {"worker_batch_size": args.worker_batch_size, "compute": "emulated",
-            "bandwidth": args.bandwidth.split(","), "latency": args.latency,
-            "model": args.model, "out": args.out}
-    if args.cpu:
-        base["cpu"] = _shares(args.cpu)
+    given = sectioned(config_flags(args))
+    job = {"model": given["model"], "data": given["data"], "out": args.out}  # every option's
+    base = {**job, "worker_batch_size": args.worker_batch_size, "compute": "emulated",
+            "bandwidth": args.bandwidth or [DEFAULT_BANDWIDTH], "latency": args.latency,
+            **({"cpu": args.cpu} if args.cpu else {})}
+    # The job and the hosts' settings checked (one line) before a step is timed.
+    make_config({**base, **options(args.hosts)[0][1], "compute_time": "0ms"})
+    config = make_config(job)
+    parameters, sized = model_parameters(config, args.model_mb)
+    costs, error, compute = _costs(args, config, parameters, base)
+    print(f"{compute}; {sized}")
+    runs = stored_runs(args.out, config.model.name, config.data.name)
+    ranked = advise(base, costs, args.hosts, runs=runs)
+    print(format_evidence(runs, ranked, f"{config.model.name} on {config.data.name}",
+                          args.out))
+    print(format_ranking(ranked, args.epoch_samples))
+    print(recommend(ranked, error))
+    if args.json:
+        print(json.dumps([{"option": o.label, **o.fields, "samples_per_s": o.samples_per_s,
+                           "epoch_s": o.epoch_s(args.epoch_samples),
+                           "staleness_mean": o.staleness, "flag": o.flag,
+                           "caution": o.caution, "evidence": list(o.evidence)}
+                          for o in ranked]))
+    return 0
+
+
+def _costs(args, config, parameters: int, base: dict) -> tuple:
+    """(costs, expected error, a line saying where the compute time comes from): a stored
+    run's (--calibrate), else the time given or measured here; sets base's compute time."""
+    from polyrhythm.cli.sizing import measure_compute
+    from polyrhythm.sim import Costs
+    from polyrhythm.sim.advise import VALIDATED_ERROR
+
     if args.calibrate:
         from polyrhythm.sim.calibrate import calibrate
         from polyrhythm.sim.study import predict_runs
@@ -71,32 +102,37 @@ def run(args: argparse.Namespace) -> int:
                         update_s=cal.costs.update_s * parameters / cal.costs.parameters)
         error = max(VALIDATED_ERROR / 2, abs(predict_runs([cal])[0].error or 0.0))
         base["compute_time"] = "1s"  # replaced by the run's measured times
-    else:
-        seconds = (duration(args.compute_time, "--compute-time") if args.compute_time
-                   else measure_compute(args.model, args.worker_batch_size))
-        base["compute_time"] = f"{seconds * 1000:.3f}ms"
-        how = "given" if args.compute_time else "measured here, on one core"
-        print(f"compute {seconds * 1000:.1f} ms a step of {args.worker_batch_size} "
-              f"({how}); model {parameters:,} parameters")
-    ranked = advise(base, costs, args.hosts, out=args.out)
-    print(format_ranking(ranked, args.epoch_samples))
-    print(recommend(ranked, error))
-    if args.json:
-        print(json.dumps([{"option": o.label, **o.fields, "samples_per_s": o.samples_per_s,
-                           "epoch_s": o.epoch_s(args.epoch_samples),
-                           "staleness_mean": o.staleness, "flag": o.flag} for o in ranked]))
-    return 0
+        return costs, error, f"compute and update cost of run {args.calibrate}"
+    seconds = (duration(args.compute_time, "--compute-time") if args.compute_time
+               else measure_compute(config, args.worker_batch_size))
+    base["compute_time"] = f"{seconds * 1000:.3f}ms"
+    how = "given" if args.compute_time else "measured here, on one core"
+    return (Costs.estimated(parameters), VALIDATED_ERROR,
+            f"compute {seconds * 1000:.1f} ms a step of {args.worker_batch_size} ({how})")
 
 
-def _shares(text: str) -> list[float]:
-    """--cpu's shares: positive numbers, comma-separated."""
-    try:
-        shares = [float(c) for c in text.split(",")]
-    except ValueError:
-        shares = []
-    if not shares or min(shares) <= 0:
-        raise ConfigError(f"--cpu takes positive numbers, comma-separated, got {text!r}")
-    return shares
+def format_evidence(runs, ranked, job: str, out: str) -> str:
+    """Which of the store's runs of `job` the flags rest on, and what each showed; or that
+    there were none, so the flags rest on the documents' figures."""
+    documents = "the flags below rest on the documents' figures"
+    if not runs:
+        return (f"evidence: no completed run of {job} with real compute in the store under "
+                f"{out}: {documents}")
+    used = {run_id for o in ranked for run_id in o.evidence}
+    lines = [f"evidence: {len(used)} of the {len(runs)} completed runs of {job} with real "
+             f"compute in the store under {out}:"]
+    for r in runs:
+        shown = ("synchronous" if r.synchronous else "no synchronous run alike"
+                 if r.points is None else f"{r.points:+.1f} points vs synchronous "
+                 f"({r.baseline:.4f})")
+        lines.append(f"  {'used' if r.run_id in used else 'not used':<8}  {r.run_id:<34} "
+                     f"{r.strategy:<10} {r.workers:>3} workers {r.epochs:>3} epochs  "
+                     f"val acc {r.accuracy:.4f}  {shown}")
+    if not used:
+        lines.append("  none judges an option: that takes an asynchronous run and a "
+                     "synchronous one of the same workers, epochs and batch, with at least "
+                     f"the option's workers; {documents}")
+    return "\n".join(lines)
 
 
 def format_ranking(ranked, epoch_samples: int) -> str:
@@ -105,29 +141,3 @@ def format_ranking(ranked, epoch_samples: int) -> str:
         lines.append(f"{i:>2}  {o.label:<44} {o.samples_per_s:>10.1f} "
                      f"{o.epoch_s(epoch_samples):>9.1f} {o.staleness:>6.2f}  {o.flag}")
     return "\n".join(lines)
-
-
-def measure_compute(model: str, batch: int, steps: int = 5) -> float:
-    """Seconds of one forward and backward of `model` on a batch of 32x32 images, on one
-    core of this machine (the median of a few steps after a first)."""
-    import time
-
-    import torch
-    import torch.nn.functional as F
-
-    from polyrhythm.models.build import build_model
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        net = build_model(model, (3, 32, 32), 10, seed=0)
-        x, y = torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
-        times = []
-        for _ in range(steps + 1):
-            began = time.perf_counter()
-            net.zero_grad()
-            F.cross_entropy(net(x), y).backward()
-            times.append(time.perf_counter() - began)
-    finally:
-        torch.set_num_threads(threads)
-    return sorted(times[1:])[len(times[1:]) // 2]

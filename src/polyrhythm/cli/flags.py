@@ -81,13 +81,16 @@ def _items(kind: type):
     return parse
 
 
-def _component_flags(parser: argparse.ArgumentParser, section: str, exclude: tuple) -> None:
+def add_component_flags(parser: argparse.ArgumentParser, section: str, exclude: tuple = (),
+                        shared: bool = True) -> None:
+    """The flags of a component section: the one naming it (--dataset), the parameters all
+    its components read (`shared`: --val-fraction, --sharding ...) and each one's own."""
     kind = COMPONENTS[section]
     registry, flat = kind.registry, kind.name_key
     if flat not in exclude:
         parser.add_argument(f"--{flat}", dest=flat, default=None, metavar="NAME",
                             help=f"{_SUMMARIES[section]} (default: {kind.default})")
-    for p in kind.shared:
+    for p in kind.shared if shared else ():
         add_flag(parser, p, p.help + default_text(p))
     for name in registry.param_names():
         declared = registry.declarations(name)
@@ -104,12 +107,12 @@ def _component_flags(parser: argparse.ArgumentParser, section: str, exclude: tup
 
 def add_config_flags(parser: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) -> None:
     """One flag per flat config key (--batch-size for batch_size), typed from its declaration."""
-    _component_flags(parser, "strategy", exclude)
+    add_component_flags(parser, "strategy", exclude)
     for p in (*GENERAL, *OPTIMIZER, *CLUSTER):
         if p.name not in exclude:
             add_flag(parser, p, p.help + default_text(p))
-    _component_flags(parser, "data", exclude)
-    _component_flags(parser, "model", exclude)
+    add_component_flags(parser, "data", exclude)
+    add_component_flags(parser, "model", exclude)
 
 
 def config_flags(args: argparse.Namespace) -> dict[str, Any]:

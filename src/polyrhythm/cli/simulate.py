@@ -8,8 +8,8 @@ import json
 import time
 from pathlib import Path
 
-from polyrhythm.cli.flags import add_config_flags, config_flags
-from polyrhythm.config import load_config
+from polyrhythm.cli.flags import add_config_flags, config_flags, list_of
+from polyrhythm.config import load_toml
 from polyrhythm.errors import ConfigError
 from polyrhythm.units import duration
 
@@ -20,24 +20,26 @@ def add_parser(commands) -> None:
     sim = commands.add_parser(
         "simulate", help="predict strategies on a simulated cluster (thousands of workers)",
         description="Simulate the run `train` would make with these flags (one or several "
-        "strategies and worker counts, comma-separated), or every point of a sweep file, on "
-        "the cluster the flags describe (--bandwidth, --latency, --hosts or "
-        "--workers-per-host, --placement, --cpu, --slowdown), with each step's compute time "
-        "(--compute-time) or the costs measured by stored runs (--calibrate RUN_ID). Prints "
-        "a table (samples/s, efficiency, iteration time, idleness, staleness, server load) "
-        "and writes the throughput and efficiency plot.")
+        "strategies and worker counts), or every point of a sweep file, on the cluster the "
+        "flags describe (--bandwidth, --latency, --hosts or --workers-per-host, --placement, "
+        "--cpu, --slowdown; a link speed or CPU share without a host count means a host per "
+        "worker), with each step's compute time (--compute-time) or the costs measured by "
+        "stored runs (--calibrate RUN_ID). The model is sized for the data set the run "
+        "would use (--dataset), or by --model-mb. Prints a table (samples/s, efficiency, "
+        "iteration time, idleness, staleness, server load) and writes the throughput and "
+        "efficiency plot. Lists take spaces or commas: --workers 2 8 64 or 2,8,64.")
     sim.add_argument("--config", metavar="FILE.toml", help="config file; flags override it")
-    sim.add_argument("--strategy", metavar="NAMES", help="strategies to simulate, "
-                     "comma-separated (default: bsp)")
-    sim.add_argument("--workers", metavar="COUNTS", help="worker counts, comma-separated "
-                     "(default: 4)")
+    sim.add_argument("--strategy", metavar="NAME", help="strategies to simulate "
+                     "(default: bsp)", **list_of(str))
+    sim.add_argument("--workers", metavar="N", help="worker counts (default: 4)",
+                     **list_of(int))
     sim.add_argument("--sweep", metavar="FILE.toml", help="simulate every point of this "
                      "sweep file instead")
     sim.add_argument("--calibrate", metavar="RUN_ID", action="append", default=[],
                      help="a stored run (under --out) to predict from its own measured "
                      "costs, beside its measurement; repeat for several")
     sim.add_argument("--model-mb", type=float, metavar="MB", help="the model's size in MB "
-                     "(float32), instead of --model's declared size")
+                     "(float32), instead of --model's size on --dataset's samples")
     sim.add_argument("--update-time", metavar="DURATION", help="a server's optimizer step "
                      "on the whole model (default: 2 ns per parameter)")
     sim.add_argument("--reduce-time", metavar="DURATION", default="0ms",
@@ -65,8 +67,12 @@ def run(args: argparse.Namespace) -> int:
     configs = _configs(args, flags) if (args.sweep or not calibrations or args.strategy
                                         or args.workers) else []
     predictions = predict_runs(calibrations)
-    if configs:
-        predictions += predict(configs, _costs(args, configs[0]), args.iterations)
+    costs: dict = {}  # one sizing for each model on each data set
+    for config in configs:
+        key = repr((config.model.to_dict(), config.data.to_dict()))
+        if key not in costs:
+            costs[key] = _costs(args, config)
+        predictions += predict([config], costs[key], args.iterations)
     print(format_predictions(predictions))
     from polyrhythm.sim.plot import scaling_png
 
@@ -89,35 +95,29 @@ def _configs(args, flags: dict) -> list:
 
         return [planned.config for planned in load_sweep(args.sweep, out=flags.get("out")
                                                          ).plan()]
+    from polyrhythm.sim.setup import simulation_config
+
     if "compute_time" in flags and "compute" not in flags:
         flags["compute"] = "emulated"  # a compute time means: simulate steps that long
-    configs = []
-    for strategy in _listed(args.strategy, str) or [None]:
-        for workers in _listed(args.workers, int) or [None]:
-            given = {k: v for k, v in (("strategy", strategy), ("workers", workers)) if v}
-            configs.append(load_config(args.config, **flags, **given))
+    given = load_toml(args.config) if args.config else {}
+    configs = [simulation_config(given, flags, {k: v for k, v in (("strategy", strategy),
+                                                                  ("workers", workers)) if v})
+               for strategy in args.strategy or [None] for workers in args.workers or [None]]
     if any(c.compute != "emulated" for c in configs):
         raise ConfigError("simulate needs each step's compute time: give --compute-time "
                           "(e.g. 8s), or --calibrate RUN_ID to take a stored run's")
     return configs
 
 
-def _listed(text: str | None, kind: type) -> list:
-    if text is None:
-        return []
-    try:
-        return [kind(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise ConfigError(f"expected a comma-separated list of {kind.__name__}s, got "
-                          f"{text!r}") from None
-
-
 def _costs(args, config):
+    """The costs of `config`'s model, sized for its data (or by --model-mb); says so."""
+    from polyrhythm.cli.sizing import model_parameters
     from polyrhythm.sim import Costs
 
+    parameters, sized = model_parameters(config, args.model_mb)
+    print(sized)
     update = duration(args.update_time, "--update-time") if args.update_time else None
-    return Costs.estimated(config.model.name, args.model_mb, update,
-                           duration(args.reduce_time, "--reduce-time"))
+    return Costs.estimated(parameters, update, duration(args.reduce_time, "--reduce-time"))
 
 
 def _row(p) -> dict:

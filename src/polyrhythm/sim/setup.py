@@ -5,19 +5,23 @@ compute time per step, the model's size and its buckets, and the servers' update
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
+from polyrhythm.config import RunConfig, layered, make_config
 from polyrhythm.config.emulation import compute_times, host_ranks, per_host, replay
 from polyrhythm.data.sharding import worker_batch_sizes
 from polyrhythm.errors import ConfigError
 from polyrhythm.layout import BucketLayout
-from polyrhythm.models import MODELS
 from polyrhythm.sim.network import Network
 from polyrhythm.units import Delay, duration, rate
 
 BYTES = 4  # float32
 HEADER = 5 * BYTES  # a push's header (comm/messages.py): small next to any model
+# Cluster settings that describe hosts: given without a host count, the simulator gives each
+# worker a host (simulation_config).
+HOST_SETTINGS = ("bandwidth", "cpu", "placement")
 # A server's optimizer step (SGD with momentum, weight decay) when no run calibrates it:
 # about 2 ns per parameter on this machine's CPU (FlatSGD on 25 M values).
 UPDATE_S_PER_PARAMETER = 2e-9
@@ -37,24 +41,11 @@ class Costs:
     message_s: float = 0.0  # a process's own time to hand one message over (LogP's o)
 
     @classmethod
-    def of_model(cls, name: str, **costs) -> Costs:
-        """A registered model's declared size (models/), for 32x32 images and 10 classes."""
-        return cls(MODELS.lookup(name).parameters, **costs)
-
-    @classmethod
-    def estimated(cls, model: str, mb: float | None = None, update_s: float | None = None,
+    def estimated(cls, parameters: int, update_s: float | None = None,
                   reduce_s: float = 0.0) -> Costs:
-        """Costs no run calibrates: a model of `mb` MB (float32), or registered model
-        `model` by its declared size; the update time given, else estimated from the size
-        (UPDATE_S_PER_PARAMETER). One-line ConfigErrors for a size that cannot be known."""
-        if mb is not None:
-            if not mb > 0:
-                raise ConfigError(f"--model-mb must be positive, got {mb}")
-            parameters = int(mb * 1e6 / BYTES)
-        else:
-            parameters = MODELS.lookup(model).parameters
-            if parameters is None:
-                raise ConfigError(f"model {model!r} declares no size: give --model-mb")
+        """Costs no run calibrates, of a model of `parameters` values (cli/sizing.py sizes
+        a registered one for the run's data): the update time given, else estimated from
+        the size (UPDATE_S_PER_PARAMETER)."""
         update = parameters * UPDATE_S_PER_PARAMETER if update_s is None else update_s
         return cls(parameters, update, reduce_s)
 
@@ -82,6 +73,20 @@ class Setup:
 
     def worker_host(self, w: int) -> int:
         return self.host[self.servers + w]
+
+
+def simulation_config(*layers: Mapping[str, Any]) -> RunConfig:
+    """The config of configs in layers (a file, then flags, the later winning, as
+    load_config layers them) as the simulator reads it: a link speed, CPU shares or a
+    placement given without hosts or workers_per_host mean a host per worker (and one per
+    server where placement is dedicated). `train` asks for the count, as emulation makes the
+    hosts (with root and tools); a simulation makes none, so it need not be told."""
+    values = layered(*layers)
+    cluster = values["cluster"]
+    if (cluster.get("hosts") is None and cluster.get("workers_per_host") is None
+            and any(cluster.get(key) for key in HOST_SETTINGS)):
+        values["cluster"] = {**cluster, "workers_per_host": 1}
+    return make_config(values)
 
 
 def setup(config, costs: Costs, iterations: int) -> Setup:
