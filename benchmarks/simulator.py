@@ -25,14 +25,16 @@ TARGET_S = 10.0
 
 def simulated(workers: int, iterations: int) -> float:
     """Seconds to simulate asp: 1 server, a worker per host, 1 gbit, 8 s +- 1 s compute."""
+    from polyrhythm.cli.sizing import model_size
     from polyrhythm.config import load_config
     from polyrhythm.sim import Costs, simulate
 
     config = load_config(strategy="asp", workers=workers, worker_batch_size=32,
                          workers_per_host=1, bandwidth="1gbit", compute="emulated",
-                         compute_time="8s", compute_jitter="1s")
+                         compute_time="8s", compute_jitter="1s", model="resnet20")
+    costs = Costs(model_size(config).parameters)
     began = time.perf_counter()
-    result = simulate(config, Costs.of_model("resnet20"), iterations)
+    result = simulate(config, costs, iterations)
     seconds = time.perf_counter() - began
     assert sum(log.steps for log in result.logs) == workers * iterations
     return seconds
