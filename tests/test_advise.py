@@ -4,6 +4,7 @@ the stored runs its flags rest on (named), or the documents' figures when there 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -61,7 +62,7 @@ def test_advise_takes_its_lists_with_spaces_or_commas_and_checks_their_length(tm
     assert ranked != json.loads(even.stdout.splitlines()[-1])  # the shares were read
     short = advise("--cpu", "1", "1", "0.5", *common)
     assert short.returncode == 2 and short.stderr.count("\n") == 1
-    assert "cpu" in short.stderr and "3 values for 4 hosts" in short.stderr
+    assert "cpu" in short.stderr and {"3", "4"} <= set(re.findall(r"\b\d+\b", short.stderr))
 
 
 def _stored(out, run_id: str, strategy: str, workers: int, accuracy: float,

@@ -212,10 +212,11 @@ def test_simulate_rejects_bad_input_in_one_line(args, tmp_path):
     run = subprocess.run([sys.executable, "-m", "polyrhythm.cli", "simulate", *args,
                           "--out", str(tmp_path)], capture_output=True, text=True)
     assert run.returncode == 2 and run.stderr.count("\n") == 1, run.stderr
+    numbers = set(re.findall(r"\b\d+\b", run.stderr))
     if "--slowdown" in args:  # a list's length against what it is one per
-        assert re.search(r"\b3\b.*\b2 workers", run.stderr), run.stderr
+        assert "slowdown" in run.stderr and {"3", "2"} <= numbers, run.stderr
     if "100mbit" in args:  # 4 workers and the server, each on a host of its own
-        assert re.search(r"\b2\b.*\b5 hosts", run.stderr), run.stderr
+        assert "bandwidth" in run.stderr and {"2", "5"} <= numbers, run.stderr
 
 
 def test_the_ring_a_round_at_a_time_moves_what_member_by_member_moves(monkeypatch):
