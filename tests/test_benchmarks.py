@@ -46,7 +46,9 @@ def test_face_benchmark_smoke_prints_the_time():
     row = re.search(r"^polyrhythm runs, 50 runs: (\d+\.\d+) s \(target < 1\.5 s\) "
                     r"(PASS|MISS); bare interpreter (\d+\.\d+) s", out, re.MULTILINE)
     assert row, out
-    assert float(row.group(1)) > float(row.group(3)) > 0
+    # How fast this machine is that day is not asserted (a quick run may print 0.00 s):
+    # only that the verdict follows the figure.
+    assert (row.group(2) == "PASS") == (float(row.group(1)) < 1.5), row.group(0)
 
 
 def test_cluster_benchmark_smoke_prints_its_ratios():
@@ -74,4 +76,6 @@ def test_simulator_benchmark_smoke_prints_the_time_and_ratio():
                     r"(PASS|MISS); bare event loop (\d+\.\d+) s; ratio (\d+\.\d+)$", out,
                     re.MULTILINE)
     assert row, out
-    assert float(row.group(1)) > float(row.group(3)) > 0
+    # Not how fast this machine is (the bare loop of a quick run may print 0.00 s): only that
+    # the verdict follows the figure.
+    assert (row.group(2) == "PASS") == (float(row.group(1)) < 10), row.group(0)
