@@ -35,7 +35,7 @@ def cluster(strategy: str, workers: int, **fields):
 
 @pytest.mark.parametrize("n", [2, 4, 8, 16])
 def test_a_synchronous_round_with_one_server_takes_2n_transfers_and_an_update(n):
-    # 003: pushes and replies go one after another over the server's link.
+    # Nam's lectures: pushes and replies go one after another over the server's link.
     result = simulate(cluster("bsp", n, bucket_kb=WHOLE), Costs(P, update_s=U_W), 1)
     assert result.makespan_s == pytest.approx(2 * n * T_W + U_W, rel=0.01)
 
@@ -48,16 +48,16 @@ def test_ring_and_tree_all_reduce_take_their_closed_form_time(n):
     assert ring.makespan_s / 3 == pytest.approx(2 * (n - 1) / n * T_W + (n - 1) / n * R_W + U_W,
                                              rel=0.01)
     tree = simulate(cluster("tree", n), costs, 3)
-    depth = math.ceil(math.log2(n))  # 003's log2(n + 1) counts a server among n workers
+    depth = math.ceil(math.log2(n))  # the lectures' log2(n + 1) counts a server among n workers
     assert tree.makespan_s / 3 == pytest.approx(2 * depth * T_W + depth * R_W + U_W, rel=0.01)
 
 
 def test_asynchronous_exchanges_take_their_closed_form_time():
     one = simulate(cluster("asp", 1, bucket_kb=WHOLE), Costs(P, update_s=U_W), 3)
     assert one.iteration_s == pytest.approx(2 * T_W + U_W, rel=0.01)
-    # n workers in turn: n models a round through the server's link, n T_w. (003's n T_w + U_w
-    # overlaps updates with replies; polyrhythm's server sends a reply before its next
-    # update, so each update adds: n (T_w + U_w), checked too.)
+    # n workers in turn: n models a round through the server's link, n T_w. (The lectures'
+    # n T_w + U_w overlaps updates with replies; polyrhythm's server sends a reply before its
+    # next update, so each update adds: n (T_w + U_w), checked too.)
     n = 8
     every = simulate(cluster("asp", n, bucket_kb=WHOLE), Costs(P), 200)
     assert every.iteration_s == pytest.approx(n * T_W, rel=0.01)
@@ -74,10 +74,11 @@ def test_collocated_servers_move_2_n_minus_1_over_n_models_per_host_and_step():
         assert received == pytest.approx(sent, rel=0.01)
 
 
-def test_the_000_sanity_case_levels_off_near_b_times_bandwidth_over_model_size():
-    """000: ResNet-50 (102 MB), 1 gbit/s, 32 images a worker, one synchronous server:
-    throughput levels off near b*B/|w| = 39 images/s (000 measured 35.7). Small buckets,
-    as TensorFlow pushes variable by variable, so replies overlap pushes."""
+def test_the_scaling_thesis_sanity_case_levels_off_near_b_times_bandwidth_over_model_size():
+    """The ResNet-50 CPU scaling thesis: ResNet-50 (102 MB), 1 gbit/s, 32 images a worker, one
+    synchronous server: throughput levels off near b*B/|w| = 39 images/s (the thesis measured
+    35.7). Small buckets, as TensorFlow pushes variable by variable, so replies overlap
+    pushes."""
     costs = Costs(102_000_000 // 4, update_s=0.05)
     speeds = [simulate(cluster("bsp", n, compute_time="8s", bucket_kb=1024), costs,
                        20).samples_per_s for n in (16, 32, 64, 128)]
