@@ -42,6 +42,13 @@ def epoch_dir(run_dir: Path, epochs_done: int) -> Path:
     return Path(run_dir) / FOLDER / f"epoch-{epochs_done:04d}"
 
 
+def is_due(config, epochs_done: int) -> bool:
+    """Whether a run writes a checkpoint after `epochs_done` epochs: every `checkpoint_every`
+    epochs (0: never) and after the last."""
+    every = config.checkpoint_every
+    return bool(every) and (epochs_done % every == 0 or epochs_done == config.epochs)
+
+
 def snapshot_file(run_dir: Path, worker: int, epoch: int) -> Path:
     """Worker `worker`'s model snapshot at the end of epoch `epoch`, validated after
     training: written once (not in every checkpoint, whose size would grow with the epochs)."""

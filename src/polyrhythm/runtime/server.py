@@ -241,7 +241,7 @@ class ParameterServerShard:
         # this server's as it is now, before any push.
         done = int(steps) // self.steps_per_epoch
         self.checkpointed = done
-        if switched and self.ctx.run_dir is not None and self.every and not done % self.every:
+        if switched and self.ctx.run_dir is not None and checkpoint.is_due(self.ctx.config, done):
             self._save(done)
 
     def _act(self, key: int, bucket: Bucket, decision: Decision) -> None:

@@ -284,9 +284,7 @@ class Worker:
 
     def _checkpoint(self, epochs_done: int) -> None:
         ctx, config = self.ctx, self.ctx.config
-        every = config.checkpoint_every
-        if ctx.run_dir is None or not every or (
-                epochs_done % every and epochs_done != config.epochs):
+        if ctx.run_dir is None or not checkpoint.is_due(config, epochs_done):
             return
         i = ctx.worker_index
         # Each epoch's snapshot, written once; by worker 0 alone where the workers hold one
