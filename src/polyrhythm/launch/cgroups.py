@@ -9,6 +9,7 @@ All of ours live under `polyrhythm/` in the controller's hierarchy.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import time
@@ -24,13 +25,24 @@ V2 = Path("/sys/fs/cgroup")
 
 def hierarchy() -> tuple[Path, int]:
     """Where our groups go and the cgroup version: v1's cpu controller if mounted, else v2
-    with cpu among its controllers."""
+    with cpu among its controllers (a hybrid machine's v2 at /sys/fs/cgroup/unified has no
+    controllers: it is v1 that limits CPU there)."""
     if (V1 / "cpu.cfs_quota_us").exists():
         return V1 / ROOT_NAME, 1
     if "cpu" in _read(V2 / "cgroup.controllers").split():
         return V2 / ROOT_NAME, 2
     raise ClusterError("no cgroup CPU controller (neither /sys/fs/cgroup/cpu nor cgroup v2 "
                        "with cpu): cannot give hosts CPU shares")
+
+
+def quota_files(version: int, cores: float) -> dict[str, str]:
+    """What to write, file by file and in order, to give a group `cores` CPUs: v1 takes a
+    period, then a quota (which the kernel reads against the period in place), v2 both in
+    cpu.max. Either way at least 1 ms a period, the kernel's least quota."""
+    quota = max(1000, int(cores * PERIOD_US))
+    if version == 1:
+        return {"cpu.cfs_period_us": str(PERIOD_US), "cpu.cfs_quota_us": str(quota)}
+    return {"cpu.max": f"{quota} {PERIOD_US}"}
 
 
 def _read(path: Path) -> str:
@@ -40,11 +52,32 @@ def _read(path: Path) -> str:
         return ""
 
 
+def _mkdir(path: Path) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ClusterError(f"cannot make cgroup {path}: {exc.strerror}") from None
+
+
 def _write(path: Path, text: str) -> None:
     try:
         path.write_text(text)
     except OSError as exc:
         raise ClusterError(f"cannot write {path}: {exc.strerror}") from None
+
+
+def _enable_cpu(group: Path) -> None:
+    """Give a v2 group's children the cpu controller. v2 lets a group other than the root
+    do so only while it holds no process of its own: a container's root group holds its
+    processes, so there this fails (busy) until they move to a group below."""
+    try:
+        (group / "cgroup.subtree_control").write_text("+cpu")
+    except OSError as exc:
+        why = ("it holds processes of its own (cgroup v2 passes controllers on only from "
+               "groups without; in a container, move its processes to a child group first)"
+               if exc.errno == errno.EBUSY else exc.strerror)
+        raise ClusterError(f"cannot enable the cpu controller below cgroup {group}: "
+                           f"{why}") from None
 
 
 class CpuGroup:
@@ -59,19 +92,12 @@ class CpuGroup:
         if self.version == 2:  # v2: a group's children get the cpu controller only if asked
             for parent in reversed([self.path.parent, *self.path.parent.parents]):
                 if parent == V2 or parent.is_relative_to(V2 / ROOT_NAME):
-                    parent.mkdir(exist_ok=True)
-                    _write(parent / "cgroup.subtree_control", "+cpu")
-        try:
-            self.path.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise ClusterError(f"cannot make cgroup {self.path}: {exc.strerror}") from None
+                    _mkdir(parent)
+                    _enable_cpu(parent)
+        _mkdir(self.path)
         if cores is not None:
-            quota = max(1000, int(cores * PERIOD_US))
-            if self.version == 1:
-                _write(self.path / "cpu.cfs_period_us", str(PERIOD_US))
-                _write(self.path / "cpu.cfs_quota_us", str(quota))
-            else:
-                _write(self.path / "cpu.max", f"{quota} {PERIOD_US}")
+            for name, text in quota_files(self.version, cores).items():
+                _write(self.path / name, text)
         return self
 
     def exists(self) -> bool:
