@@ -71,9 +71,7 @@ def test_a_standing_cluster_is_shaped_listed_used_and_removed(tmp_path, before, 
                 ["ip", "netns", "exec", namespace, "sysctl", "-n",
                  "net.ipv4.tcp_congestion_control"], capture_output=True, text=True,
                 check=True).stdout.strip() == "reno"
-        quota = (cluster.host_group(0).path / "cpu.cfs_quota_us")
-        if quota.exists():
-            assert quota.read_text().strip() == "50000"
+        assert [_quota(cluster.host_group(h)) for h in (0, 1)] == [(50_000, 100_000)] * 2
         summary = polyrhythm.train(equivalence_config(
             tmp_path, strategy="asp", workers=1, epochs=1, hosts=2,
             bandwidth=["100mbit", "1gbit"], cpu=[0.5]))
@@ -88,6 +86,16 @@ def test_a_standing_cluster_is_shaped_listed_used_and_removed(tmp_path, before, 
     finally:
         cluster.down()
     assert leftovers() == before
+
+
+def _quota(group) -> tuple[int, int]:
+    """A group's CPU quota and period in µs, as the kernel shows them in the files of the
+    machine's hierarchy (v1: cpu.cfs_quota_us and cpu.cfs_period_us; v2: cpu.max)."""
+    if group.version == 1:
+        return tuple(int((group.path / f"cpu.cfs_{name}_us").read_text())
+                     for name in ("quota", "period"))
+    quota, period = (group.path / "cpu.max").read_text().split()
+    return int(quota), int(period)
 
 
 def _launch(tmp_path, *flags) -> subprocess.Popen:
@@ -209,6 +217,7 @@ def test_cluster_up_status_and_down_from_the_command_line(tmp_path, before):
         status = _cli("status").stdout
         assert "cluster clitest:" in status
         assert "host 1: pr-clitest-h1 10.213.0.2  100mbit link, 0.5 cores" in status
+        assert _quota(EmulatedCluster.standing("clitest").host_group(1)) == (50_000, 100_000)
         again = _cli("up", "--name", "clitest", "--hosts", "2")
         assert again.returncode == 2
         assert again.stderr.strip() == "polyrhythm: error: cluster 'clitest' is already up"
