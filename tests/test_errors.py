@@ -8,9 +8,12 @@ The subprocess runs in tmp_path, so a run written to a default location would sh
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -40,12 +43,31 @@ def out(tmp_path: Path) -> Path:
     return out
 
 
-def run_train(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """`python -m polyrhythm.cli train --out OUT ARGS...`, run in OUT's parent directory."""
-    return subprocess.run(
-        [sys.executable, "-m", "polyrhythm.cli", "train", "--out", str(out), *args],
-        cwd=out.parent, capture_output=True, text=True, timeout=120,
-    )
+def run_train(out: Path, *args: str, ordinary_user: bool = False
+              ) -> subprocess.CompletedProcess[str]:
+    """`python -m polyrhythm.cli train --out OUT ARGS...`, run in OUT's parent directory; with
+    `ordinary_user`, under the file permissions a user without privileges has."""
+    command = [sys.executable, "-m", "polyrhythm.cli", "train", "--out", str(out), *args]
+    return subprocess.run(as_ordinary_user(command) if ordinary_user else command,
+                          cwd=out.parent, capture_output=True, text=True, timeout=120)
+
+
+def as_ordinary_user(command: list[str]) -> list[str]:
+    """`command`, held to file permissions even when the suite runs as root (as CI does), so
+    the permission cases check what a user sees instead of being skipped. Root passes every
+    permission check through two capabilities, CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH;
+    setpriv (util-linux) drops both for the command and all it starts. It stays root, the
+    owner of the files the test made and of the interpreter wherever that is installed; an
+    unprivileged user such as nobody may not read the interpreter (this machine's Python and
+    its libpython are under /root, mode 700)."""
+    if os.geteuid() != 0:
+        return command
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.fail("the suite runs as root and has no setpriv (util-linux) to drop root's "
+                    "permission override for this case: install util-linux")
+    drop = "-dac_override,-dac_read_search"
+    return [setpriv, f"--inh-caps={drop}", f"--bounding-set={drop}", *command]
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess[str], *needles: str) -> str:
@@ -237,9 +259,7 @@ def test_config_path_is_a_directory(out: Path) -> None:
 def test_config_file_without_read_permission(out: Path) -> None:
     config = write(out.parent / "secret.toml", "workers = 2\n")
     config.chmod(0)
-    if os.access(config, os.R_OK):  # root reads anything; the directory case above still runs
-        pytest.skip("running with privileges that ignore file permissions (root)")
-    proc = run_train(out, "--config", str(config))
+    proc = run_train(out, "--config", str(config), ordinary_user=True)
     assert_one_line_error(proc, "cannot read config file", str(config), "Permission denied")
     assert_no_run_left(out)
 
@@ -256,6 +276,29 @@ def test_error_names_the_flag_value_that_overrides_the_config(out: Path) -> None
     config = write(out.parent / "bad.toml", "workers = 0\nbatch_size = 64\n")
     proc = run_train(out, "--config", str(config), "--workers", "4", "--batch-size", "3")
     assert_one_line_error(proc, "batch size 3 is smaller than the worker count 4")
+    assert_no_run_left(out)
+
+
+# --- a runs directory or store that cannot take the run -----------------------------------------
+
+QUICK_RUN = ("--workers", "1", "--dataset", "synthetic", "--epochs", "1")
+
+
+@contextlib.contextmanager
+def permissions(path: Path, mode: int) -> Iterator[None]:
+    """`path` with permission bits `mode` inside the block, and its own again after."""
+    own = path.stat().st_mode & 0o777
+    path.chmod(mode)
+    try:
+        yield
+    finally:
+        path.chmod(own)
+
+
+def test_runs_directory_without_write_permission(out: Path) -> None:
+    with permissions(out, 0o555):
+        proc = run_train(out, *QUICK_RUN, ordinary_user=True)
+    assert_one_line_error(proc, "cannot write run directory", str(out), "Permission denied")
     assert_no_run_left(out)
 
 
