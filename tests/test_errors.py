@@ -302,6 +302,28 @@ def test_runs_directory_without_write_permission(out: Path) -> None:
     assert_no_run_left(out)
 
 
+def test_store_without_write_permission_leaves_no_run_directory(out: Path) -> None:
+    """The directory takes the run's files, the store refuses its row: the files go too."""
+    store = out / STORE_NAME
+    with permissions(store, 0o444):
+        proc = run_train(out, *QUICK_RUN, ordinary_user=True)
+    assert_one_line_error(proc, "run store", str(store), "readonly database")
+    # The seeded run alone, and no directory; SQLite's own -wal and -shm files may stay
+    # beside a store it could open only to read.
+    assert [r["run_id"] for r in RunStore(store).runs()] == [EARLIER_RUN]
+    assert {p.name for p in out.iterdir()} <= {STORE_NAME, f"{STORE_NAME}-wal",
+                                              f"{STORE_NAME}-shm"}
+
+
+def test_store_that_is_not_a_database_leaves_no_run_directory(tmp_path: Path) -> None:
+    out = tmp_path / "store"
+    out.mkdir()
+    write(out / STORE_NAME, "this is not sqlite\n")
+    proc = run_train(out, *QUICK_RUN)
+    assert_one_line_error(proc, "run store", str(out / STORE_NAME), "not a database")
+    assert sorted(p.name for p in out.iterdir()) == [STORE_NAME]
+
+
 # --- the Python API and the strategy list ------------------------------------------------------
 
 def test_api_raises_config_error_for_unknown_strategy(tmp_path: Path) -> None:

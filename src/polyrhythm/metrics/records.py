@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import shutil
 import tomllib
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -58,12 +59,18 @@ def start_run(config) -> RunRecord:
     toml = config.to_toml()
     try:
         (record.dir / "logs").mkdir(parents=True)
-        (record.dir / "config.toml").write_text(toml)
+        try:
+            (record.dir / "config.toml").write_text(toml)
+            record.store.add_run(run_id, now.isoformat(timespec="seconds"), columns, toml,
+                                 launcher=process_identity())
+        except BaseException:
+            # A run the store never took (one this user may not write, or not a store at
+            # all) leaves no directory behind either.
+            shutil.rmtree(record.dir, ignore_errors=True)
+            raise
     except OSError as exc:
         raise StoreError(f"cannot write run directory {str(record.dir)!r}: "
                          f"{exc.strerror}") from None
-    record.store.add_run(run_id, now.isoformat(timespec="seconds"), columns, toml,
-                         launcher=process_identity())
     return record
 
 
