@@ -1,9 +1,9 @@
 """Checkpoints: every rank's state at epoch ends, so a failed or interrupted run can go on.
 
 A checkpoint is a folder `<run>/checkpoints/epoch-NNNN/` (N: epochs completed) with one file
-per rank: `worker-<i>.pt` (the worker's state_dict, its epoch records so far, and worker 0's
-snapshots for validation) and, while servers hold the model, `server-<j>.pt` (its buckets,
-with their place in the flat model, so a resume may use another number of servers). Worker
+per rank: `worker-<i>.pt` (the worker's state_dict and its epoch records so far) and, while
+servers hold the model, `server-<j>.pt` (its buckets, with their place in the flat model, so
+a resume may use another number of servers). Worker
 0 also writes `model.pt`, its model's plain `state_dict` with the optimizer's momentum in
 `torch.optim.SGD`'s layout, loadable by plain PyTorch. Each file is written atomically
 (written, flushed to disk, renamed), so a crash while writing leaves the previous one usable.
@@ -13,9 +13,10 @@ include `model.pt` and the servers' mark), and a folder goes with its last file;
 writes any more, `tidy` leaves the last two complete checkpoints and nothing else.
 
 `snapshots/` holds the model at the end of each epoch (worker 0's; every worker's where the
-workers hold different models), written once by the worker that keeps it: the epochs are
-validated on them after training, so a resumed run needs those of the epochs already done.
-They stay while the run may be resumed and go when it completes.
+workers hold different models), written as the epoch ends by the worker that keeps it
+(runtime/snapshots.py): the epochs are validated on them after training, so a resumed run
+needs those of the epochs already done. They stay while the run may be resumed and go when
+it completes.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ def is_due(config, epochs_done: int) -> bool:
 
 def snapshot_file(run_dir: Path, worker: int, epoch: int) -> Path:
     """Worker `worker`'s model snapshot at the end of epoch `epoch`, validated after
-    training: written once (not in every checkpoint, whose size would grow with the epochs)."""
+    training: a file of its own, written as the epoch ends (not in every checkpoint, whose
+    size would grow with the epochs)."""
     return Path(run_dir) / FOLDER / SNAPSHOTS / f"worker-{worker}-epoch-{epoch:04d}.pt"
 
 

@@ -24,6 +24,7 @@ from polyrhythm.metrics.recorder import SPAN_NAMES
 from polyrhythm.models.build import build_model
 from polyrhythm.runtime import checkpoint
 from polyrhythm.runtime.compute import emulated_step
+from polyrhythm.runtime.snapshots import EpochSnapshots
 from polyrhythm.runtime.validation import evaluate, validation_sums
 from polyrhythm.strategies import STRATEGIES
 from polyrhythm.strategies.base import EpochEnd
@@ -68,8 +69,9 @@ class Worker:
         self._last_progress = 0.0
         # The model validated at each epoch end: the first worker's, or where workers hold
         # different models, their consensus (each snapshot pre-multiplied by its weight).
+        # Kept on disk, read back one at a time (runtime/snapshots.py).
         self.consensus = self.strategy.consensus_weight() is not None
-        self.snapshots: list[torch.Tensor] = []
+        self.snapshots = self._snapshot_store() if self._keeps_snapshots else None
         self.snapshot_weights: list[float] = []
         # Each epoch end's running statistics, weighted by this worker's batch share.
         self.statistics_snapshots: list[torch.Tensor] = []
@@ -108,18 +110,14 @@ class Worker:
         their indices: runtime/survivors.py). The first worker left validates the epochs'
         snapshots, if it kept them, with the running statistics of the workers left."""
         final = self.flat.data.clone()
-        if self.consensus:
-            self._agree_on_snapshots()
         statistics = self._agree_on_statistics(lost)
         first = min(set(range(self.ctx.config.workers)) - lost)
         me = self.ctx.worker_index
-        if me == first and self._keeps_snapshots:
-            for e, (record, snapshot) in enumerate(zip(self.epochs, self.snapshots,
-                                                       strict=True)):
-                if "val_loss" not in record:  # not validated during the run
-                    self.flat.data.copy_(snapshot)
-                    with self._statistics(statistics[e] if statistics else None):
-                        record.update(evaluate(self.model, self.val))
+        try:
+            self._validate_snapshots(statistics, validates=me == first)
+        finally:
+            if self.snapshots is not None:
+                self.snapshots.close()
         report = {
             "role": "worker",
             "rank": self.ctx.rank,
@@ -206,10 +204,10 @@ class Worker:
                                                    self._validate))
         if self.consensus:
             weight = self.strategy.consensus_weight()
-            self.snapshots.append(self.flat.data * weight)
+            self.snapshots.put(epoch, self.flat.data * weight)
             self.snapshot_weights.append(weight)
-        elif self._keeps_snapshots:
-            self.snapshots.append(self.flat.data.clone())
+        elif self.snapshots is not None:
+            self.snapshots.put(epoch, self.flat.data)  # written at once: no copy kept
         if self.statistics:
             self.statistics_snapshots.append(self.statistics.get() * self.share)
         return record
@@ -242,22 +240,40 @@ class Worker:
             loss, correct = rows.sum(0).tolist()
         return {"val_loss": loss / size, "val_accuracy": correct / size}
 
-    def _agree_on_snapshots(self) -> None:
-        """Each epoch's snapshot becomes the weighted mean of every worker's (one all-reduce
-        among the workers).
+    def _validate_snapshots(self, statistics: list[torch.Tensor], validates: bool) -> None:
+        """Validate the epochs not validated during the run, one epoch's snapshot in memory
+        at a time, on the worker that `validates` (the first left), if it kept them.
 
-        Dividing by the summed weights also covers weights that do not sum to 1 at an epoch
-        end (gossip weight in flight)."""
-        models = torch.stack(self.snapshots)
-        weights = torch.tensor(self.snapshot_weights, dtype=torch.float64)
-        self.ctx.transport.all_reduce(models, WORKERS)
-        self.ctx.transport.all_reduce(weights, WORKERS)
-        self.snapshots = list(models.div_(weights.unsqueeze(1).float()))
+        Where the workers hold different models, each epoch's snapshot first becomes the
+        weighted mean of every worker's: one all-reduce among the workers per epoch (every
+        epoch's, validated or not, so all workers make the same calls). With two workers
+        that is bit for bit the all-reduce of all epochs stacked it replaces (a + b = b + a);
+        with more, Gloo's ring adds an element's terms in an order set by its place in the
+        buffer, so an epoch's mean may differ in its last bits from the stacked one's, which
+        depended on the number of epochs. Dividing by the summed weights also covers
+        weights that do not sum to 1 at an epoch end (gossip weight in flight); the weights,
+        a number an epoch, are all-reduced at once as before."""
+        weights = None
+        if self.consensus:
+            weights = torch.tensor(self.snapshot_weights, dtype=torch.float64)
+            self.ctx.transport.all_reduce(weights, WORKERS)
+        elif not (validates and self.snapshots is not None):
+            return
+        for e, record in enumerate(self.epochs):
+            snapshot = self.snapshots.get(e)
+            if weights is not None:
+                self.ctx.transport.all_reduce(snapshot, WORKERS)
+                snapshot.div_(weights[e].float())
+            if validates and "val_loss" not in record:  # not validated during the run
+                self.flat.data.copy_(snapshot)
+                with self._statistics(statistics[e] if statistics else None):
+                    record.update(evaluate(self.model, self.val))
+            del snapshot  # before the next is read
 
     def checkpoint_state(self) -> dict:
         """This worker's part of a checkpoint: its state, and what its report needs of the
         epochs done (their records and weights; the model snapshots validated after training
-        are files of their own, each written once: see _checkpoint)."""
+        are files of their own, written as each epoch ends: see _snapshot_store)."""
         return {"worker": self.state_dict(), "epochs": self.epochs,
                 "snapshot_weights": self.snapshot_weights,
                 "statistics_snapshots": self.statistics_snapshots}
@@ -269,10 +285,10 @@ class Worker:
         self.epochs = list(state["epochs"])
         self.snapshot_weights = list(state["snapshot_weights"])
         self.statistics_snapshots = list(state["statistics_snapshots"])
-        owner = self.ctx.worker_index if self.consensus else 0  # see _checkpoint
-        self.snapshots = [checkpoint.load(checkpoint.snapshot_file(
-            self.ctx.run_dir, owner, e))["snapshot"]
-            for e in range(len(self.epochs)) if self._keeps_snapshots]
+        if self.snapshots is not None:  # read when validated, not now
+            owner = self.ctx.worker_index if self.consensus else 0  # see _snapshot_store
+            self.snapshots.adopt([checkpoint.snapshot_file(self.ctx.run_dir, owner, e)
+                                  for e in range(len(self.epochs))])
 
     @property
     def _keeps_snapshots(self) -> bool:
@@ -282,17 +298,25 @@ class Worker:
         standby = 1 if self.ctx.config.on_worker_failure == CONTINUE else 0
         return self.consensus or self.ctx.worker_index <= standby
 
+    def _snapshot_store(self) -> EpochSnapshots:
+        """Where this worker keeps its epochs' snapshots. Where the run writes checkpoints,
+        the checkpoint's snapshot files, written as each epoch ends: every worker's where
+        the workers hold different models, else worker 0's alone (a standby spills its own,
+        and reads worker 0's files for the epochs a checkpoint it resumes from holds). Any
+        other worker's, and all in a run without checkpoints, spill (runtime/snapshots.py)."""
+        ctx, i = self.ctx, self.ctx.worker_index
+        if ctx.run_dir is not None and ctx.config.checkpoint_every and (self.consensus
+                                                                         or i == 0):
+            return EpochSnapshots(lambda e: checkpoint.snapshot_file(ctx.run_dir, i, e))
+        return EpochSnapshots(spill_dir=ctx.run_dir)
+
     def _checkpoint(self, epochs_done: int) -> None:
+        """This worker's files of the checkpoint after `epochs_done` epochs, if one is due
+        (the snapshots of the epochs it holds are written already, as each ended)."""
         ctx, config = self.ctx, self.ctx.config
         if ctx.run_dir is None or not checkpoint.is_due(config, epochs_done):
             return
         i = ctx.worker_index
-        # Each epoch's snapshot, written once; by worker 0 alone where the workers hold one
-        # model (a standby reads worker 0's files when resumed).
-        for e in range(len(self.snapshots) if self.consensus or i == 0 else 0):
-            path = checkpoint.snapshot_file(ctx.run_dir, i, e)
-            if not path.exists():
-                checkpoint.save({"snapshot": self.snapshots[e]}, path)
         if i == 0:
             if self.strategy.servers_hold_model:
                 checkpoint.mark_servers_expected(ctx.run_dir, epochs_done)
