@@ -64,21 +64,19 @@ class _Arrival:
 
 
 class FakeTransport(Transport):
-    """The Transport's counting, over an in-memory wire shared by all members: a send is a
-    copy taken when it is posted, a receive takes the oldest message of its (src, dst, tag)."""
+    """The Transport itself (its counting included) over an in-memory wire shared by all
+    members: a send is a copy taken when it is posted, a receive takes the oldest message of
+    its (src, dst, tag) when it is waited for."""
 
     def __init__(self, wire: dict, rank: int) -> None:
         super().__init__()
         self.wire, self.rank = wire, rank
 
-    def isend(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> _Done:
-        self.counters.bytes_sent += tensor.numel() * tensor.element_size()
-        self.counters.messages_sent += 1
+    def _post_send(self, tensor: torch.Tensor, dst: int, tag: int) -> _Done:
         self.wire[self.rank, dst, tag].append(tensor.clone())
         return _Done()
 
-    def irecv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> _Arrival:
-        self.count_received(tensor)
+    def _post_receive(self, tensor: torch.Tensor, src: int, tag: int) -> _Arrival:
         return _Arrival(self.wire, (src, self.rank, tag), tensor)
 
 

@@ -22,6 +22,8 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from polyrhythm.comm.faults import translated
+
 IN_FLIGHT = 8
 
 
@@ -89,8 +91,8 @@ class DelayLine:
                 _, _, copy, dst, tag = heapq.heappop(self._due)
             try:
                 work = self.post(copy, dst, tag=tag)
-            except Exception as exc:  # the peer is gone: the next send or drain raises
-                self._fail(exc)
+            except Exception as exc:  # e.g. the peer is gone: the next send or drain raises
+                self._fail(translated(exc, dst))
                 continue
             if dst not in self._posted:
                 self._posted[dst] = queue.SimpleQueue()
@@ -104,7 +106,7 @@ class DelayLine:
             try:
                 work.wait()
             except Exception as exc:
-                self._fail(exc)
+                self._fail(translated(exc, dst))
                 return
             with self._cv:
                 self._pending[dst] -= 1

@@ -1,5 +1,7 @@
 """The one door to the wire: every message, collective and object gather of a job goes through
 a `Transport`, so bytes are counted once, here, and latency is added here (comm/delay.py).
+What torch.distributed raises is read here too (comm/faults.py): a peer that is gone raises
+PeerLost, one that is silent PeerSilent, and any other error keeps its type.
 
 Only this package and the launchers import torch.distributed. Collectives run over a named
 group: WORLD (every rank of the job) or WORKERS (the workers only, so a job with servers can
@@ -12,13 +14,17 @@ import queue
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from polyrhythm.comm.delay import DelayLine, Posted
+from polyrhythm.comm.faults import PeerFault, PeerLost, PeerSilent, on_the_wire, translated
+
+__all__ = ["NATIVE", "WORKERS", "WORLD", "Pending", "PeerFault", "PeerLost", "PeerSilent",
+           "Receiver", "TrafficCounters", "Transport"]
 
 WORLD, WORKERS = "world", "workers"
 NATIVE = "native"  # the engine's own all-reduce (Gloo); other algorithms: comm/collectives.py
@@ -45,17 +51,29 @@ class TrafficCounters:
         return self.bytes_sent + native, self.bytes_received + native
 
 
-class PeerLost(RuntimeError):
-    """A peer's connection broke (its process died) while this one waited for its messages."""
-
-    def __init__(self, rank: int, cause: Exception) -> None:
-        why = str(cause).splitlines()[0] if str(cause) else repr(cause)
-        super().__init__(f"rank {rank} is gone: {why}")
-        self.rank = rank
-
-
 def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
+
+
+class Pending:
+    """A send or receive on its way. `wait()` returns once it is done, counting a receive's
+    bytes then (a receive posted and never completed moved nothing), and raises PeerLost or
+    PeerSilent if the peer is gone or silent. Waiting again returns at once (a Gloo work
+    waited for twice waits out the timeout)."""
+
+    def __init__(self, work: dist.Work | Posted, peer: int,
+                 done: Callable[[], None] | None = None) -> None:
+        self._work: dist.Work | Posted | None = work
+        self.peer, self._done = peer, done
+
+    def wait(self) -> bool:
+        if self._work is not None:
+            with on_the_wire(self.peer):
+                self._work.wait()
+            self._work = None
+            if self._done is not None:
+                self._done()
+        return True
 
 
 class Transport:
@@ -63,7 +81,9 @@ class Transport:
     the default process group (Gloo). `open` names the groups once the process group is up."""
 
     def __init__(self) -> None:
+        # One object for the transport's life: a resource sampler holds its `moved`.
         self.counters = TrafficCounters()
+        self._uncounted = 0  # depth of uncounted() blocks this process is in
         self.rank = 0
         self._members: dict[str, list[int]] = {}
         self._groups: dict[str, Any] = {}
@@ -92,7 +112,8 @@ class Transport:
         self._groups = {}
         # Made now, by every survivor, before any other group: a new group's set-up hangs
         # when some of its members made another group first (seen with Gloo, torch 2.13).
-        self._group(WORLD)
+        with on_the_wire():
+            self._group(WORLD)
 
     def _group(self, name: str) -> Any:
         if name not in self._groups:
@@ -104,30 +125,43 @@ class Transport:
 
     # --- point to point ------------------------------------------------------------------
 
-    def isend(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> dist.Work | Posted:
-        self.counters.bytes_sent += _nbytes(tensor)
-        self.counters.messages_sent += 1
+    def isend(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> Pending:
+        """Send `tensor` to rank `dst` (counted now: it is on its way)."""
+        if not self._uncounted:
+            self.counters.bytes_sent += _nbytes(tensor)
+            self.counters.messages_sent += 1
+        with on_the_wire(dst):
+            return Pending(self._post_send(tensor, dst, tag), dst)
+
+    def irecv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> Pending:
+        """Receive into `tensor` from rank `src` (counted when it completes)."""
+        with on_the_wire(src):
+            work = self._post_receive(tensor, src, tag)
+        return Pending(work, src, lambda: self.count_received(tensor))
+
+    def _post_send(self, tensor: torch.Tensor, dst: int, tag: int) -> dist.Work | Posted:
         if self._line is not None:
             return self._line.send(tensor, dst, tag)
         return dist.isend(tensor, dst, tag=tag)
 
-    def irecv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> dist.Work:
-        self.count_received(tensor)
+    def _post_receive(self, tensor: torch.Tensor, src: int, tag: int) -> dist.Work:
         return dist.irecv(tensor, src, tag=tag)
 
     @contextmanager
     def uncounted(self) -> Iterator[None]:
         """Messages of the job's own bookkeeping (who is left after training), not of its
-        training: left out of the counters."""
-        kept = replace(self.counters)
+        training: what is sent, or completes, inside the block is left out of the counters.
+        The counters stay the same object and count again after it."""
+        self._uncounted += 1
         try:
             yield
         finally:
-            self.counters = kept
+            self._uncounted -= 1
 
     def count_received(self, tensor: torch.Tensor) -> None:
-        self.counters.bytes_received += _nbytes(tensor)
-        self.counters.messages_received += 1
+        if not self._uncounted:
+            self.counters.bytes_received += _nbytes(tensor)
+            self.counters.messages_received += 1
 
     def receiver(self, sources: list[int], numel: int, tag: int = 0, *,
                  last: Callable[[torch.Tensor], bool] | None = None) -> Receiver:
@@ -141,12 +175,14 @@ class Transport:
         """Sum `tensor` in place over a named group, by Gloo's own all-reduce (its payload
         counted apart) or by a schedule of point-to-point messages (counted as messages)."""
         if algorithm == NATIVE:
-            self.counters.native_collective_bytes += _nbytes(tensor)
+            if not self._uncounted:
+                self.counters.native_collective_bytes += _nbytes(tensor)
             if self._line is not None:
                 # One call into Gloo, whose messages cannot be held one by one: the call
                 # waits for the rounds of a ring all-reduce (Gloo's), 2(n-1) messages in a row.
                 self._line.hold(2 * (len(self._members[group]) - 1))
-            dist.all_reduce(tensor, group=self._group(group))
+            with on_the_wire():
+                dist.all_reduce(tensor, group=self._group(group))
             return
         from polyrhythm.comm.collectives import all_reduce
 
@@ -169,20 +205,23 @@ class Transport:
         """Every rank's `obj` on rank `dst` (a list by rank), None elsewhere. Used for the
         reports at the end of a run, once their traffic figures are taken: not counted."""
         gathered = [None] * len(self._members[WORLD]) if self.rank == dst else None
-        dist.gather_object(obj, gathered, dst=dst, group=self._group(WORLD))
+        with on_the_wire():
+            dist.gather_object(obj, gathered, dst=dst, group=self._group(WORLD))
         return gathered
 
     def broadcast_object(self, obj: Any, src: int) -> Any:
         """Rank `src`'s `obj` on every rank (set-up, before the clocks start: not counted)."""
         box = [obj]
-        dist.broadcast_object_list(box, src=src)
+        with on_the_wire():
+            dist.broadcast_object_list(box, src=src)
         return box[0]
 
     def barrier(self) -> None:
         """Wait for every rank, once this rank's delayed messages are all on the wire."""
-        if self._line is not None:
-            self._line.drain()
-        dist.barrier(group=self._group(WORLD))
+        with on_the_wire():
+            if self._line is not None:
+                self._line.drain()
+            dist.barrier(group=self._group(WORLD))
 
 
 class Receiver:
@@ -202,7 +241,9 @@ class Receiver:
       (two workers waiting for each other's loops would deadlock); a rank's last message is
       the one `last(message)` is true of.
 
-    Bytes are counted when the caller takes a message, on one thread.
+    Bytes are counted when the caller takes a message, on one thread. A source whose
+    connection broke or that fell silent makes `take()` raise PeerLost or PeerSilent; any
+    other error of a receive (a bug) is raised by `take()` as it is, with its traceback.
     """
 
     def __init__(self, transport: Transport, sources: list[int], numel: int, tag: int = 0, *,
@@ -228,12 +269,12 @@ class Receiver:
                     return
                 else:
                     buffer = torch.empty(self.numel)
-        except Exception as exc:  # e.g. the peer died: the caller's next take() raises it
-            self._arrived.put(PeerLost(src, exc))
+        except Exception as exc:  # the caller's next take() raises it, in its own thread
+            self._arrived.put(translated(exc, src))
 
     def take(self, block: bool = True) -> tuple[int, torch.Tensor] | None:
         """The next message as (rank, buffer); None if none is in and not `block`. Raises
-        PeerLost if a source's receive failed (it sends nothing more)."""
+        what ended a source's receives: PeerLost, PeerSilent, or a bug's own error."""
         try:
             item = self._arrived.get(block=block)
         except queue.Empty:

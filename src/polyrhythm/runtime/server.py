@@ -262,7 +262,7 @@ class ParameterServerShard:
             try:
                 if work is not None:
                     work.wait()
-            except RuntimeError:  # the worker died: its receive fails too, and says so
+            except PeerLost:  # the worker died: its receive fails too, and says so
                 if not self.continues:
                     raise
 
@@ -270,7 +270,7 @@ class ParameterServerShard:
         """Start a reply; None if the worker's connection is already broken (continue)."""
         try:
             return self.ctx.transport.isend(outbox, rank, tag=key)
-        except RuntimeError:
+        except PeerLost:
             if not self.continues:
                 raise
             return None

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from polyrhythm.comm.messages import LOST, ROLL_CALL
+from polyrhythm.comm.transport import PeerLost
 from polyrhythm.config.servers import CONTINUE
 from polyrhythm.context import RankContext
 
@@ -54,6 +55,6 @@ def _answers(ctx: RankContext, rank: int) -> bool:
     try:
         ctx.transport.isend(box, rank, tag=ROLL_CALL).wait()
         ctx.transport.irecv(box, rank, tag=ROLL_CALL).wait()
-    except RuntimeError:
+    except PeerLost:
         return False
     return True
