@@ -21,18 +21,14 @@ import time
 from pathlib import Path
 
 from polyrhythm.config.emulation import host_ranks
+from polyrhythm.context import Topology
 from polyrhythm.errors import ClusterError, RunFailed
 from polyrhythm.launch.cgroups import CpuGroup
 from polyrhythm.launch.cluster import ClusterShape, EmulatedCluster, standing_of_shape
+from polyrhythm.launch.failures import Kind, cause, how, read_reports, recorded_failure
 from polyrhythm.launch.fidelity import FidelityGuard
 from polyrhythm.launch.janitor import Janitor
-from polyrhythm.launch.local import (
-    CHILD_ENVIRONMENT,
-    GRACE_S,
-    raise_interrupt,
-    recorded_failure,
-    signal_handlers,
-)
+from polyrhythm.launch.local import CHILD_ENVIRONMENT, GRACE_S, raise_interrupt, signal_handlers
 from polyrhythm.metrics.records import RunRecord, amend_run, read_summary
 
 PORT = 29500
@@ -65,7 +61,8 @@ def launch_emulated(config, record: RunRecord, show_progress: bool = False) -> d
             for host, ranks in enumerate(layout):
                 hosts.append(_start(cluster, host, len(ranks), port, record, groups[host]))
             guard = FidelityGuard([g.threads for g in groups], list(shape.cpu)).start()
-            _supervise(hosts, layout, record, show_progress)
+            _supervise(hosts, layout, Topology(config.servers, config.workers), record,
+                       show_progress)
             fidelity = guard.verdict_over(*read_summary(record)["training_window"])
         return amend_run(record, {"cluster": {"name": None if own else cluster.name,
                                               "placement": config.cluster.placement,
@@ -129,8 +126,8 @@ def _start(cluster: EmulatedCluster, host: int, ranks: int, port: int, record: R
                                 stdin=subprocess.DEVNULL)
 
 
-def _supervise(hosts: list[subprocess.Popen], layout: list[list[int]], record: RunRecord,
-               show_progress: bool) -> None:
+def _supervise(hosts: list[subprocess.Popen], layout: list[list[int]], topology: Topology,
+               record: RunRecord, show_progress: bool) -> None:
     shown = [0] * len(hosts)
     while True:
         codes = [p.poll() for p in hosts]
@@ -138,22 +135,21 @@ def _supervise(hosts: list[subprocess.Popen], layout: list[list[int]], record: R
             _show_progress(record, shown)
         failed = [h for h, code in enumerate(codes) if code not in (None, 0)]
         if failed:
-            raise RunFailed(_failure(failed[0], codes[failed[0]], layout, record))
+            raise _failure(failed[0], codes[failed[0]], layout, topology, record)
         if all(code == 0 for code in codes):
             return
         time.sleep(POLL_S)
 
 
-def _log_lines(record: RunRecord, host: int) -> list[str]:
-    path = record.dir / "logs" / f"host{host}.log"
-    return path.read_text(errors="replace").splitlines() if path.exists() else []
+def _host_log(record: RunRecord, host: int) -> Path:
+    return Path(record.dir) / "logs" / f"host{host}.log"
 
 
 def _show_progress(record: RunRecord, shown: list[int]) -> None:
     """Echo the epoch lines the hosts' workers log (polyrhythm.node prints one per epoch),
     reading each log from where the last look stopped (`shown`: bytes, per host)."""
     for host in range(len(shown)):
-        path = record.dir / "logs" / f"host{host}.log"
+        path = _host_log(record, host)
         if not path.exists():
             continue
         with open(path, "rb") as log:
@@ -166,14 +162,26 @@ def _show_progress(record: RunRecord, shown: list[int]) -> None:
                 print(f"host {host} {line.strip()}", file=sys.stderr, flush=True)
 
 
-def _failure(host: int, code: int, layout: list[list[int]], record: RunRecord) -> str:
-    lines = _log_lines(record, host)
-    ours = [line.split("polyrhythm: error: ", 1)[1] for line in lines
-            if "polyrhythm: error: " in line]
-    theirs = [line.strip() for line in lines if "Error" in line or "timed out" in line]
-    why = (ours or theirs or [f"torchrun exit code {code}"])[0][:300]
-    return (f"host {host} (ranks {', '.join(map(str, layout[host]))}) failed: {why} (log: "
-            f"{Path(record.dir) / 'logs' / f'host{host}.log'})")
+def _failure(host: int, code: int, layout: list[list[int]], topology: Topology,
+             record: RunRecord) -> RunFailed:
+    """What ended the run, from the reports the ranks left (launch/failures.py): a rank that
+    diverged or raised an error of its own, wherever it ran; else the host whose torchrun
+    failed, with what its ranks reported (a rank killed by a signal reports nothing: its
+    torchrun's log says which)."""
+    failures = read_reports(record.dir)
+    own = [r for r, f in failures.items() if f.kind in (Kind.DIVERGED, Kind.BUG, Kind.USER)]
+    if own:
+        first = cause(own, {}, failures)
+        failure = failures[first]
+        if failure.kind == Kind.DIVERGED:
+            return RunFailed(f"{failure.error} ({topology.describe(first)})", diverged=True)
+        where = next(h for h, ranks in enumerate(layout) if first in ranks)
+        return RunFailed(f"rank {first} ({topology.describe(first)}) "
+                         f"{how(None, failure, _host_log(record, where))}")
+    said = [failures[r].error for r in layout[host] if r in failures]
+    why = (said or [f"torchrun exit code {code}"])[0][:300]
+    return RunFailed(f"host {host} (ranks {', '.join(map(str, layout[host]))}) failed: {why} "
+                     f"(log: {_host_log(record, host)})")
 
 
 def _stop(hosts: list[subprocess.Popen]) -> None:

@@ -24,7 +24,6 @@ import signal
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Iterator
 from datetime import timedelta
 from multiprocessing.connection import wait
@@ -35,9 +34,10 @@ from polyrhythm.config.servers import CONTINUE
 from polyrhythm.context import Topology
 from polyrhythm.errors import RunFailed
 from polyrhythm.launch import runlock
+from polyrhythm.launch.failures import Kind, RankFailure, cause, how, is_a_loss, recorded_failure
 from polyrhythm.launch.progress import ProgressBoard
-from polyrhythm.metrics.records import RunRecord, fail_run, read_summary
-from polyrhythm.runtime.checkpoint import Resume, complete_epochs, tidy
+from polyrhythm.metrics.records import RunRecord, read_summary
+from polyrhythm.runtime.checkpoint import Resume, tidy
 
 # Imported once by the forkserver; every rank is forked with them loaded.
 PRELOAD = ["polyrhythm.launch.local", "polyrhythm.launch.rank"]
@@ -59,7 +59,8 @@ def launch_local(config, record: RunRecord, progress: ProgressBoard | None = Non
     """Run the job in local processes; return the summary or raise RunFailed.
 
     Whatever ends the run early (a rank failing, Ctrl-C, SIGTERM, an error here) stops every
-    process and stores the run as failed with a one-line reason.
+    process and stores the run as failed with a one-line reason (a bug's traceback is in the
+    log it names).
     """
     topology = Topology(config.servers, config.workers)
     board = progress or ProgressBoard(config.workers, enabled=False)
@@ -82,10 +83,11 @@ def launch_local(config, record: RunRecord, progress: ProgressBoard | None = Non
             with _child_environment():
                 for p in procs:
                     p.start()
-            _supervise(procs, events, board, topology,
+            _supervise(procs, events, board, topology, record,
                        carry_on=config.on_worker_failure == CONTINUE)
         return read_summary(record)
     except BaseException as exc:
+        # Said in one line; a bug of the launcher's own keeps its traceback in the run's logs.
         raise recorded_failure(record, exc, config) from None
     finally:
         with signal_handlers(sigterm=signal.SIG_IGN, sigint=signal.SIG_IGN):  # teardown must finish
@@ -96,28 +98,6 @@ def launch_local(config, record: RunRecord, progress: ProgressBoard | None = Non
             # No rank writes any more: a failed run keeps the last two complete checkpoints,
             # to resume from (a completed one has been tidied by its rank 0 already).
             tidy(record.dir, config.workers, config.servers, completed=False)
-
-
-def recorded_failure(record: RunRecord, exc: BaseException, config=None) -> RunFailed:
-    """Store the run as failed with what ended it; the RunFailed to raise, which says how to
-    go on if a checkpoint was written (`config`: the run's, to find it)."""
-    reason = failure_reason(exc)
-    diverged = isinstance(exc, RunFailed) and exc.diverged
-    fail_run(record, reason, "diverged" if diverged else "failed")
-    done = complete_epochs(record.dir, config.workers, config.servers) if config else []
-    hint = (f"; `polyrhythm train --resume {record.run_id} --out {config.out}` goes on after "
-            f"epoch {done[-1]}"
-            if done and not diverged and done[-1] < config.epochs else "")
-    return RunFailed(f"run {record.run_id} {reason}{hint}", record.run_id,
-                     interrupted=isinstance(exc, KeyboardInterrupt), diverged=diverged)
-
-
-def failure_reason(exc: BaseException) -> str:
-    if isinstance(exc, KeyboardInterrupt):
-        return "interrupted; all processes stopped"
-    if isinstance(exc, RunFailed):
-        return str(exc) if exc.diverged else f"failed: {exc}"
-    return f"failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
 
 @contextlib.contextmanager
@@ -164,46 +144,48 @@ def raise_interrupt(signum, frame) -> None:
 
 
 def _supervise(procs: list, events, board: ProgressBoard, topology: Topology,
-               carry_on: bool = False) -> None:
-    """Wait for every rank; raise RunFailed when one fails, unless it is a worker that died
-    during training and the run may `carry_on` without it (on_worker_failure = continue:
-    its servers go on). Training has begun once a worker reports progress: every rank is
-    then past the start, where each waits for all."""
-    errors: dict[int, str] = {}
+               record: RunRecord, carry_on: bool = False) -> None:
+    """Wait for every rank; raise RunFailed when one fails, unless it is a worker lost during
+    training that the run may `carry_on` without (on_worker_failure = continue: its servers
+    go on). Training has begun once a worker reports progress: every rank is then past the
+    start, where each waits for all."""
+    failures: dict[int, RankFailure] = {}
     lost: set[int] = set()
     training = False
     running = {p.sentinel: rank for rank, p in enumerate(procs)}
     while running:
         ready = wait(list(running), timeout=0.2)
-        training |= _drain(events, board, errors)
+        training |= _drain(events, board, failures)
         board.draw()
         ended = [running.pop(s) for s in ready]
         for r in ended:
             procs[r].join()  # sets exitcode
         failed = [r for r in ended if procs[r].exitcode != 0]
-        if failed and carry_on and training and _only_workers_lost(failed, procs, errors,
+        if failed and carry_on and training and _only_workers_lost(failed, procs, failures,
                                                                   topology, lost):
             for r in failed:
                 lost.add(r)
                 board.lines[topology.worker_index(r)] = (
-                    f"lost: {_how(procs[r].exitcode, errors.get(r))}; the others go on")
+                    f"lost: {how(procs[r].exitcode, failures.get(r), record.log_path(r))}; "
+                    "the others go on")
             continue
         if failed:
-            _drain(events, board, errors)
+            _drain(events, board, failures)
             # Ranks that died meanwhile too: a dead server explains its workers' errors.
             failed += [r for r, p in enumerate(procs)
                        if r not in failed and not p.is_alive() and p.exitcode]
-            raise _failure(failed, procs, errors, topology)
-    _drain(events, board, errors)
+            raise _failure(failed, procs, failures, topology, record)
+    _drain(events, board, failures)
     board.draw(force=True)
 
 
-def _only_workers_lost(failed: list[int], procs: list, errors: dict[int, str],
+def _only_workers_lost(failed: list[int], procs: list, failures: dict[int, RankFailure],
                        topology: Topology, lost: set[int]) -> bool:
-    """Whether the run goes on without the `failed` ranks: workers only, none diverged, every
+    """Whether the run goes on without the `failed` ranks: workers only, each lost (killed,
+    or cut off from its peers; not crashed, failed on an error of its own or diverged), every
     server alive (a worker also fails when its server dies: that is a server's failure), and
     a worker left. A moment's wait lets a dying server's exit show first."""
-    if any(topology.role(r) == "server" or errors.get(r, "").startswith(DIVERGED)
+    if any(topology.role(r) == "server" or not is_a_loss(procs[r].exitcode, failures.get(r))
            for r in failed):
         return False
     time.sleep(SERVER_DEATH_GRACE_S)
@@ -213,8 +195,8 @@ def _only_workers_lost(failed: list[int], procs: list, errors: dict[int, str],
     return len(lost) + len(failed) < topology.workers
 
 
-def _drain(events, board: ProgressBoard, errors: dict[int, str]) -> bool:
-    """Take the ranks' events: errors, and progress for the board; whether any was
+def _drain(events, board: ProgressBoard, failures: dict[int, RankFailure]) -> bool:
+    """Take the ranks' events: failures, and progress for the board; whether any was
     progress."""
     progress = False
     while True:
@@ -222,45 +204,25 @@ def _drain(events, board: ProgressBoard, errors: dict[int, str]) -> bool:
             event = events.get_nowait()
         except queue.Empty:
             return progress
-        if "error" in event:
-            errors[event["rank"]] = event["error"]
+        if "failure" in event:
+            failure = RankFailure.from_dict(event["failure"])
+            failures[failure.rank] = failure
         else:
             board.update(event)
             progress = True
 
 
-def _failure(failed: list[int], procs: list, errors: dict[int, str],
-             topology: Topology) -> RunFailed:
-    """What ended the run: a worker whose loss diverged, or the rank that failed first."""
-    diverged = sorted(r for r in failed if errors.get(r, "").startswith(DIVERGED))
-    if diverged:
-        first = diverged[0]
-        what = errors[first].removeprefix(DIVERGED)
-        return RunFailed(f"{what} ({topology.describe(first)})", diverged=True)
-    return RunFailed(_failure_message(failed, procs, errors, topology))
-
-
-DIVERGED = "Diverged: "  # how a rank's Diverged error reads in its error event
-
-
-def _failure_message(failed: list[int], procs: list, errors: dict[int, str],
-                     topology: Topology) -> str:
-    # A rank killed by a signal is the cause; its peers then fail on the broken connection.
-    first = min(failed, key=lambda r: (procs[r].exitcode >= 0, r))
-    how = _how(procs[first].exitcode, errors.get(first))
-    if "Timed out" in how:  # Gloo's words when a wait passed the run's timeout
-        return _silent_peers(procs, topology, how)
-    return f"rank {first} ({topology.describe(first)}) {how}"
-
-
-def _how(code: int, error: str | None) -> str:
-    """How a rank ended, from its exit code and its error event: 'was killed by SIGKILL'."""
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:  # real-time signals have no name
-            return f"was killed by signal {-code}"
-    return f"failed: {error or f'exit code {code}'}"
+def _failure(failed: list[int], procs: list, failures: dict[int, RankFailure],
+             topology: Topology, record: RunRecord) -> RunFailed:
+    """What ended the run, from the rank that explains the others' failures."""
+    first = cause(failed, {r: procs[r].exitcode for r in failed}, failures)
+    failure, code = failures.get(first), procs[first].exitcode
+    if failure is not None and failure.kind == Kind.DIVERGED:
+        return RunFailed(f"{failure.error} ({topology.describe(first)})", diverged=True)
+    said = how(code, failure, record.log_path(first))
+    if failure is not None and failure.kind == Kind.SILENT and code >= 0:
+        return RunFailed(_silent_peers(procs, topology, said))
+    return RunFailed(f"rank {first} ({topology.describe(first)}) {said}")
 
 
 def _silent_peers(procs: list, topology: Topology, how: str) -> str:
@@ -315,9 +277,10 @@ def _rank_main(config_values: dict, rank: int, rendezvous: str, record: RunRecor
         code = 0
     except KeyboardInterrupt:
         code = 130
-    except BaseException as exc:  # report one line; the traceback goes to the rank's log
-        traceback.print_exc()
-        _offer(events, {"rank": rank, "error": f"{type(exc).__name__}: {exc}".splitlines()[0]})
+    except BaseException as exc:  # its kind to the launcher; a bug's traceback to the log
+        failure = RankFailure.of(rank, exc)
+        failure.log(exc, sys.stderr)
+        _offer(events, {"failure": failure.as_dict()})
         code = 1
     _exit(events, code)
 

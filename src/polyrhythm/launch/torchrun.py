@@ -18,6 +18,7 @@ import argparse
 import os
 import signal
 import sys
+import traceback
 from datetime import timedelta
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from polyrhythm.config import load_config
 from polyrhythm.config.emulation import host_ranks
 from polyrhythm.context import Topology
 from polyrhythm.errors import ConfigError, PolyrhythmError
+from polyrhythm.launch.failures import Kind, RankFailure, kind_of, one_line, write_report
 from polyrhythm.launch.local import raise_interrupt
 from polyrhythm.launch.rank import lifecycle
 from polyrhythm.metrics.records import RunRecord, fail_run, start_run, summary_json_line
@@ -76,6 +78,7 @@ def run_node(config_path: str, run_id: str | None = None) -> dict | None:
     record = None
     if rank == 0:
         record = RunRecord(Path(config.out), run_id) if run_id else start_run(config)
+    run_dir = record.dir if record else (Path(config.out) / run_id if run_id else None)
     # torchrun stops the surviving ranks with SIGTERM when one fails: let rank 0 record it.
     signal.signal(signal.SIGTERM, raise_interrupt)
     try:
@@ -84,14 +87,16 @@ def run_node(config_path: str, run_id: str | None = None) -> dict | None:
                                                          timeout=timedelta(
                                                              seconds=config.timeout)),
                          record, progress=_log_progress,
-                         local_workers=sum(r >= config.servers for r in here),
-                         run_dir=record.dir if record else (
-                             Path(config.out) / run_id if run_id else None))
+                         local_workers=sum(r >= config.servers for r in here), run_dir=run_dir)
     except BaseException as exc:
+        reason = "stopped by torchrun"
+        if not isinstance(exc, KeyboardInterrupt):
+            failure = RankFailure.of(rank, exc)
+            reason = failure.error
+            if run_dir is not None:  # for a launcher that watches the run (emulated.py)
+                write_report(run_dir, failure)
         if record:
             who = Topology(config.servers, config.workers).describe(rank)
-            reason = "stopped by torchrun" if isinstance(exc, KeyboardInterrupt) else (
-                f"{type(exc).__name__}: {exc}".splitlines()[0])
             fail_run(record, f"rank {rank} ({who}): {reason}")
         raise
 
@@ -110,9 +115,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("polyrhythm: stopped", file=sys.stderr)
         return 130
-    except Exception as exc:  # a peer failed, the network broke: one line, torchrun reports
-        print(f"polyrhythm: error: {type(exc).__name__}: {exc}".splitlines()[0],
-              file=sys.stderr)
+    except Exception as exc:  # a peer failed, or a bug: one line (torchrun reports it)
+        bug = kind_of(exc) == Kind.BUG
+        if bug:  # its traceback, in this rank's output (torchrun's, a host's log)
+            traceback.print_exc()
+        print(f"polyrhythm: error: {type(exc).__name__}: {one_line(exc)}"
+              f"{' (a bug: traceback above)' if bug else ''}", file=sys.stderr)
         return 1
     if summary:
         print(summary_json_line(summary))

@@ -1,0 +1,189 @@
+"""What ended a rank, told by its type, and what a launcher makes of the ranks that failed.
+
+A rank that fails reports a `RankFailure`: its kind, from the exception's type (never from
+its words), and the error's one line; a bug's traceback goes to the rank's log. The local
+launcher gets the report as an event; the emulated cluster's ranks, which torchrun starts,
+write it beside the run's logs. From the failed ranks' reports and exit codes a launcher
+picks the rank that explains the others (a dead process explains its peers' broken
+connections) and says it in one line, which points at the log holding a bug's traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import traceback
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import TextIO
+
+from polyrhythm.comm.faults import PeerLost, PeerSilent
+from polyrhythm.errors import Diverged, PolyrhythmError, RunFailed
+from polyrhythm.metrics.records import RunRecord, fail_run
+from polyrhythm.runtime.checkpoint import complete_epochs
+
+LAUNCHER_LOG = "launcher.log"  # in the run's logs/: the traceback of a bug in the launcher
+
+
+class Kind(StrEnum):
+    DIVERGED = "diverged"  # a non-finite loss or parameter (Diverged): the run is diverged
+    LOST = "lost"  # a peer's connection broke (PeerLost): that peer explains it
+    SILENT = "silent"  # a peer sent nothing within the timeout (PeerSilent)
+    USER = "user"  # another PolyrhythmError: its one line says what to change
+    BUG = "bug"  # anything else: a bug, with its traceback in the rank's log
+
+
+# Signals a process gets when it breaks (abort(), a bad address, ...): a crash, whose output
+# says why; other signals (SIGKILL, SIGTERM) are someone ending it.
+CRASHES = frozenset({signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE,
+                     signal.SIGILL})
+
+
+def kind_of(exc: BaseException) -> Kind:
+    if isinstance(exc, Diverged):
+        return Kind.DIVERGED
+    if isinstance(exc, PeerLost):
+        return Kind.LOST
+    if isinstance(exc, PeerSilent):
+        return Kind.SILENT
+    return Kind.USER if isinstance(exc, PolyrhythmError) else Kind.BUG
+
+
+def one_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else ""
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """What ended rank `rank`: its kind and its error's line ("ValueError: ...", a
+    divergence's message alone)."""
+
+    rank: int
+    kind: Kind
+    error: str
+
+    @classmethod
+    def of(cls, rank: int, exc: BaseException) -> RankFailure:
+        kind = kind_of(exc)
+        line = one_line(exc)
+        return cls(rank, kind, line if kind == Kind.DIVERGED else f"{type(exc).__name__}: {line}")
+
+    def as_dict(self) -> dict:
+        return {"rank": self.rank, "kind": str(self.kind), "error": self.error}
+
+    @classmethod
+    def from_dict(cls, values: dict) -> RankFailure:
+        return cls(int(values["rank"]), Kind(values["kind"]), str(values["error"]))
+
+    def log(self, exc: BaseException, file: TextIO) -> None:
+        """Write it to the rank's log: a bug's traceback, any other failure's line."""
+        if self.kind == Kind.BUG:
+            traceback.print_exception(exc, file=file)
+        else:
+            print(f"polyrhythm: rank {self.rank}: {self.error}", file=file)
+        file.flush()
+
+
+def report_path(run_dir: Path, rank: int) -> Path:
+    return Path(run_dir) / "logs" / f"rank{rank}.failure.json"
+
+
+def write_report(run_dir: Path, failure: RankFailure) -> None:
+    """Leave the report where the launcher reads it (the run's logs); a rank that cannot
+    write it still fails, its launcher then saying less."""
+    with contextlib.suppress(OSError):
+        report_path(run_dir, failure.rank).write_text(json.dumps(failure.as_dict()))
+
+
+def read_reports(run_dir: Path) -> dict[int, RankFailure]:
+    """The reports the ranks of a run left, by rank."""
+    found = {}
+    for path in (Path(run_dir) / "logs").glob("rank*.failure.json"):
+        try:
+            failure = RankFailure.from_dict(json.loads(path.read_text()))
+        except (OSError, ValueError, KeyError):
+            continue  # being written as the run is stopped
+        found[failure.rank] = failure
+    return found
+
+
+def is_a_loss(code: int, failure: RankFailure | None) -> bool:
+    """Whether a worker that ended so (exit code, report) is lost, one a run may go on
+    without: killed from outside, or failed as a peer's connection broke or it fell silent;
+    never one that crashed, raised an error of its own or diverged."""
+    if code < 0:
+        return -code not in CRASHES
+    return failure is not None and failure.kind in (Kind.LOST, Kind.SILENT)
+
+
+def cause(failed: list[int], codes: dict[int, int], failures: dict[int, RankFailure]) -> int:
+    """The rank whose failure explains the others': one that diverged, then one killed or
+    crashed (its peers then fail on the broken connection), one that raised an error of its
+    own, one that ended without saying why, one that timed out, and last one that only lost a
+    peer; the lowest rank first among equals. `codes`: exit codes where known."""
+    order = {Kind.DIVERGED: 0, Kind.BUG: 2, Kind.USER: 2, Kind.SILENT: 4, Kind.LOST: 5}
+
+    def rank_key(r: int) -> tuple[int, int]:
+        failure = failures.get(r)
+        if failure is not None and failure.kind == Kind.DIVERGED:
+            return 0, r
+        if codes.get(r, 0) < 0:
+            return 1, r
+        return (3 if failure is None else order[failure.kind]), r
+
+    return min(failed, key=rank_key)
+
+
+def how(code: int | None, failure: RankFailure | None, log: Path | str) -> str:
+    """How a rank ended, from its exit code (None: unknown) and its report, for a line that
+    starts with the rank: 'was killed by SIGKILL', 'raised ValueError: ...; traceback in LOG'."""
+    if code is not None and code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:  # real-time signals have no name
+            name = f"signal {-code}"
+        if -code in CRASHES:
+            return f"crashed ({name}); its output is in {log}"
+        return f"was killed by {name}"
+    if failure is None:
+        return f"failed: exit code {code}"
+    if failure.kind == Kind.BUG:
+        return f"raised {failure.error}; traceback in {log}"
+    return f"failed: {failure.error}"
+
+
+def recorded_failure(record: RunRecord, exc: BaseException, config=None) -> RunFailed:
+    """Store the run as failed with what ended it; the RunFailed to raise, which says how to
+    go on if a checkpoint was written (`config`: the run's, to find it)."""
+    reason = failure_reason(record, exc)
+    diverged = isinstance(exc, RunFailed) and exc.diverged
+    fail_run(record, reason, "diverged" if diverged else "failed")
+    done = complete_epochs(record.dir, config.workers, config.servers) if config else []
+    hint = (f"; `polyrhythm train --resume {record.run_id} --out {config.out}` goes on after "
+            f"epoch {done[-1]}"
+            if done and not diverged and done[-1] < config.epochs else "")
+    return RunFailed(f"run {record.run_id} {reason}{hint}", record.run_id,
+                     interrupted=isinstance(exc, KeyboardInterrupt), diverged=diverged)
+
+
+def failure_reason(record: RunRecord, exc: BaseException) -> str:
+    """What ended the run, in one line. An error of the launcher's own that no user caused
+    (a bug in it) leaves its traceback in the run's logs/launcher.log, and the line says so."""
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted; all processes stopped"
+    if isinstance(exc, RunFailed):
+        return str(exc) if exc.diverged else f"failed: {exc}"
+    line = f"{type(exc).__name__}: {one_line(exc)}"
+    if isinstance(exc, PolyrhythmError):
+        return f"failed: {line}"
+    log = record.dir / "logs" / LAUNCHER_LOG
+    try:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "a") as file:
+            traceback.print_exception(exc, file=file)
+    except OSError as error:
+        return (f"failed: the launcher raised {line} (its traceback could not be written to "
+                f"{log}: {error.strerror})")
+    return f"failed: the launcher raised {line}; traceback in {log}"

@@ -1,0 +1,214 @@
+"""A bug is reported as a bug: a rank's error of its own (or a crash) ends the run even where a
+lost worker would not, in one line that names it and points at the log holding its
+traceback; only a killed worker, or one cut off from its peers, is a lost one."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+import polyrhythm
+from helpers import small_config
+from polyrhythm.comm.faults import PeerLost, PeerSilent
+from polyrhythm.config import load_config
+from polyrhythm.context import Topology
+from polyrhythm.errors import ConfigError, Diverged, RunFailed
+from polyrhythm.launch import emulated, local, torchrun
+from polyrhythm.launch.failures import (
+    Kind,
+    RankFailure,
+    cause,
+    how,
+    is_a_loss,
+    read_reports,
+    write_report,
+)
+from polyrhythm.metrics.records import RunRecord
+from polyrhythm.metrics.store import RunStore
+
+# A user's models, each wrong on rank 2 (worker 1) only, once training is under way.
+USER_MODELS = """
+import math
+
+import torch.distributed as dist
+from torch import nn
+
+
+class Raising(nn.Module):
+    def __init__(self, shape, classes):
+        super().__init__()
+        self.layer = nn.Linear(math.prod(shape), classes)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        if dist.is_initialized() and dist.get_rank() == 2 and self.calls == 5:
+            raise ValueError("a bug in the model")
+        return self.layer(x.flatten(1))
+
+
+def raising(shape, classes):
+    return Raising(shape, classes)
+
+
+def short_receives(shape, classes):
+    # From its 20th receive on, rank 2 posts each with a buffer one element shorter than the
+    # message it will get.
+    if dist.is_initialized() and dist.get_rank() == 2:
+        real, calls = dist.irecv, [0]
+
+        def irecv(tensor, *args, **kwargs):
+            calls[0] += 1
+            return real(tensor[:-1] if calls[0] >= 20 else tensor, *args, **kwargs)
+
+        dist.irecv = irecv
+    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(shape), classes))
+"""
+
+
+def failed_run(tmp_path, model: str, said: str) -> str:
+    """Run `polyrhythm train` of asp with 3 workers and one of USER_MODELS; check that it
+    failed with the one line `said` (LOG in it: rank 2's log), shown and stored, and return
+    rank 2's log."""
+    # A run that a lost worker does not end: what ends it is the error, not a loss.
+    assert load_config(strategy="asp", workers=3).on_worker_failure == "continue"
+    (tmp_path / "usermodels.py").write_text(USER_MODELS)
+    paths = [str(tmp_path), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    run = subprocess.run(
+        [sys.executable, "-m", "polyrhythm.cli", "train", "--strategy", "asp", "--workers", "3",
+         "--dataset", "digits", "--epochs", "4", "--model", f"usermodels:{model}",
+         "--out", str(tmp_path / "runs")], capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(paths)})
+    (row,) = RunStore(tmp_path / "runs" / "polyrhythm.db").runs()
+    log = tmp_path / "runs" / row["run_id"] / "logs" / "rank2.log"
+    said = said.replace("LOG", str(log))
+    assert run.returncode == 1 and run.stderr.count("\n") == 1, run.stderr
+    assert said in run.stderr and "Traceback" not in run.stderr and "is gone" not in run.stderr
+    assert row["status"] == "failed" and said in row["error"]
+    return log.read_text()
+
+
+def test_a_workers_bug_ends_the_run_naming_its_error_and_the_log_with_its_traceback(tmp_path):
+    log = failed_run(tmp_path, "raising",
+                     "rank 2 (worker 1) raised ValueError: a bug in the model; traceback in LOG")
+    assert "Traceback (most recent call last)" in log
+    assert "in forward" in log and "ValueError: a bug in the model" in log
+
+
+def test_a_receive_of_the_wrong_size_crashes_its_rank_which_is_no_lost_worker(tmp_path):
+    # Gloo aborts a process whose receive is shorter than the message (tests/test_transport.py).
+    log = failed_run(tmp_path, "short_receives",
+                     "rank 2 (worker 1) crashed (SIGABRT); its output is in LOG")
+    assert "Received data size doesn't match expected size" in log
+
+
+def test_a_bug_in_the_launcher_leaves_its_traceback_in_the_runs_logs(tmp_path, monkeypatch):
+    def supervise(*args, **kwargs):
+        raise ValueError("a bug in the launcher")
+
+    monkeypatch.setattr(local, "_supervise", supervise)
+    config = small_config(tmp_path, workers=1, epochs=1, dataset="digits")
+    with pytest.raises(RunFailed) as failed:
+        polyrhythm.train(config)
+    (row,) = RunStore(tmp_path / "runs" / "polyrhythm.db").runs()
+    log = tmp_path / "runs" / row["run_id"] / "logs" / "launcher.log"
+    said = f"failed: the launcher raised ValueError: a bug in the launcher; traceback in {log}"
+    assert str(failed.value) == f"run {row['run_id']} {said}"
+    assert row["status"] == "failed" and row["error"] == said
+    text = log.read_text()
+    assert "Traceback (most recent call last)" in text and "in supervise" in text
+
+
+# --- telling failures apart, without processes ---------------------------------------------
+
+def test_a_failures_kind_comes_from_its_type():
+    cases = [(Diverged("diverged at epoch 1, step 3: training loss nan"), Kind.DIVERGED,
+              "diverged at epoch 1, step 3: training loss nan"),
+             (PeerLost(0, RuntimeError("Connection closed by peer")), Kind.LOST,
+              "PeerLost: rank 0 is gone: Connection closed by peer"),
+             (PeerSilent(0, RuntimeError("Timed out")), Kind.SILENT,
+              "PeerSilent: rank 0 sent nothing within the timeout: Timed out"),
+             (ConfigError("bad\nsecond line"), Kind.USER, "ConfigError: bad"),
+             # A bug whose words read like a lost peer is still a bug.
+             (RuntimeError("rank 0 is gone: Connection closed by peer"), Kind.BUG,
+              "RuntimeError: rank 0 is gone: Connection closed by peer")]
+    for exc, kind, error in cases:
+        failure = RankFailure.of(3, exc)
+        assert failure == RankFailure(3, kind, error)
+        assert RankFailure.from_dict(failure.as_dict()) == failure
+
+
+def test_only_a_killed_worker_or_one_cut_off_from_its_peers_is_lost():
+    def report(kind):
+        return RankFailure(2, kind, "...")
+
+    assert is_a_loss(-signal.SIGKILL, None) and is_a_loss(-signal.SIGTERM, None)
+    assert not any(is_a_loss(-sig, None) for sig in (signal.SIGABRT, signal.SIGSEGV))
+    assert is_a_loss(1, report(Kind.LOST)) and is_a_loss(1, report(Kind.SILENT))
+    assert not any(is_a_loss(1, report(k)) for k in (Kind.BUG, Kind.USER, Kind.DIVERGED))
+    assert not is_a_loss(1, None)
+
+
+def test_the_cause_is_the_rank_that_explains_the_others():
+    lost, bug, silent = Kind.LOST, Kind.BUG, Kind.SILENT
+
+    def of(kinds: dict) -> dict:
+        return {r: RankFailure(r, k, "...") for r, k in kinds.items()}
+
+    # A bug explains the broken connections it leaves behind, a killed rank everything but a
+    # divergence; a timeout comes before a lost peer; the lowest rank among equals.
+    assert cause([1, 2, 3], {1: 1, 2: 1, 3: 1}, of({1: lost, 2: bug, 3: lost})) == 2
+    assert cause([1, 2, 3], {1: 1, 2: 1, 3: -9}, of({1: lost, 2: bug})) == 3
+    assert cause([0, 1], {0: 1, 1: -9}, of({0: Kind.DIVERGED})) == 0
+    assert cause([1, 2], {1: 1, 2: 1}, of({1: lost, 2: silent})) == 2
+    assert cause([2, 1], {1: 1, 2: 1}, of({1: bug, 2: Kind.USER})) == 1
+    assert cause([1, 2], {}, of({1: lost, 2: bug})) == 2  # exit codes unknown (torchrun)
+
+
+def test_how_a_rank_ended_in_words():
+    assert how(-signal.SIGKILL, None, "L") == "was killed by SIGKILL"
+    assert how(-signal.SIGABRT, None, "L") == "crashed (SIGABRT); its output is in L"
+    assert how(1, RankFailure(2, Kind.BUG, "ValueError: x"), "L") == (
+        "raised ValueError: x; traceback in L")
+    assert how(1, RankFailure(2, Kind.LOST, "PeerLost: rank 0 is gone: ..."), "L") == (
+        "failed: PeerLost: rank 0 is gone: ...")
+    assert how(1, None, "L") == "failed: exit code 1"
+
+
+def test_the_emulated_launcher_names_a_bug_from_the_reports_the_ranks_left(tmp_path):
+    record = RunRecord(tmp_path, "r")
+    (record.dir / "logs").mkdir(parents=True)
+    layout, topology = [[0, 1], [2, 3]], Topology(1, 3)
+    write_report(record.dir, RankFailure(1, Kind.LOST, "PeerLost: rank 3 is gone: ..."))
+    failed = emulated._failure(0, 1, layout, topology, record)  # only a lost peer so far
+    assert str(failed) == (f"host 0 (ranks 0, 1) failed: PeerLost: rank 3 is gone: ... (log: "
+                           f"{record.dir / 'logs' / 'host0.log'})")
+    write_report(record.dir, RankFailure(3, Kind.BUG, "ValueError: x"))
+    assert set(read_reports(record.dir)) == {1, 3}
+    failed = emulated._failure(0, 1, layout, topology, record)
+    assert str(failed) == (f"rank 3 (worker 2) raised ValueError: x; traceback in "
+                           f"{record.dir / 'logs' / 'host1.log'}")
+    write_report(record.dir, RankFailure(2, Kind.DIVERGED, "diverged at epoch 2, step 1"))
+    failed = emulated._failure(0, 1, layout, topology, record)
+    assert failed.diverged and str(failed) == "diverged at epoch 2, step 1 (worker 1)"
+
+
+@pytest.mark.parametrize(("raised", "traceback"), [
+    (ValueError("a bug"), True),
+    (PeerLost(0, RuntimeError("Connection closed by peer")), False),
+])
+def test_a_torchrun_rank_prints_a_bugs_traceback_and_one_line(monkeypatch, capsys, raised,
+                                                                traceback):
+    def run_node(*args):
+        raise raised
+
+    monkeypatch.setattr(torchrun, "run_node", run_node)
+    assert torchrun.main(["run.toml"]) == 1
+    err = capsys.readouterr().err
+    assert ("Traceback (most recent call last)" in err) == traceback
+    last = f"polyrhythm: error: {type(raised).__name__}: {raised}"
+    assert err.splitlines()[-1] == (f"{last} (a bug: traceback above)" if traceback else last)
