@@ -266,6 +266,18 @@ def test_an_interrupted_run_stops_the_sweep_and_is_recorded_as_failed(tmp_path):
     assert sorted(rows.values()) == ["completed", "failed"]  # allreduce never started
 
 
+def test_a_bug_stops_the_sweep_with_its_traceback_and_its_run_is_recorded_as_failed(tmp_path):
+    sweep = parse_sweep({"name": "b", "grid": {"strategy": ["bsp", "asp"]}}, out=str(tmp_path))
+
+    def train(config):
+        raise ValueError("a bug in train")
+
+    with pytest.raises(ValueError, match="a bug in train"):  # itself, traceback and all
+        run_sweep(sweep, train=train, stream=io.StringIO())
+    (row,) = SweepStore(sweep.store_path).rows("b")  # not left "running"
+    assert row["status"] == "failed" and row["error"] == "ValueError: a bug in train"
+
+
 # --- real runs -----------------------------------------------------------------------------
 
 def completed_rows(out: Path, sweep_id: str) -> list[dict]:

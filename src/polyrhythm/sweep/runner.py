@@ -65,11 +65,14 @@ def run_sweep(sweep: Sweep, *, train: Callable[..., dict] | None = None,
             except BaseException as exc:
                 interrupted = stop.seen or isinstance(exc, KeyboardInterrupt) or (
                     isinstance(exc, RunFailed) and exc.interrupted)
-                if not interrupted and not isinstance(exc, PolyrhythmError):
+                error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                bug = not interrupted and not isinstance(exc, PolyrhythmError)
+                if bug:  # not the run's but ours: its type, and its traceback below
+                    error = f"{type(exc).__name__}: {error}"
+                store.mark(sweep.sweep_id, run, "failed", getattr(exc, "run_id", None), error)
+                if bug:
                     progress.finish(index, run.label, f"failed: {type(exc).__name__}")
                     raise  # a bug: say so with the traceback
-                error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-                store.mark(sweep.sweep_id, run, "failed", getattr(exc, "run_id", None), error)
                 progress.finish(index, run.label, "interrupted" if interrupted
                                 else f"failed: {error}")
                 if interrupted:
