@@ -16,17 +16,14 @@
           `switched` is 0 when the run ended before its switch (the server then only holds
           the final model), `steps` the global steps taken so far
 
-`kind` is a sum of flags: GRADIENT (the values are a gradient, or another update for the
-policy), REPLY (the worker waits for the parameters), DONE (the worker leaves). A usual push is
-GRADIENT + REPLY; Downpour pushes without fetching and fetches without pushing.
+`kind` is a sum of flags: GRADIENT, REPLY, DONE (strategies/serving.py, where what a server
+does with each kind is decided, for the real server and the simulator alike; the simulator
+imports nothing of comm).
 
 One tensor per message keeps a push to one round trip; float32 holds the integer header
 fields exactly up to 2**24 (16.7 million clocks, versions or buckets).
 """
 
-GRADIENT, REPLY, DONE = 1, 2, 4
-PUSH = GRADIENT | REPLY
-FETCH = REPLY
 PUSH_HEADER = 5
 REPLY_HEADER = 3
 HANDOVER = 1 << 20  # a tag no bucket id reaches

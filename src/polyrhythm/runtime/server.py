@@ -1,7 +1,9 @@
 """One parameter-server shard: a flat slice of the parameters, split into buckets, and one loop.
 
-The loop is the same for every consistency model: receive a push from any worker, ask the
-bucket's policy what to do, accumulate / apply / reply (message layout in comm/messages.py).
+The loop is the same for every consistency model: receive a push from any worker, decide
+what to do with it (strategies/serving.py, which asks the bucket's policy; the simulator
+decides with the same function), accumulate / apply / reply (message layout in
+comm/messages.py).
 Each bucket is an independent key, as in ps-lite: its own version, optimizer state and policy,
 so a bucket is updated and sent back as soon as its gradients are in, while workers are still
 computing the rest of backward.
@@ -11,26 +13,18 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import replace
 
 import torch
 
-from polyrhythm.comm.messages import (
-    DONE,
-    GRADIENT,
-    HANDOVER,
-    HANDOVER_HEADER,
-    PUSH_HEADER,
-    REPLY,
-    REPLY_HEADER,
-)
+from polyrhythm.comm.messages import HANDOVER, HANDOVER_HEADER, PUSH_HEADER, REPLY_HEADER
 from polyrhythm.comm.transport import PeerLost
 from polyrhythm.config.servers import CONTINUE
 from polyrhythm.context import RankContext
 from polyrhythm.metrics.recorder import StalenessLog
 from polyrhythm.optim import FlatSGD, lr_at
 from polyrhythm.runtime import checkpoint
-from polyrhythm.strategies.consistency import ConsistencyPolicy, Decision
+from polyrhythm.strategies.consistency import ConsistencyPolicy
+from polyrhythm.strategies.serving import DONE, Course, Served, serve
 
 
 class Bucket:
@@ -139,8 +133,7 @@ class ParameterServerShard:
         self.steps_per_epoch = steps_per_epoch
         # Global batches in the run: policies with fixed rounds end after as many updates,
         # shared epochs once this much gradient is applied.
-        self.rounds = steps_per_epoch * ctx.config.epochs
-        self.shared_epochs = ctx.config.shared_epochs
+        self.course = Course(steps_per_epoch * ctx.config.epochs, ctx.config.shared_epochs)
         self.staleness = StalenessLog()
         self.record = ctx.config.instrumentation
         self.pushes: list[tuple] = []  # (server, t, worker, staleness, queue) per gradient
@@ -199,30 +192,20 @@ class ParameterServerShard:
             worker = topology.worker_index(src)
             kind, clock, pulled, weight, key = inbox[:PUSH_HEADER].tolist()
             kind, bucket = int(kind), self.buckets[int(key)]
+            served = serve(bucket, self.course, kind, worker, int(clock), int(pulled), weight)
+            if served.decision.accumulate:  # before the release: the values are in `inbox`
+                bucket.accumulate(inbox[PUSH_HEADER:], weight, served.decision.scale)
+                self.staleness.record(served.staleness)
+                if self.record:
+                    self.pushes.append((self.ctx.rank, self.ctx.now(), worker,
+                                        served.staleness, pushes.waiting()))
             if kind & DONE:
                 unfinished[src] -= 1
-                decision = bucket.policy.on_done(worker)
-            elif kind & GRADIENT and bucket.over:  # late work after the last round: cancelled
-                decision = Decision(accumulate=False, release=(worker,))
-            elif kind & GRADIENT:
-                staleness = bucket.version - int(pulled)
-                decision = bucket.policy.on_push(worker, int(clock), staleness)
-                if decision.accumulate:
-                    bucket.accumulate(inbox[PUSH_HEADER:], weight, decision.scale)
-                    self.staleness.record(staleness)
-                    if self.record:
-                        self.pushes.append((self.ctx.rank, self.ctx.now(), worker, staleness,
-                                            pushes.waiting()))
-                if not kind & REPLY:  # pushed without waiting: nobody to answer
-                    decision = replace(decision, release=tuple(
-                        w for w in decision.release if w != worker))
-            else:  # a fetch: the current parameters, whatever the policy
-                decision = Decision(accumulate=False, release=(worker,))
             more = unfinished[src] > 0
             if not more:
                 del unfinished[src]
             pushes.release(src, more)
-            self._act(int(key), bucket, decision)
+            self._act(int(key), bucket, served)
 
     def receive_handover(self) -> None:
         """Wait for worker 0's handover (comm/messages.py) and start every bucket from it.
@@ -244,19 +227,17 @@ class ParameterServerShard:
         if switched and self.ctx.run_dir is not None and checkpoint.is_due(self.ctx.config, done):
             self._save(done)
 
-    def _act(self, key: int, bucket: Bucket, decision: Decision) -> None:
-        if decision.update and bucket.pending_weight > 0:
+    def _act(self, key: int, bucket: Bucket, served: Served) -> None:
+        if served.update:
             began = self.ctx.now()
             with self.ctx.spans("update"):
                 bucket.apply(self.ctx.config.optimizer, self.steps_per_epoch)
             if self.record:
                 self.updates.append((self.ctx.rank, began, self.ctx.now() - began))
-            if bucket.policy.fixed_rounds and bucket.version >= self.rounds:
+            if served.ends:
                 bucket.end()
-            elif self.shared_epochs and bucket.progress >= self.rounds - 1e-6:
-                bucket.end()  # tolerance: batch shares like 1/3 do not add up exactly
             self._checkpoint()
-        ranks = [r for r in (self.ctx.topology.worker_ranks[w] for w in decision.release)
+        ranks = [r for r in (self.ctx.topology.worker_ranks[w] for w in served.decision.release)
                  if r not in self.lost]
         for work in [self._send(bucket.outbox, r, key) for r in ranks]:
             try:
@@ -282,8 +263,8 @@ class ParameterServerShard:
         first = next(iter(self.buckets.values()))
         self.lost[rank] = {"worker": worker, "rank": rank, "at_s": self.ctx.now(),
                            "pushes": first.policy.clocks.get(worker, 0)}
-        for key, bucket in self.buckets.items():
-            self._act(key, bucket, bucket.policy.on_done(worker))
+        for key, bucket in self.buckets.items():  # as if it had said DONE (it sent nothing)
+            self._act(key, bucket, serve(bucket, self.course, DONE, worker, 0, 0, 0.0))
 
     def _checkpoint(self) -> None:
         """Once every bucket has the next checkpoint's epochs' worth of global batches

@@ -11,12 +11,12 @@ gradient was computed on.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True)
-class Decision:
-    """What the server does after a push (or after a worker leaves)."""
+class Decision(NamedTuple):
+    """What the server does after a push (or after a worker leaves). A value, as a frozen
+    dataclass would be, but made in half the time: the simulator makes one per push."""
 
     accumulate: bool = True  # add this push's weighted gradient to the pending update
     update: bool = False  # apply the pending update as one optimizer step

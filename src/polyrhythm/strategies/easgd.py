@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import torch
 
-from polyrhythm.comm.messages import FETCH, GRADIENT
 from polyrhythm.optim import FlatSGD, lr_at
 from polyrhythm.strategies.base import Strategy
 from polyrhythm.strategies.cadence import Periodic
 from polyrhythm.strategies.ps import ServerLink
+from polyrhythm.strategies.serving import FETCH, GRADIENT
 
 
 class ElasticAveragingWorker(Strategy):

@@ -14,12 +14,13 @@ from functools import partial
 
 import torch
 
-from polyrhythm.comm.messages import DONE, FETCH, GRADIENT, PUSH, PUSH_HEADER, REPLY_HEADER
+from polyrhythm.comm.messages import PUSH_HEADER, REPLY_HEADER
 from polyrhythm.context import RankContext
 from polyrhythm.layout import BucketLayout
 from polyrhythm.optim import lr_at
 from polyrhythm.strategies.base import Strategy
 from polyrhythm.strategies.cadence import PushFetch
+from polyrhythm.strategies.serving import DONE, FETCH, GRADIENT, PUSH
 
 
 class ServerLink:
