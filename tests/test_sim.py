@@ -163,6 +163,29 @@ def test_the_001_shapes_updates_staleness_and_idleness():
     assert idleness == sorted(idleness) and idleness[-1] > 2 * idleness[0]
 
 
+def test_a_shared_epoch_run_ends_after_its_global_batches_whoever_computed_them():
+    # As tests/test_shared_epochs.py's real run: 3 workers, one 3 times slower, 20 global
+    # batches of 3 x 32 samples. Every push of asp is an update of a third of a global batch,
+    # so 60 updates end the run, most of them the fast workers'.
+    def run(strategy, **fields):
+        config = cluster(strategy, 3, compute_time="100ms", slowdown=[1, 1, 3], **fields)
+        return simulate(config, Costs(100_000), 20)
+
+    own, shared = run("asp"), run("asp", shared_epochs=True)
+    assert [log.steps for log in own.logs] == [20, 20, 20]
+    assert own.weight_updates == shared.weight_updates == 60
+    fast, other, slow = (log.steps for log in shared.logs)
+    assert fast > 20 and other > 20 and 0 < slow < 20
+    # Each worker's steps are the applied pushes, plus at most one cancelled after the end.
+    assert 60 <= fast + other + slow <= 62
+    assert shared.makespan_s < own.makespan_s  # nobody waits for the slow worker's last steps
+    # bsp: every round applies one global batch, so 20 rounds are 20 steps of each worker.
+    own, shared = run("bsp"), run("bsp", shared_epochs=True)
+    assert [log.steps for log in shared.logs] == [20, 20, 20]
+    assert shared.weight_updates == own.weight_updates == 20
+    assert shared.makespan_s == own.makespan_s
+
+
 def test_predictions_match_the_emulated_cluster_within_20_percent():
     """Stored measurements on the emulated cluster (experiments/simulator.toml: bsp, ring
     and asp at 2-16 workers on 100 mbit links; scaling.toml: bsp with a dedicated server or

@@ -5,29 +5,36 @@ a step is forward, then buckets are ready evenly through backward), and waits fo
 bucket's reply, as strategies/ps.py does; when to push and fetch is the real `PushFetch`
 cadence (Downpour). Each server takes its pushes in arrival order, one at a time, and asks
 the bucket's policy (strategies/consistency.py, the very class the real server runs) what to
-do: adding a gradient costs its share of R_w, an update its share of U_w, and each worker
-released gets the bucket back over the network (sim/network.py). Staleness is counted as the
-real server counts it: the bucket's version at the push minus the one the worker last
-pulled.
+do, through the very function the real server decides with (strategies/serving.py): adding
+a gradient costs its share of R_w, an update its share of U_w, and each worker released gets
+the bucket back over the network (sim/network.py). Staleness is counted as the real server
+counts it: the bucket's version at the push minus the one the worker last pulled. The run
+ends as the real one does: after the policy's fixed rounds, or with shared epochs once the
+run's global batches' worth of gradient is applied (each push adds its worker's batch
+weight, whoever computed it), else when each worker has taken its steps.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections import Counter
 
 from polyrhythm.sim.network import Network
 from polyrhythm.sim.result import SimResult, WorkerLog
 from polyrhythm.sim.setup import HEADER, Setup
 from polyrhythm.strategies.cadence import PushFetch
-from polyrhythm.strategies.consistency import Decision
+from polyrhythm.strategies.consistency import ConsistencyPolicy
+from polyrhythm.strategies.serving import DONE, GRADIENT, REPLY, Course, Served, serve
 
 # Event kinds: a worker's step computed; a bucket's gradient ready (mid-backward); a message
 # reaching a server. A message takes a link when its event fires, in time order, so pushes
 # of many workers queue at a server in the order they were sent.
 COMPUTED, READY, MESSAGE = 0, 1, 2
-GRADIENT, REPLY, DONE = 1, 2, 4  # a message's kind, as in comm/messages.py
+# An event's flags: the message's kind, and above its bits the clock the worker sent it with
+# (a Downpour worker may step on before its push reaches the server).
+KIND, CLOCK_SHIFT = GRADIENT | REPLY | DONE, 3
 
 
 def simulate_ps(setup: Setup, name: str, make_policy, settings, *, net: Network | None = None,
@@ -40,21 +47,53 @@ def simulate_ps(setup: Setup, name: str, make_policy, settings, *, net: Network 
     return _ParameterServers(setup, make_policy, settings, net, logs, done).run(name, start)
 
 
+class SimulatedBucket:
+    """A simulated bucket: what the real one (runtime/server.py Bucket) counts, without its
+    values."""
+
+    __slots__ = ("policy", "version", "progress", "pending_weight", "over")
+
+    def __init__(self, policy: ConsistencyPolicy, version: int = 0) -> None:
+        self.policy = policy
+        # Updates applied, and global batches' worth of gradient: after a Strategy-Switch's
+        # first phase, its steps (runtime/server.py Bucket.take_over).
+        self.version = version
+        self.progress = float(version)
+        self.pending_weight = 0.0
+        self.over = False
+
+    def take(self, course: Course, kind: int, worker: int, clock: int, pulled: int,
+             weight: float) -> Served:
+        """The message's decision (serve), counted as the real bucket counts it: the pushed
+        batch weight while pending, the update, the end."""
+        served = serve(self, course, kind, worker, clock, pulled, weight)
+        if served.decision.accumulate:
+            self.pending_weight += weight
+        if served.update:
+            self.progress += self.pending_weight
+            self.pending_weight = 0.0
+            self.version += 1
+            if served.ends:
+                self.over = True
+        return served
+
+
 class _ParameterServers:
     def __init__(self, setup: Setup, make_policy, settings, net: Network | None,
                  logs: list[WorkerLog] | None, done: int) -> None:
         self.setup = setup
         n, buckets = setup.workers, setup.buckets
         self.net = net or setup.network()
-        self.policies = [make_policy() for _ in buckets]
-        self.rounds = setup.iterations if self.policies[0].fixed_rounds else None
+        self.buckets = [SimulatedBucket(make_policy(), done) for _ in buckets]
+        self.course = Course(setup.iterations, setup.shared_epochs)
+        self.weight = setup.weights
+        # With shared epochs a worker takes steps until the servers end the run.
+        self.steps = math.inf if setup.shared_epochs else setup.iterations
         total = sum(size for _, size in buckets)
         costs = setup.costs
         self.update_s = [costs.update_s * size / total for _, size in buckets]
         self.reduce_s = [costs.reduce_s * size / total for _, size in buckets]
         self.server_host = [setup.host[s] for s in range(setup.servers)]
-        self.version = [done] * len(buckets)
-        self.over = [False] * len(buckets)
         self.pulled = [[done] * len(buckets) for _ in range(n)]
         self.busy = [0.0] * setup.servers  # when each server is next free
         self.busy_s = [0.0] * setup.servers
@@ -93,20 +132,22 @@ class _ParameterServers:
         s = self.setup
         return SimResult(name, s.workers, s.servers, self.logs,
                          max(log.end for log in self.logs), Counter(self.staleness), self.net.sent,
-                         self.net.received, self.busy_s, max(self.version, default=0))
+                         self.net.received, self.busy_s,
+                         max((b.version for b in self.buckets), default=0))
 
     def _begin(self, t: float, w: int) -> None:
         """Worker w is free at t: it leaves, or computes a step, whose buckets are ready
         through backward (the last when the step's compute ends)."""
         s, log = self.setup, self.logs[w]
-        if self.stopping[w] or log.steps >= s.iterations:
+        if self.stopping[w] or log.steps >= self.steps:
             self._leave(t, w)
             return
         seconds = s.compute[w]()
         log.compute_s += seconds
         log.begin_step(t, s.batch[w])
         pushing, fetching = self.cadence[w].step()
-        flags = (GRADIENT if pushing else 0) | (REPLY if fetching else 0)
+        flags = (GRADIENT if pushing else 0) | (REPLY if fetching else 0) | (
+            self.cadence[w].pushes << CLOCK_SHIFT)
         end = self.computed[w] = t + seconds
         count = self.count
         if fetching:  # before any push goes: a reply may come before the compute ends
@@ -136,35 +177,23 @@ class _ParameterServers:
         self.logs[w].end = t
         for k, server in enumerate(self.bucket_server):
             arrives = self.net.send(t, self.worker_host[w], self.server_host[server], HEADER)
-            self._at(arrives, MESSAGE, w, k, DONE)
+            self._at(arrives, MESSAGE, w, k, DONE)  # with clock 0, as the real worker's
 
     def _serve(self, t: float, w: int, k: int, flags: int) -> None:
         # The simulator's hottest path (a million pushes in seconds): locals, one branch
         # for the usual single reply.
-        policy, cost = self.policies[k], self.message_s  # taking the message in
-        if flags & DONE:
-            decision = policy.on_done(w)
-        elif flags & GRADIENT and self.over[k]:  # late work after the last round: cancelled
-            decision = Decision(accumulate=False, release=(w,))
-        elif flags & GRADIENT:
-            staleness = self.version[k] - self.pulled[w][k]
-            decision = policy.on_push(w, self.cadence[w].pushes, staleness)
-            if decision.accumulate:
-                counts = self.staleness
-                counts[staleness] = counts.get(staleness, 0) + 1
-                cost += self.reduce_s[k]
-            if not flags & REPLY:
-                decision = Decision(decision.accumulate, decision.update,
-                                    tuple(r for r in decision.release if r != w))
-        else:  # a fetch
-            decision = Decision(accumulate=False, release=(w,))
-        version = self.version[k]
-        if decision.update:
+        bucket, cost = self.buckets[k], self.message_s  # taking the message in
+        served = bucket.take(self.course, flags & KIND, w, flags >> CLOCK_SHIFT, self.pulled[w][k],
+                             self.weight[w])
+        staleness = served.staleness
+        if staleness is not None:  # a gradient accumulated
+            counts = self.staleness
+            counts[staleness] = counts.get(staleness, 0) + 1
+            cost += self.reduce_s[k]
+        if served.update:
             cost += self.update_s[k]
-            version = self.version[k] = version + 1
-            if self.rounds is not None and version >= self.rounds:
-                self.over[k] = True
-        logs, release = self.logs, decision.release
+        version = bucket.version
+        logs, release = self.logs, served.decision.release
         released = release if len(release) == 1 and not logs[release[0]].end else [
             r for r in release if not logs[r].end]  # not gone already
         server = self.bucket_server[k]
@@ -172,7 +201,7 @@ class _ParameterServers:
         busy = self.busy[server]
         done = self.busy[server] = (t if t > busy else busy) + cost
         self.busy_s[server] += cost
-        host, size, over = self.server_host[server], self.bucket_size[k], self.over[k]
+        host, size, over = self.server_host[server], self.bucket_size[k], bucket.over
         if len(released) == 1:
             r = released[0]
             self.pulled[r][k] = version

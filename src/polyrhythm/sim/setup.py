@@ -5,6 +5,7 @@ compute time per step, the model's size and its buckets, and the servers' update
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -63,9 +64,12 @@ class Setup:
     batch: list[int]  # each worker's samples per step
     buckets: list[tuple[int, int]]  # (server, bytes) of each bucket
     costs: Costs
-    iterations: int  # steps per worker (global batches where the servers count rounds)
+    iterations: int  # steps per worker (global batches where the servers count them)
     warmup: int = 0  # first steps of each worker left out of throughput, as in a run
     fixed_latency: float | None = None  # the latency, when it has no jitter
+    # Parameter servers: the run is `iterations` global batches, counted in gradient applied
+    # whichever workers computed it (each worker then steps until the servers end the run).
+    shared_epochs: bool = False
 
     def network(self) -> Network:
         """The links, idle."""
@@ -73,6 +77,13 @@ class Setup:
 
     def worker_host(self, w: int) -> int:
         return self.host[self.servers + w]
+
+    @property
+    def weights(self) -> list[float]:
+        """Each worker's batch weight, its share of the global batch, as its pushes carry it
+        (a float32 header field, comm/messages.py): what the servers count progress in."""
+        total = sum(self.batch)
+        return [struct.unpack("f", struct.pack("f", b / total))[0] for b in self.batch]
 
 
 def simulation_config(*layers: Mapping[str, Any]) -> RunConfig:
@@ -106,7 +117,8 @@ def setup(config, costs: Costs, iterations: int) -> Setup:
                for s, a, b in BucketLayout(costs.parameters, max(1, servers),
                                            config.bucket_kb).buckets] if servers else []
     return Setup(workers, servers, host, rates, latency, compute, sizes, buckets, costs,
-                 iterations, config.warmup_steps, None if jitter else mean)
+                 iterations, config.warmup_steps, None if jitter else mean,
+                 config.shared_epochs)
 
 
 def compute_stretch(config) -> list[float]:
