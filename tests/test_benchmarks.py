@@ -1,11 +1,19 @@
-"""Benchmarks are not timed tests: CI only checks that they run and report their ratios."""
+"""Benchmarks are not timed tests: CI only checks that their smoke runs report what they
+configured, that every ratio is the quotient of the figures it is printed with, and that
+every verdict follows its figure against its printed target. How fast this machine is that
+day is never asserted: a quick run may print 0.00 s, or any verdict."""
 
+import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
+from polyrhythm.layout import ALGORITHMS
+
 BENCHMARKS = Path(__file__).parent.parent / "benchmarks"
+NUMBER = r"-?\d+(?:\.\d+)?"
 
 
 def smoke(name: str) -> str:
@@ -16,66 +24,180 @@ def smoke(name: str) -> str:
     return done.stdout
 
 
+def bounds(printed: str | float) -> tuple[float, float]:
+    """The values a printed figure may have been before it was rounded to its last digit (a
+    float given as such is exact)."""
+    if isinstance(printed, float):
+        return printed, printed
+    half = 0.5 * 10.0 ** -len(printed.partition(".")[2])
+    value = float(printed)
+    return value - half, value + half
+
+
+def is_quotient(ratio: str, numerator: str, denominator: str | float) -> bool:
+    """Whether the printed `ratio` can be numerator / denominator for values that print as
+    those figures. A denominator that may have been 0 allows any ratio."""
+    (n0, n1), (d0, d1), (r0, r1) = bounds(numerator), bounds(denominator), bounds(ratio)
+    if d0 <= 0 <= d1:
+        return True
+    quotients = [n / d for n in (n0, n1) for d in (d0, d1)]  # extremes at the corners
+    slack = 1e-9 * max(1.0, *map(abs, quotients))  # the float arithmetic of this check
+    return min(quotients) - slack <= r1 and r0 <= max(quotients) + slack
+
+
+def follows(verdict: str, figure: str, passes: Callable[[float], bool],
+            fail: str = "MISS") -> bool:
+    """Whether `verdict` is PASS exactly when the figure passes its target; a figure that
+    rounds to the target itself may have been on either side, so either verdict is right."""
+    low, high = (passes(v) for v in bounds(figure))
+    if low != high:
+        return verdict in ("PASS", fail)
+    return verdict == ("PASS" if low else fail)
+
+
+def test_the_checks_read_print_rounding():
+    assert is_quotient("1.06", "4.248", "4.496") is False  # native/ring, not ring/native
+    assert is_quotient("1.06", "4.496", "4.248")
+    assert is_quotient("0.974", "9553", "9804") and not is_quotient("0.980", "9553", "9804")
+    assert is_quotient("16", "1.89", "0.117") and not is_quotient("12", "1.89", "0.117")
+    assert is_quotient("5.0", "0.01", "0.00")  # a denominator printed as 0: anything
+    assert is_quotient("1.02", "101.6", 100.0) and not is_quotient("1.03", "101.6", 100.0)
+    assert follows("PASS", "0.974", lambda r: r >= 0.90, "BELOW")
+    assert not follows("PASS", "0.899", lambda r: r >= 0.90, "BELOW")
+    assert follows("BELOW", "0.900", lambda r: r >= 0.90, "BELOW")  # 0.8996 prints 0.900
+    assert follows("PASS", "1.50", lambda s: s < 1.5)  # 1.4996 prints 1.50
+    assert not follows("PASS", "1.51", lambda s: s < 1.5)
+    assert not follows("MISS", "0.10", lambda s: s < 1.5)
+
+
 def test_overhead_benchmark_smoke_prints_both_ratios():
     out = smoke("overhead.py")
-    for label in ("bsp, 1 worker + 1 server", "allreduce, 2 workers"):
-        row = re.search(rf"^{re.escape(label)} .* (\d+\.\d+)\s+0\.9\d\s+(PASS|BELOW)$",
-                        out, re.MULTILINE)
+    assert re.search(r"^cnn on mnist5k, global batch 64, 2 epochs \(1 warm-up\) of 8 steps, "
+                     r"1 repeats, ", out, re.MULTILINE), out
+    for label, baseline, workers in (("bsp, 1 worker + 1 server", "plain loop, 1 process", 1),
+                                     ("allreduce, 2 workers", "DDP (Gloo), 2 processes", 2)):
+        (repeat,) = re.findall(rf"^  repeat (\d+)/1  {re.escape(label)} +baseline +(\d+)/s  "
+                               rf"polyrhythm +(\d+)/s  ratio (\d+\.\d{{3}})  other load ",
+                               out, re.MULTILINE)
+        row = re.search(rf"^{re.escape(label)} +{re.escape(baseline)} +(\d+) +(\d+) +(\d+) +"
+                        rf"(\d+\.\d{{3}}) +(\d\.\d\d)  (PASS|BELOW)$", out, re.MULTILINE)
         assert row, f"no result row for {label}:\n{out}"
-        assert float(row.group(1)) > 0
+        threads, base, ours, ratio, target, verdict = row.groups()
+        # The baseline's processes use the threads a polyrhythm worker gets: cores // workers.
+        assert int(threads) == max(1, os.cpu_count() // workers), row.group(0)
+        # One repeat: the table's medians are that repeat's figures.
+        assert repeat == ("1", base, ours, ratio), (repeat, row.group(0))
+        assert is_quotient(ratio, ours, base), row.group(0)
+        assert follows(verdict, ratio, lambda r, t=float(target): r >= t, "BELOW"), row.group(0)
 
 
 def test_collectives_benchmark_smoke_prints_ring_ratios():
     out = smoke("collectives.py")
-    ratios = re.findall(r"^ring/native (\d+ KiB): (\d+\.\d+) \(target <= 1\.50\) (PASS|MISS) ",
-                        out, re.MULTILINE)
-    assert [size for size, _, _ in ratios] == ["4 KiB", "64 KiB"], out
-    assert all(float(ratio) > 0 for _, ratio, _ in ratios)
+    assert re.search(r"^all-reduce of float32 tensors: 4 processes \(Gloo, loopback\), .*; "
+                     r"median of 1 repetitions after 1 warm-up, 2 all-reduces per timing$",
+                     out, re.MULTILINE), out
+    algorithms = ["native", *ALGORITHMS]
+    assert re.search(r"^ +size +" + " +".join(algorithms) + r" +\(ms per all-reduce\)$", out,
+                     re.MULTILINE), out
+    ms = {}
+    for size in ("4 KiB", "64 KiB"):
+        row = re.search(rf"^ +{size}((?: +\d+\.\d{{3}}){{{len(algorithms)}}})$", out,
+                        re.MULTILINE)
+        assert row, f"no row for {size}:\n{out}"
+        ms[size] = dict(zip(algorithms, row.group(1).split(), strict=True))
+    ratios = re.findall(r"^ring/native (\d+ KiB): (\d+\.\d\d) \(target <= (\d\.\d\d)\) "
+                        r"(PASS|MISS)  \[repetitions: (\d+\.\d\d)-(\d+\.\d\d)\]$", out,
+                        re.MULTILINE)
+    assert [size for size, *_ in ratios] == ["4 KiB", "64 KiB"], out
+    for size, ratio, target, verdict, least, most in ratios:
+        # One repetition: the ratio is that repetition's, its times the table's.
+        assert least == most == ratio, (size, ratio, least, most)
+        assert is_quotient(ratio, ms[size]["ring"], ms[size]["native"]), (size, ratio, ms[size])
+        assert follows(verdict, ratio, lambda r, t=float(target): r <= t), (size, ratio, verdict)
 
 
 def test_instrumentation_benchmark_smoke_prints_the_ratio():
     out = smoke("instrumentation.py")
-    row = re.search(r"^instrumentation on/off \(bsp, 2 workers\): (\d+\.\d+) "
-                    r"\(target >= 0\.97\) (PASS|MISS) ", out, re.MULTILINE)
+    assert re.search(r"^bsp, 2 workers, 6 epochs per run, (side by side, one core each|in "
+                     r"turn on one core)$", out, re.MULTILINE), out
+    repeats = re.findall(r"^repeat (\d+): on (\d+) samples/s, off (\d+) samples/s, ratio "
+                         r"(\d+\.\d{3})$", out, re.MULTILINE)
+    assert [number for number, *_ in repeats] == ["1"], out  # --quick: one repeat
+    ((_, on, off, paired),) = repeats
+    assert is_quotient(paired, on, off), repeats
+    row = re.search(r"^instrumentation on/off \(bsp, 2 workers\): (\d+\.\d{3}) \(target >= "
+                    r"(\d\.\d\d)\) (PASS|MISS)  \[repeats: (\d+\.\d{3})-(\d+\.\d{3})\]$", out,
+                    re.MULTILINE)
     assert row, out
-    assert float(row.group(1)) > 0
+    ratio, target, verdict, least, most = row.groups()
+    assert ratio == least == most == paired, row.group(0)  # the median of one repeat
+    assert follows(verdict, ratio, lambda r: r >= float(target)), row.group(0)
 
 
 def test_face_benchmark_smoke_prints_the_time():
     out = smoke("face.py")
-    row = re.search(r"^polyrhythm runs, 50 runs: (\d+\.\d+) s \(target < 1\.5 s\) "
-                    r"(PASS|MISS); bare interpreter (\d+\.\d+) s", out, re.MULTILINE)
+    row = re.search(r"^polyrhythm runs, 50 runs: (\d+\.\d\d) s \(target < (\d\.\d) s\) "
+                    r"(PASS|MISS); bare interpreter (\d+\.\d\d) s, ratio (\d+\.\d); range "
+                    r"(\d+\.\d\d)-(\d+\.\d\d) s over (\d+) repeats$", out, re.MULTILINE)
     assert row, out
-    # How fast this machine is that day is not asserted (a quick run may print 0.00 s):
-    # only that the verdict follows the figure.
-    assert (row.group(2) == "PASS") == (float(row.group(1)) < 1.5), row.group(0)
+    median, target, verdict, bare, ratio, least, most, repeats = row.groups()
+    assert repeats == "3"  # --quick
+    assert float(least) <= float(median) <= float(most), row.group(0)
+    assert is_quotient(ratio, median, bare), row.group(0)
+    assert follows(verdict, median, lambda s: s < float(target)), row.group(0)
 
 
 def test_cluster_benchmark_smoke_prints_its_ratios():
     out = smoke("cluster.py")
-    latency = re.search(r"^latency 50ms, .* x 2 x 50 ms; every step's communication >= "
-                        r"[\d.]+ ms: (\d+\.\d+) \(target >= 1\.00\) (PASS|MISS)$",
-                        out, re.MULTILINE)
-    assert latency and float(latency.group(1)) > 0, out
-    shaped = re.findall(r": (\d+\.\d+) \(target (0\.75-1\.25|3\.00-5\.00)\) (PASS|MISS);",
-                        out)
-    assert len(shaped) == 3 or "bandwidth and cpu shares: SKIP" in out, out
+    latency = re.search(r"^latency 50ms, bsp step with/without \(side by side\): \+(-?\d+\.\d) "
+                        r"ms \(median\), (-?\d+\.\d\d) x 2 x 50 ms; every step's communication "
+                        r">= (-?\d+\.\d) ms: (-?\d+\.\d\d) \(target >= (\d\.\d\d)\) "
+                        r"(PASS|MISS)$", out, re.MULTILINE)
+    assert latency, out
+    extra, extra_ratio, least, ratio, target, verdict = latency.groups()
+    assert is_quotient(extra_ratio, extra, 100.0), latency.group(0)  # 2 x 50 ms, in ms
+    assert is_quotient(ratio, least, 100.0), latency.group(0)
+    assert follows(verdict, ratio, lambda r: r >= float(target)), latency.group(0)
+    if "bandwidth and cpu shares: SKIP" in out:
+        return
+    # (the figure's label, its numerator, denominator, ratio, target range and verdict)
+    shaped = [
+        *re.findall(rf"^all-reduce of \|w\| on 4 hosts at 100mbit: ({NUMBER}) ms, model "
+                    rf"({NUMBER}) ms: ({NUMBER}) \(target ({NUMBER})-({NUMBER})\) (PASS|MISS);",
+                    out, re.MULTILINE),
+        *re.findall(rf"^bsp step, 1 server \+ 3 workers at 100mbit: ({NUMBER}) ms beyond "
+                    rf"compute, naive-PS bound ({NUMBER}) ms: ({NUMBER}) \(target "
+                    rf"({NUMBER})-({NUMBER})\) (PASS|MISS);", out, re.MULTILINE),
+        # the 0.25-core worker's step over the 1-core worker's: slow / fast
+        *((slow, fast, *rest) for fast, slow, *rest in re.findall(
+            rf"^cpu shares 1 and 0\.25, asp, real compute: ({NUMBER}) and ({NUMBER}) ms a step: "
+            rf"({NUMBER}) \(target ({NUMBER})-({NUMBER})\) (PASS|MISS);", out, re.MULTILINE)),
+    ]
+    assert len(shaped) == 3, out
+    for numerator, denominator, ratio, low, high, verdict in shaped:
+        assert is_quotient(ratio, numerator, denominator), (numerator, denominator, ratio)
+        assert follows(verdict, ratio, lambda r, a=float(low), b=float(high): a <= r <= b), (
+            ratio, low, high, verdict)
 
 
 def test_switch_benchmark_smoke_prints_the_switch_time():
     out = smoke("switch.py")
-    row = re.search(r"^switch_s \(default task, median of 1\): (\d+\.\d+) s \(target < 1\.0 s\) "
-                    r"(PASS|MISS); job start-up (\d+\.\d+) s", out, re.MULTILINE)
+    row = re.search(r"^switch_s \(default task, median of (\d+)\): (\d+\.\d{3}) s \(target < "
+                    r"(\d\.\d) s\) (PASS|MISS); job start-up (\d+\.\d\d) s, (\d+)x the switch$",
+                    out, re.MULTILINE)
     assert row, out
-    assert float(row.group(1)) > 0 and float(row.group(3)) > 0
+    runs, switch_s, target, verdict, startup, times = row.groups()
+    assert runs == "1"  # --quick
+    assert follows(verdict, switch_s, lambda s: s < float(target)), row.group(0)
+    assert is_quotient(times, startup, switch_s), row.group(0)
 
 
 def test_simulator_benchmark_smoke_prints_the_time_and_ratio():
     out = smoke("simulator.py")
-    row = re.search(r"^asp, 64 workers x 50 iterations: (\d+\.\d+) s \(target < 10 s\) "
-                    r"(PASS|MISS); bare event loop (\d+\.\d+) s; ratio (\d+\.\d+)$", out,
+    row = re.search(r"^asp, 64 workers x 50 iterations: (\d+\.\d\d) s \(target < (\d+) s\) "
+                    r"(PASS|MISS); bare event loop (\d+\.\d\d) s; ratio (\d+\.\d)$", out,
                     re.MULTILINE)
     assert row, out
-    # Not how fast this machine is (the bare loop of a quick run may print 0.00 s): only that
-    # the verdict follows the figure.
-    assert (row.group(2) == "PASS") == (float(row.group(1)) < 10), row.group(0)
+    simulated, target, verdict, bare, ratio = row.groups()
+    assert is_quotient(ratio, simulated, bare), row.group(0)
+    assert follows(verdict, simulated, lambda s: s < float(target)), row.group(0)
