@@ -2,6 +2,9 @@
 
 import signal
 
+import pytest
+import torch
+
 
 def pytest_configure(config):
     """Launchers the tests interrupt take SIGINT as a terminal's Ctrl-C. A suite started as a
@@ -11,3 +14,16 @@ def pytest_configure(config):
     reset to the default in the processes the tests start."""
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@pytest.fixture(autouse=True)
+def torch_threads_unchanged():
+    """A test that changes torch's thread count in this process must put it back: the
+    exact comparisons of later tests (a reference trained here against a run) would
+    otherwise depend on which tests ran before them (helpers.torch_threads restores it)."""
+    before = torch.get_num_threads()
+    yield
+    after = torch.get_num_threads()
+    torch.set_num_threads(before)  # the tests after it run as they would have
+    assert after == before, (f"the test left torch's thread count at {after} (it was "
+                             f"{before}): set it with helpers.torch_threads")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import io
 import multiprocessing as mp
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
@@ -60,7 +61,25 @@ def reference_parameters(config, weights: list[float] | None = None,
     running statistics (BatchNorm) are its own, swapped in for its forward pass (and, with
     `own_statistics`, added to it at the end, one flat vector per worker).
     """
-    torch.set_num_threads(config.threads)
+    with torch_threads(config.threads):
+        return _train_reference(config, weights, own_statistics)
+
+
+@contextmanager
+def torch_threads(threads: int) -> Iterator[None]:
+    """torch's thread count in this process for a while, then the one it had: a test that
+    left it changed would change every later test's sums (conftest.py checks that none
+    does)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _train_reference(config, weights: list[float] | None,
+                     own_statistics: list | None) -> torch.Tensor:
     plan, train, _ = whole_data(config)
     model = build_model(config.model, train.shape, train.classes, config.seed)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.optimizer.lr,
