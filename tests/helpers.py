@@ -1,14 +1,19 @@
-"""Shared test helpers: small run configs and a single-process reference trainer."""
+"""Shared test helpers: small run configs, a single-process reference trainer, and waits on
+a launched run's processes and progress."""
 
 from __future__ import annotations
 
 import io
 import multiprocessing as mp
+import subprocess
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NoReturn
 
 import psutil
+import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -21,7 +26,13 @@ from polyrhythm.flat import RunningStatistics
 from polyrhythm.launch.local import PRELOAD
 from polyrhythm.models.build import build_model
 from polyrhythm.optim import lr_at
+from polyrhythm.runtime.checkpoint import complete_epochs
 from polyrhythm.runtime.job import agree_on_plan, build_role, whole_data
+
+# How long a test waits for a launched run's progress (its ranks up, a checkpoint, its end)
+# before it calls the run hung. Only a hang guard: a wait ends as soon as the progress
+# comes, and a loaded machine is slow, never this slow.
+HANG_GUARD_S = 180.0
 
 
 def small_config(tmp_path, **fields):
@@ -187,3 +198,54 @@ def rank_processes(launcher_pid: int) -> dict[int, psutil.Process]:
         if name.startswith("polyrhythm-r"):
             found[int(name.removeprefix("polyrhythm-r"))] = p
     return found
+
+
+def wait_for_ranks(launcher: subprocess.Popen, count: int,
+                   timeout: float = HANG_GUARD_S) -> dict[int, psutil.Process]:
+    """Wait until every one of the launcher's `count` ranks runs; {rank: process}."""
+    deadline = time.monotonic() + timeout
+    while (ranks := rank_processes(launcher.pid)).keys() != set(range(count)):
+        if launcher.poll() is not None or time.monotonic() > deadline:
+            give_up(launcher, f"its {count} ranks (up: {sorted(ranks)})", timeout)
+        time.sleep(0.05)
+    return ranks
+
+
+def wait_for_checkpoint(out: Path, launcher: subprocess.Popen, workers: int, servers: int,
+                        epochs: int = 1, earlier: frozenset[Path] = frozenset(),
+                        timeout: float = HANG_GUARD_S) -> tuple[Path, int]:
+    """Wait until the launched run in `out` (a run folder not among `earlier`) has a complete
+    checkpoint of `epochs` epochs or more: it trains. Older checkpoints are pruned as it goes
+    on, so a later one counts. (Its run folder, the newest complete checkpoint's epochs.)"""
+    deadline = time.monotonic() + timeout
+    while launcher.poll() is None and time.monotonic() < deadline:
+        for run_dir in (d for d in Path(out).glob("2*") if d.is_dir() and d not in earlier):
+            done = complete_epochs(run_dir, workers, servers)
+            if done and done[-1] >= epochs:
+                return run_dir, done[-1]
+        time.sleep(0.02)
+    give_up(launcher, f"a complete checkpoint of {epochs} epochs", timeout)
+
+
+def finished(launcher: subprocess.Popen, after: str,
+             timeout: float = HANG_GUARD_S) -> tuple[str, str]:
+    """The launcher's (stdout, stderr) once it has ended; if it hangs, it is killed (its
+    ranks die with it) and the test fails saying so."""
+    try:
+        return launcher.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        launcher.kill()
+        _, stderr = launcher.communicate()
+        pytest.fail(f"the run did not end within {timeout:.0f} s {after}: it hung "
+                    f"(stderr: {(stderr or '')[-1000:]!r})")
+
+
+def give_up(launcher: subprocess.Popen, awaited: str, timeout: float) -> NoReturn:
+    """Fail the test, which waited for `awaited`: the launched run ended first, or it did not
+    come in `timeout` s (the run, hung, is ended)."""
+    ended = launcher.poll() is not None
+    if not ended:
+        launcher.kill()
+    _, stderr = launcher.communicate()
+    why = "the run ended first" if ended else f"it did not come in {timeout:.0f} s"
+    pytest.fail(f"waiting for {awaited}: {why} (stderr: {(stderr or '')[-1000:]!r})")

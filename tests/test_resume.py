@@ -3,12 +3,12 @@ ends; a damaged checkpoint is passed over with a word; a diverging run stops as 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
@@ -16,8 +16,15 @@ import pytest
 import torch
 
 import polyrhythm
-from helpers import max_diff, rank_processes, stored_parameters
-from polyrhythm.config import make_config
+from helpers import (
+    HANG_GUARD_S,
+    finished,
+    max_diff,
+    stored_parameters,
+    wait_for_checkpoint,
+    wait_for_ranks,
+)
+from polyrhythm.config import load_config, make_config
 from polyrhythm.errors import DataError, StoreError
 from polyrhythm.launch import runlock
 from polyrhythm.metrics.records import RunRecord, start_run
@@ -27,35 +34,28 @@ from polyrhythm.runtime.checkpoint import complete_epochs, epoch_dir
 EPOCHS = 4
 
 
-def _started(out: Path, fields: dict, epochs_done: int) -> tuple[subprocess.Popen, Path]:
-    """Start `polyrhythm train` with these fields; (the launcher, its run's folder) once a
-    complete checkpoint of `epochs_done` epochs exists."""
+def _started(out: Path, fields: dict, epochs_done: int) -> tuple[subprocess.Popen, Path,
+                                                                  dict[int, psutil.Process]]:
+    """Start `polyrhythm train` with these fields; (the launcher, its run's folder, its ranks)
+    once every rank is up and a complete checkpoint of `epochs_done` epochs (or a later one)
+    exists."""
     args = [sys.executable, "-m", "polyrhythm.cli", "train", "--out", str(out)]
     for key, value in fields.items():
         flag = "--" + key.replace("_", "-")
         args += [flag, ",".join(map(str, value))] if isinstance(value, list) else [
             flag, str(value)]
     launcher = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        dirs = [d for d in out.glob("2*") if d.is_dir()] if out.exists() else []
-        if dirs and epochs_done in complete_epochs(dirs[0], fields["workers"],
-                                                   fields.get("servers", 1)):
-            return launcher, dirs[0]
-        time.sleep(0.02)
-    launcher.kill()
-    raise AssertionError("no checkpoint came")
+    config = load_config(**fields)
+    run_dir, _ = wait_for_checkpoint(out, launcher, config.workers, config.servers, epochs_done)
+    return launcher, run_dir, wait_for_ranks(launcher, config.world_size)
 
 
 def _kill_a_worker_after(out: Path, fields: dict, epochs_done: int) -> str:
     """Start `polyrhythm train` with these fields, SIGKILL a worker rank once a complete
     checkpoint of `epochs_done` epochs exists; the run's id (stored as failed)."""
-    launcher, run_dir = _started(out, fields, epochs_done)
-    # Ranks are children of the launcher's forkserver: look among all its descendants.
-    ranks = rank_processes(launcher.pid)
-    assert 1 in ranks, "no rank 1 process"
+    launcher, run_dir, ranks = _started(out, fields, epochs_done)
     os.kill(ranks[1].pid, signal.SIGKILL)
-    _, stderr = launcher.communicate(timeout=60)
+    _, stderr = finished(launcher, "after rank 1 was killed")
     assert launcher.returncode == 1 and "killed by SIGKILL" in stderr, stderr
     assert f"`polyrhythm train --resume {run_dir.name} --out {out}` goes on after" in stderr
     # Torn down, the failed run keeps its last two complete checkpoints and nothing else.
@@ -116,11 +116,10 @@ def test_a_run_whose_launcher_was_killed_resumes_at_once_and_ends_as_an_uninterr
               "worker_delay_s": [0.03, 0.03], "lr_decay_every": 1, "lr_decay": 0.5,
               "checkpoint_every": 1}
     out = tmp_path / "runs"
-    launcher, run_dir = _started(out, fields, epochs_done=2)
+    launcher, run_dir, _ = _started(out, fields, epochs_done=2)
     family = psutil.Process(launcher.pid).children(recursive=True)
-    assert len(rank_processes(launcher.pid)) == 3
     launcher.kill()
-    launcher.communicate(timeout=60)
+    launcher.communicate()
     assert RunStore(out / "polyrhythm.db").run(run_dir.name)["status"] == "running"
     said = []
     summary = polyrhythm.resume(run_dir.name, out, say=said.append)
@@ -220,22 +219,21 @@ def test_a_frozen_peer_becomes_a_timeout_error_naming_it_and_every_process_ends(
         [sys.executable, "-m", "polyrhythm.cli", "train", "--strategy", "asp", "--workers", "2",
          "--dataset", "digits", "--epochs", "50", "--timeout", "4", "--out", str(tmp_path)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    ranks = []
-    while time.monotonic() < deadline and not ranks:
-        time.sleep(0.5)
-        ranks = [p for r, p in rank_processes(launcher.pid).items()
-                 if r == 0]  # the server: every worker waits on it
-    assert ranks
-    time.sleep(2)  # training, not starting up
+    wait_for_checkpoint(tmp_path, launcher, workers=2, servers=1)  # training, not starting up
+    ranks = wait_for_ranks(launcher, 3)
     family = psutil.Process(launcher.pid).children(recursive=True)
-    os.kill(ranks[0].pid, signal.SIGSTOP)
-    frozen = time.monotonic()
-    _, stderr = launcher.communicate(timeout=60)
-    assert time.monotonic() - frozen <= 4 + 10
+    os.kill(ranks[0].pid, signal.SIGSTOP)  # the server: every worker waits on it
+    try:
+        _, stderr = finished(launcher, "after the server froze")
+    finally:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            ranks[0].kill()  # a stopped process lingers if the run did not end it
+    # It ended because the server froze (49 epochs were left), saying so in one line.
     assert launcher.returncode == 1 and stderr.count("\n") == 1, stderr
     assert "rank 0 (server 0) stopped answering" in stderr
-    gone, alive = psutil.wait_procs(family, timeout=10)
+    (row,) = RunStore(tmp_path / "polyrhythm.db").runs()
+    assert row["status"] == "failed" and "rank 0 (server 0) stopped answering" in row["error"]
+    gone, alive = psutil.wait_procs(family, timeout=HANG_GUARD_S)
     assert not alive, alive
 
 

@@ -169,7 +169,11 @@ def test_only_a_launcher_surely_gone_is_gone():
         # The pid reused by another process: it started at another time.
         assert launcher_gone({**identity, "start": str(int(identity["start"]) - 1)}, here)
         child.kill()
-        time.sleep(0.5)
+        zombie = psutil.Process(child.pid)  # not waited for, so it stays as a zombie
+        deadline = time.monotonic() + 60  # a hang guard: the kill takes a moment
+        while zombie.status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline, "SIGKILL did not end the child"
+            time.sleep(0.01)
         assert launcher_gone(identity, here)  # a zombie, not yet waited for
     finally:
         child.kill()
