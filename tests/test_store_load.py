@@ -111,7 +111,8 @@ def running_launcher(out: Path) -> tuple[subprocess.Popen, str, list[psutil.Proc
         new = {i: status for i, status in _rows(out).items() if i not in before}
         if len(ranks) == 2 and list(new.values()) == ["running"]:
             return launcher, next(iter(new)), parent.children(recursive=True)
-    raise AssertionError("the run did not start")
+    launcher.kill()  # its ranks see their launcher gone and leave
+    raise AssertionError(f"the run did not start: {launcher.communicate()}")
 
 
 def _name(process: psutil.Process) -> str:

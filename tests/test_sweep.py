@@ -153,7 +153,13 @@ def bad_runs(tmp_path_factory):
     known = seeded_store(tmp / "known")
     commands["unknown sweep id"] = ["report", "--sweep", "nope", "--out", str(known)]
     procs = {name: cli(*args, cwd=tmp) for name, args in commands.items()}
-    results = {name: (p.wait(timeout=120), *p.communicate()) for name, p in procs.items()}
+    try:
+        results = {name: (p.wait(timeout=120), *p.communicate()) for name, p in procs.items()}
+    finally:  # a hung command fails the tests, and none is left running
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     return out, results
 
 
