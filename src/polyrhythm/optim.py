@@ -1,10 +1,36 @@
-"""The optimizer every strategy shares: SGD with momentum, weight decay and step lr decay.
+"""Optimizers on one flat tensor: the `Updater` protocol every server and strategy steps,
+`FlatSGD` (SGD with momentum and weight decay, the fast path) and `TorchUpdater` (any
+elementwise torch.optim class), with the run's step lr decay.
 
-`optimizer` below is the run's [optimizer] settings (lr, momentum, weight_decay, ...)."""
+`optimizer` below is the run's [optimizer] settings (lr, momentum, weight_decay, ...).
+
+An updater's state is flat: every per-element tensor (a momentum buffer, Adam's moments) is
+one 1-D tensor as long as its weights, every other entry (Adam's step count) is per updater.
+So `joined` and `cut` carry any optimizer's state onto other slices of the same flat model: a
+Strategy-Switch handover, or a resume onto another number of servers.
+"""
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
+
+from polyrhythm.errors import ConfigError
+
+
+class Updater(Protocol):
+    """An optimizer stepping `weights` (a flat tensor it updates in place) by an update."""
+
+    weights: torch.Tensor
+
+    def step(self, grad: torch.Tensor, lr: float) -> None: ...
+
+    def state_dict(self) -> dict:
+        """Its flat state (module docstring): copies, not views of its own tensors."""
+        ...
+
+    def load_state_dict(self, state: dict) -> None: ...
 
 
 def effective_momentum(optimizer, concurrency: float = 1.0) -> float:
@@ -61,3 +87,65 @@ class FlatSGD:
             self.buffer.zero_()
         else:
             self.buffer.copy_(saved)
+
+
+# Classes whose update of an element reads only that element's gradient, weight and state
+# (and per-parameter scalars such as a step count): a slice of the flat model stepped alone
+# equals the same elements of the whole model stepped at once. Anything with a per-tensor
+# norm (LAMB, LARS, torch's Adafactor, Muon's orthogonalisation) or a closure (LBFGS) is not.
+# TODO(issue 23): run those per whole parameter (bucket boundaries on parameters) instead of
+# refusing them.
+ELEMENTWISE = {cls.__name__: cls for cls in (
+    torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.RMSprop,
+    torch.optim.Adagrad, torch.optim.Adamax, torch.optim.NAdam, torch.optim.RAdam,
+    torch.optim.Adadelta)}
+
+
+class TorchUpdater:
+    """A torch.optim class with its hyperparameters on one flat slice: the slice is one
+    Parameter sharing the weights' storage, its .grad the update, its lr set each step."""
+
+    def __init__(self, weights: torch.Tensor, cls: type, **hyper) -> None:
+        if ELEMENTWISE.get(cls.__name__) is not cls:
+            raise ConfigError(f"optimizer {cls.__name__} is not elementwise, so it cannot "
+                              f"step slices of the model; use one of "
+                              f"{', '.join(ELEMENTWISE)}")
+        self.weights = weights
+        self.param = torch.nn.Parameter(weights, requires_grad=True)
+        self.optimizer = cls([self.param], **hyper)
+
+    @torch.no_grad()
+    def step(self, grad: torch.Tensor, lr: float) -> None:
+        self.optimizer.param_groups[0]["lr"] = lr
+        self.param.grad = grad
+        self.optimizer.step()
+        self.param.grad = None
+
+    def state_dict(self) -> dict:
+        return {k: v.clone() if isinstance(v, torch.Tensor) else v
+                for k, v in self.optimizer.state[self.param].items()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """A state saved before any step (empty) starts afresh, as torch does."""
+        self.optimizer.state[self.param] = {
+            k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+
+
+def joined(states: list[dict]) -> dict:
+    """The flat states of consecutive slices as the state of their union: per-element
+    tensors concatenated, the rest (a step count) from the first slice, as the slices that
+    step together have the same."""
+    first = states[0]
+    if any(s.keys() != first.keys() for s in states):
+        raise ValueError("slices with different optimizer states cannot be joined")
+    return {k: torch.cat([s[k] for s in states]) if _per_element(v) else v
+            for k, v in first.items()}
+
+
+def cut(state: dict, start: int, stop: int) -> dict:
+    """The flat state of elements [start, stop) of a flat state's slice."""
+    return {k: v[start:stop].clone() if _per_element(v) else v for k, v in state.items()}
+
+
+def _per_element(value) -> bool:
+    return isinstance(value, torch.Tensor) and value.dim() == 1
