@@ -62,7 +62,7 @@ def reference_parameters(config, weights: list[float] | None = None,
 
     Every step takes each worker's batch, computes its gradient as a worker does (with the
     workers' thread count, one by one) and applies the batch-weighted sum, sum_i (b_i/B) g_i
-    (added in float64 and rounded once, as a server does), with torch.optim.SGD. The
+    (added in float64 and rounded once, as a server does), with the run's torch.optim. The
     distributed strategies must take exactly these steps: the computation is the same, so
     the difference is a few rounding errors, not the ones a different summation order (a
     union batch, another thread count) lets grow over the steps. That the weighted sum is
@@ -89,13 +89,25 @@ def torch_threads(threads: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+def reference_optimizer(settings, params) -> torch.optim.Optimizer:
+    """The run's [optimizer] as plain torch.optim on the model's own parameters."""
+    name = settings.optimizer or "sgd"
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=settings.lr, momentum=settings.momentum,
+                               weight_decay=settings.weight_decay)
+    cls = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW,
+           "rmsprop": torch.optim.RMSprop, "adagrad": torch.optim.Adagrad}[name]
+    given = {"betas": None if settings.betas is None else tuple(settings.betas),
+             "eps": settings.eps}
+    return cls(params, lr=settings.lr, weight_decay=settings.weight_decay,
+               **{k: v for k, v in given.items() if v is not None})
+
+
 def _train_reference(config, weights: list[float] | None,
                      own_statistics: list | None) -> torch.Tensor:
     plan, train, _ = whole_data(config)
     model = build_model(config.model, train.shape, train.classes, config.seed)
-    optimizer = torch.optim.SGD(model.parameters(), lr=config.optimizer.lr,
-                                momentum=config.optimizer.momentum,
-                                weight_decay=config.optimizer.weight_decay)
+    optimizer = reference_optimizer(config.optimizer, model.parameters())
     shards = plan.shards
     sizes = worker_batch_sizes(config.batch_size, config.workers)
     weights = weights or [size / config.batch_size for size in sizes]

@@ -131,6 +131,26 @@ class TorchUpdater:
             k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
 
 
+# The run's `optimizer` names (config/declared.py OPTIMIZERS) besides sgd, which is FlatSGD.
+TORCH_OPTIMIZERS = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW,
+                    "rmsprop": torch.optim.RMSprop, "adagrad": torch.optim.Adagrad}
+
+
+def updater(weights: torch.Tensor, optimizer, concurrency: float = 1.0) -> Updater:
+    """The run's optimizer on `weights`: FlatSGD for sgd (the default), else the torch.optim
+    class with the run's weight decay and, where given, betas and eps (torch's defaults
+    otherwise). `concurrency` corrects SGD's momentum only (effective_momentum)."""
+    name = optimizer.optimizer or "sgd"
+    if name == "sgd":
+        return FlatSGD(weights, optimizer, concurrency)
+    hyper = {"lr": optimizer.lr, "weight_decay": optimizer.weight_decay}
+    if optimizer.betas is not None:
+        hyper["betas"] = tuple(optimizer.betas)
+    if optimizer.eps is not None:
+        hyper["eps"] = optimizer.eps
+    return TorchUpdater(weights, TORCH_OPTIMIZERS[name], **hyper)
+
+
 def joined(states: list[dict]) -> dict:
     """The flat states of consecutive slices as the state of their union: per-element
     tensors concatenated, the rest (a step count) from the first slice, as the slices that

@@ -11,7 +11,8 @@ A config has general settings at the top and five sections:
     name = "mnist5k"
     [model]                 # its name and the model's own parameters
     name = "cnn"
-    [optimizer]             # lr, momentum, weight decay, lr decay
+    [optimizer]             # sgd (default), adam, ...; lr, momentum, weight decay, lr decay
+    name = "sgd"
     lr = 0.05
     [cluster]               # an emulated cluster, and latency (config/emulation.py)
     hosts = 4
@@ -35,7 +36,7 @@ from typing import Any, NamedTuple
 import tomli_w
 
 from polyrhythm.config.composed import into_halves
-from polyrhythm.config.declared import GENERAL, OPTIMIZER, stored
+from polyrhythm.config.declared import GENERAL, OPTIMIZER, check_optimizer, stored
 from polyrhythm.config.emulation import (
     CLUSTER,
     check_compute,
@@ -50,6 +51,7 @@ from polyrhythm.metrics.records import NAME_KEYS, SECTIONS, flatten, from_releas
 from polyrhythm.models import MODELS
 from polyrhythm.settings import Param, Registry, Settings, shown
 from polyrhythm.strategies import STRATEGIES
+from polyrhythm.strategies.spec import SWITCHING
 
 
 class Kind(NamedTuple):
@@ -106,7 +108,9 @@ def sectioned(values: Mapping[str, Any]) -> dict[str, Any]:
     for key, value in values.items():
         if key in SECTIONS and isinstance(value, Mapping):
             for k, v in value.items():
-                put(key, k, v)
+                # [optimizer] name = "adamw" is its `optimizer` setting, as a component's
+                # name is (the section has no components of its own to register).
+                put(key, "optimizer" if (key, k) == ("optimizer", "name") else k, v)
         elif key in names:
             put(names[key], "name", value)
         elif key in found:
@@ -155,6 +159,7 @@ class RunConfig:
                     "optimizer": _section("optimizer", OPTIMIZER, given["optimizer"], run),
                     "cluster": settle(cluster, run.workers, run.servers)}
         _check_run(run)
+        check_optimizer(given["optimizer"], strategy.name, spec.family == SWITCHING)
         object.__setattr__(self, "_general", general)
         object.__setattr__(self, "given", given)  # what was set: resolve_config starts here
         for name, settings in sections.items():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 from polyrhythm.config.emulation import COMPUTE
+from polyrhythm.errors import ConfigError
 from polyrhythm.settings import Param, Rule, at_least, one_of, positive, within
 
 
@@ -58,16 +59,47 @@ GENERAL = (
     *COMPUTE,
 )
 
+# The optimizers a run may name (optim.py: sgd is FlatSGD, the others torch.optim's classes),
+# and the settings only some of them read.
+OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop", "adagrad")
+# (momentum and async_momentum_correction are SGD's too, but have defaults a stored config
+# holds whatever the optimizer: the others ignore them.)
+READ_BY = {"betas": ("adam", "adamw"), "eps": ("adam", "adamw", "rmsprop", "adagrad")}
+
 OPTIMIZER = (
+    Param("optimizer", str, "what every server and worker steps: sgd (momentum, weight "
+          "decay) or torch.optim's adam, adamw, rmsprop, adagrad, on its slice of the model",
+          derived="sgd", rule=one_of(*OPTIMIZERS)),
     Param("lr", float, "learning rate", 0.05, rule=positive()),
     Param("momentum", float, "SGD momentum", 0.9, rule=within(0, 1, high_open=True)),
     Param("async_momentum_correction", bool, "asynchronous servers subtract the momentum "
           "asynchrony implies", True),
+    Param("betas", list, "adam, adamw: the decay rates of the gradient's running mean and "
+          "square (beta1, beta2)", derived="0.9, 0.999", item=float,
+          rule=Rule(lambda v, run: len(v) == 2 and all(0 <= b < 1 for b in v),
+                    lambda run: "be two numbers in [0, 1)")),
+    Param("eps", float, "adam, adamw, rmsprop, adagrad: added to the denominator",
+          derived="torch's: 1e-8, 1e-10 for adagrad", rule=positive()),
     Param("weight_decay", float, "L2 weight decay", 1e-4, rule=at_least(0)),
     Param("lr_decay_every", int, "multiply lr by lr_decay every this many epochs (0: never)",
           0, rule=at_least(0)),
     Param("lr_decay", float, "step learning-rate decay factor", 0.1),
 )
+
+def check_optimizer(given, strategy: str, hands_over: bool) -> None:
+    """A setting the chosen optimizer does not read is a one-line error (`given`: the
+    [optimizer] settings that were set): it would be silently ignored otherwise. So is an
+    optimizer other than sgd where the `strategy` `hands_over` to servers (Strategy-Switch):
+    the handover carries SGD's momentum only."""
+    name = given.get("optimizer") or "sgd"
+    if hands_over and name != "sgd":
+        raise ConfigError(f"{strategy} hands the servers SGD's momentum only, so it cannot "
+                          f"carry optimizer {name}'s state: use optimizer sgd")
+    for key, readers in READ_BY.items():
+        if key in given and name not in readers:
+            raise ConfigError(f"optimizer {name} takes no {key} (read by "
+                              f"{', '.join(readers)})")
+
 
 # General settings added since 0.1 whose default changes nothing: a stored config leaves them
 # out at that default, so an older record and its rerun read as the same fields.

@@ -21,7 +21,7 @@ from polyrhythm.comm.transport import PeerLost
 from polyrhythm.config.servers import CONTINUE
 from polyrhythm.context import RankContext
 from polyrhythm.metrics.recorder import StalenessLog
-from polyrhythm.optim import FlatSGD, lr_at
+from polyrhythm.optim import cut, joined, lr_at, updater
 from polyrhythm.runtime import checkpoint
 from polyrhythm.strategies.consistency import ConsistencyPolicy
 from polyrhythm.strategies.serving import DONE, Course, Served, serve
@@ -37,8 +37,8 @@ class Bucket:
         # a worker sends this buffer as it is, with no copy.
         self.outbox = torch.cat([torch.zeros(REPLY_HEADER), initial[start:stop]])
         self.weights = self.outbox[REPLY_HEADER:]
-        # An elastic centre adds what it gets; every other policy steps an optimizer.
-        self.optimizer = None if policy.elastic else FlatSGD(self.weights, optimizer,
+        # An elastic centre adds what it gets; every other policy steps the run's optimizer.
+        self.optimizer = None if policy.elastic else updater(self.weights, optimizer,
                                                              policy.concurrency)
         self.policy = policy
         # Where an update sums several pushes, they add up in float64 and are rounded to
@@ -87,20 +87,20 @@ class Bucket:
         self.version += 1
         self.outbox[0], self.outbox[2] = self.version, self.progress
 
-    def take_over(self, weights: torch.Tensor, momentum: torch.Tensor, steps: int) -> None:
-        """Start from a synchronous phase's state (Strategy-Switch): its weights, its
-        momentum buffer and its `steps`, each one update of a global batch, so versions and
-        the learning-rate schedule carry on from there. A policy without momentum (an
-        elastic centre, or momentum the asynchrony correction takes to 0) has no buffer to
-        fill."""
+    def take_over(self, weights: torch.Tensor, optimizer: dict | None, steps: int) -> None:
+        """Start from another layout's state (a Strategy-Switch's synchronous phase, or a
+        checkpoint of another number of servers): its weights, its optimizer's flat state
+        for this slice (optim.py; None: a fresh one) and its `steps`, each one update of a
+        global batch, so versions and the learning-rate schedule carry on from there. An
+        elastic centre has no optimizer to fill."""
         self.weights.copy_(weights)
-        if self.optimizer is not None and self.optimizer.buffer is not None:
-            self.optimizer.buffer.copy_(momentum)
+        if self.optimizer is not None and optimizer is not None:
+            self.optimizer.load_state_dict(optimizer)
         self.version, self.progress = steps, float(steps)
         self.outbox[0], self.outbox[2] = steps, steps
 
     def state_dict(self) -> dict:
-        """Weights, optimizer momentum, version, progress, the pending update and the policy:
+        """Weights, optimizer state, version, progress, the pending update and the policy:
         everything the bucket holds."""
         return {"outbox": self.outbox.clone(), "pending": self.pending.clone(),
                 "pending_weight": self.pending_weight, "version": self.version,
@@ -164,12 +164,11 @@ class ParameterServerShard:
         buckets = [b for s in states for b in s["buckets"].values()]
         weights = torch.cat([b["outbox"][REPLY_HEADER:] for b in buckets])
         optimizers = [b["optimizer"] for b in buckets]
-        momentum = (torch.cat([o["momentum_buffer"] for o in optimizers])
-                    if optimizers[0] and optimizers[0]["momentum_buffer"] is not None
-                    else torch.zeros_like(weights))
+        whole = joined(optimizers) if optimizers[0] is not None else None
         for bucket in self.buckets.values():
-            bucket.take_over(weights[bucket.start:bucket.stop],
-                             momentum[bucket.start:bucket.stop], buckets[0]["version"])
+            a, b = bucket.start, bucket.stop
+            bucket.take_over(weights[a:b], None if whole is None else cut(whole, a, b),
+                             buckets[0]["version"])
             bucket.progress = buckets[0]["progress"]
             bucket.outbox[2] = bucket.progress
 
@@ -217,7 +216,7 @@ class ParameterServerShard:
         weights, momentum = box[HANDOVER_HEADER:].split(sum(sizes))
         for bucket, w, m in zip(self.buckets.values(), weights.split(sizes),
                                 momentum.split(sizes), strict=True):
-            bucket.take_over(w, m, int(steps))
+            bucket.take_over(w, {"momentum_buffer": m}, int(steps))  # FlatSGD's state
         self.switched = bool(switched)
         # The workers checkpointed the epochs before the switch themselves. Their checkpoint
         # of the epoch the switch followed holds their switched state: it is complete with
@@ -310,7 +309,8 @@ class ParameterServerShard:
             "shard": (start, stop, torch.cat([b.weights for b in buckets])),
             "weight_updates": max(b.version for b in buckets),
             "buckets": len(buckets),
-            "momentum": buckets[0].optimizer.momentum if buckets[0].optimizer else None,
+            # SGD's momentum as corrected for asynchrony; None for other optimizers.
+            "momentum": getattr(buckets[0].optimizer, "momentum", None),
             "update_s": self.ctx.spans.totals["update"],
             "staleness_histogram": dict(self.staleness.histogram),
             "traffic": self.ctx.transport.counters.snapshot(),

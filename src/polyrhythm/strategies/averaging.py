@@ -1,11 +1,11 @@
 """The workers of the decentralised strategies (declared in strategies/decentralised.py):
 local SGD, D-PSGD and GoSGD.
 
-Each worker steps its own FlatSGD (momentum, weight decay, lr schedule) on its own, unweighted
-gradient; momentum buffers stay local. No server holds the model, so every strategy ends with a
-consensus in `finish()`: all workers replace their model by the weighted mean of all models
-(batch shares b_i/B for localsgd and dpsgd, gossip weights alpha_i for gossip) and the job
-stores that mean.
+Each worker steps its own copy of the run's optimizer (optim.updater; lr schedule) on its own,
+unweighted gradient; its state (momentum buffers, moments) stays local. No server holds the
+model, so every strategy ends with a consensus in `finish()`: all workers replace their model
+by the weighted mean of all models (batch shares b_i/B for localsgd and dpsgd, gossip weights
+alpha_i for gossip) and the job stores that mean.
 
 Point-to-point messages are tagged above 2**24: PS messages carry bucket ids as tags, and a
 float32 header holds ids only up to 2**24, so these tags never meet other traffic.
@@ -17,7 +17,7 @@ import torch
 
 from polyrhythm.comm.transport import WORKERS
 from polyrhythm.context import RankContext
-from polyrhythm.optim import FlatSGD, lr_at
+from polyrhythm.optim import lr_at, updater
 from polyrhythm.strategies.base import Strategy
 from polyrhythm.strategies.cadence import GossipCoin, Periodic
 from polyrhythm.strategies.decentralised import (
@@ -43,11 +43,11 @@ def average_models(ctx: RankContext, data: torch.Tensor, weight: float) -> None:
 
 
 class DecentralisedWorker(Strategy):
-    """Local FlatSGD on the worker's own gradient; subclasses add the communication."""
+    """The run's optimizer on the worker's own gradient; subclasses add the communication."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.optimizer = FlatSGD(self.flat.data, self.ctx.config.optimizer)
+        self.optimizer = updater(self.flat.data, self.ctx.config.optimizer)
 
     def consensus_weight(self) -> float:
         return self.batch_weight

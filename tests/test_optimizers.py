@@ -1,0 +1,72 @@
+"""The run's optimizer (`optimizer = "adamw"`, ...) on servers and workers against plain
+torch.optim in one process, and its settings' one-line errors. Same reference as
+test_equivalence.py (helpers.reference_parameters), with the run's optimizer class."""
+
+import pytest
+
+import polyrhythm
+from helpers import equivalence_config, max_diff, reference_parameters, stored_parameters
+from polyrhythm.config import RunConfig, make_config
+from polyrhythm.config.declared import OPTIMIZERS
+from polyrhythm.errors import ConfigError
+from polyrhythm.optim import TORCH_OPTIMIZERS
+
+ADAMW = {"optimizer": "adamw", "lr": 0.003, "betas": [0.8, 0.99], "weight_decay": 0.1}
+
+
+def sgd_of(config):
+    """The same run with the default optimizer: what a run that ignored its optimizer did."""
+    fields = {k: v for k, v in config.to_dict()["optimizer"].items()
+              if k not in ("optimizer", "betas", "eps")}
+    return make_config({**config.to_dict(), "optimizer": fields})
+
+
+def test_bsp_two_servers_with_adamw_equals_one_process(tmp_path):
+    # 8 KiB buckets: dozens of slices over 2 servers, cutting through parameters, each with
+    # its own AdamW state and step count; 2 epochs of 10 steps, lr decayed after the first.
+    config = equivalence_config(tmp_path, strategy="bsp", workers=2, servers=2, bucket_kb=8,
+                                **ADAMW)
+    summary = polyrhythm.train(config)
+    assert summary["weight_updates"] == 20 and summary["server_momentum"] is None
+    stored = stored_parameters(summary)
+    assert max_diff(stored, reference_parameters(config)) <= 1e-5
+    assert max_diff(stored, reference_parameters(sgd_of(config))) > 1e-3
+
+
+def test_allreduce_with_adam_equals_one_process(tmp_path):
+    # Two halves: the weighted sum is exact in float32, as in test_equivalence.py.
+    config = equivalence_config(tmp_path, strategy="allreduce", workers=2, optimizer="adam",
+                                lr=0.002, eps=1e-6)
+    summary = polyrhythm.train(config)
+    stored = stored_parameters(summary)
+    assert max_diff(stored, reference_parameters(config)) <= 1e-5
+    assert max_diff(stored, reference_parameters(sgd_of(config))) > 1e-3
+
+
+def test_the_declared_names_are_the_ones_the_servers_run():
+    assert set(OPTIMIZERS) == {"sgd", *TORCH_OPTIMIZERS}
+
+
+def test_the_optimizer_is_named_in_its_section_or_flat_and_stored_only_when_set():
+    sectioned = RunConfig(optimizer={"name": "rmsprop", "eps": 1e-6})
+    flat = RunConfig(optimizer="rmsprop", eps=1e-6)
+    assert sectioned == flat and flat.optimizer.optimizer == "rmsprop"
+    assert RunConfig(**flat.to_dict()) == flat
+    assert "optimizer" not in RunConfig().to_dict()["optimizer"]  # sgd runs stored as before
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"optimizer": "lamb"}, "optimizer must be one of sgd, adam, adamw, rmsprop, adagrad, "
+                            "got 'lamb'"),
+    ({"betas": [0.9, 0.999]}, "optimizer sgd takes no betas (read by adam, adamw)"),
+    ({"optimizer": "adagrad", "betas": [0.9, 0.9]}, "optimizer adagrad takes no betas"),
+    ({"optimizer": "adam", "betas": [0.9]}, "betas must be two numbers in [0, 1), got [0.9]"),
+    ({"optimizer": "adam", "betas": [0.9, 1.0]}, "betas must be two numbers in [0, 1)"),
+    ({"optimizer": "adam", "strategy": "switch"},
+     "switch hands the servers SGD's momentum only, so it cannot carry optimizer adam's "
+     "state: use optimizer sgd"),
+])
+def test_bad_optimizer_settings_are_one_line(fields, message):
+    with pytest.raises(ConfigError) as bad:
+        RunConfig(**fields)
+    assert str(bad.value).startswith(message) and "\n" not in str(bad.value)
