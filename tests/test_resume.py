@@ -80,6 +80,7 @@ def _checkpoint_folders(run_dir: Path) -> list[str]:
 
 @pytest.mark.parametrize(("strategy", "extra"), [
     ("bsp", {}), ("allreduce", {}),
+    ("bsp", {"optimizer": "adamw", "lr": 0.003}),  # the servers' AdamW state and step count
     ("switch", {"at": 0.25, "to": "bsp"}),  # resumed after the switch
     ("switch", {"at": 0.5, "to": "bsp"}),  # from the checkpoint of the switch's epoch
 ])
@@ -175,10 +176,15 @@ def test_resume_waits_for_the_processes_that_still_hold_the_run(tmp_path):
     runlock.wait_until_free(tmp_path, timeout=60)  # returns once the hold is let go
 
 
-def test_resuming_with_two_servers_instead_of_one_matches(tmp_path):
+@pytest.mark.parametrize("optimizer", [
+    {},  # the momentum buffer, re-sliced
+    {"optimizer": "adam", "lr": 0.003},  # both moments re-sliced, the step count carried
+])
+def test_resuming_with_two_servers_instead_of_one_matches(tmp_path, optimizer):
     fields = {"strategy": "bsp", "workers": 2, "servers": 1, "epochs": EPOCHS,
               "dataset": "digits", "steps_per_epoch": 10, "threads": 1,
-              "worker_delay_s": [0.03, 0.03], "lr_decay_every": 1, "lr_decay": 0.5}
+              "worker_delay_s": [0.03, 0.03], "lr_decay_every": 1, "lr_decay": 0.5,
+              **optimizer}
     out = tmp_path / "runs"
     run_id = _kill_a_worker_after(out, fields, epochs_done=2)
     summary = polyrhythm.resume(run_id, out, say=lambda line: None, servers=2)
