@@ -3,6 +3,7 @@ torch.optim in one process, and its settings' one-line errors. Same reference as
 test_equivalence.py (helpers.reference_parameters), with the run's optimizer class."""
 
 import pytest
+import torch
 
 import polyrhythm
 from helpers import equivalence_config, max_diff, reference_parameters, stored_parameters
@@ -10,6 +11,8 @@ from polyrhythm.config import RunConfig, make_config
 from polyrhythm.config.declared import OPTIMIZERS
 from polyrhythm.errors import ConfigError
 from polyrhythm.optim import TORCH_OPTIMIZERS
+from polyrhythm.runtime.server import Bucket
+from polyrhythm.strategies.consistency import AsynchronousPolicy, SoftSynchronousPolicy
 
 ADAMW = {"optimizer": "adamw", "lr": 0.003, "betas": [0.8, 0.99], "weight_decay": 0.1}
 
@@ -70,3 +73,46 @@ def test_bad_optimizer_settings_are_one_line(fields, message):
     with pytest.raises(ConfigError) as bad:
         RunConfig(**fields)
     assert str(bad.value).startswith(message) and "\n" not in str(bad.value)
+
+
+def adam_bucket(policy):
+    """A server bucket of 50 weights under `policy`, stepping Adam; and torch's Adam on a
+    copy of the same weights."""
+    initial = torch.randn(50, generator=torch.Generator().manual_seed(3))
+    settings = RunConfig(optimizer="adam", lr=0.01).optimizer
+    param = torch.nn.Parameter(initial.clone())
+    reference = torch.optim.Adam([param], weight_decay=settings.weight_decay)
+    return Bucket(initial, 0, 50, policy, settings), settings, param, reference
+
+
+def test_an_asynchronous_push_scales_adams_step_by_its_batch_share():
+    # Adam cancels a gradient's scale: weighting the gradient by the push's batch share (as
+    # SGD's servers do) would step each push as far as a whole global batch. The server
+    # hands Adam the gradient itself and scales the learning rate by the share instead.
+    bucket, settings, param, reference = adam_bucket(AsynchronousPolicy(4))
+    g = torch.Generator().manual_seed(4)
+    for share in [0.25, 0.5, 0.25, 0.25, 0.125]:
+        grad = torch.randn(50, generator=g)
+        bucket.accumulate(grad, share)
+        bucket.apply(settings, steps_per_epoch=1000)
+        reference.param_groups[0]["lr"] = 0.01 * share
+        param.grad = grad
+        reference.step()
+    assert torch.equal(bucket.weights, param.detach())
+    assert bucket.optimizer.state_dict()["step"] == 5
+
+
+def test_a_staleness_scaled_gradient_scales_adams_step_not_its_gradient():
+    # softsync averages its quorum's gradients, a stale one scaled by 1/staleness: Adam
+    # gets their mean weighted by share x scale, at the learning rate times the mean scale.
+    bucket, settings, param, reference = adam_bucket(SoftSynchronousPolicy(2, 2, 0.1))
+    g = torch.Generator().manual_seed(5)
+    fresh, stale = torch.randn(50, generator=g), torch.randn(50, generator=g)
+    bucket.accumulate(fresh, 0.5)
+    bucket.accumulate(stale, 0.5, scale=0.5)
+    bucket.apply(settings, steps_per_epoch=1000)
+    summed = (fresh.double() * 0.5).add_(stale.double(), alpha=0.25).float()  # as the server
+    param.grad = summed.div_(0.75)
+    reference.param_groups[0]["lr"] = 0.01 * 0.75
+    reference.step()
+    assert torch.equal(bucket.weights, param.detach())

@@ -23,6 +23,10 @@ class Updater(Protocol):
     """An optimizer stepping `weights` (a flat tensor it updates in place) by an update."""
 
     weights: torch.Tensor
+    # Its step is linear in the gradient (SGD): a gradient weighted by a batch share makes a
+    # step of that share. Adam, RMSprop and Adagrad normalise a gradient's scale away, so a
+    # server hands them the mean gradient and scales the learning rate instead.
+    linear: bool
 
     def step(self, grad: torch.Tensor, lr: float) -> None: ...
 
@@ -58,6 +62,8 @@ def lr_at(optimizer, epoch: int) -> float:
 class FlatSGD:
     """torch.optim.SGD's update (momentum, weight decay, no dampening or Nesterov) on one flat
     tensor, without the per-call overhead of an Optimizer: servers step many small buckets."""
+
+    linear = True
 
     def __init__(self, weights: torch.Tensor, optimizer, concurrency: float = 1.0) -> None:
         self.weights = weights
@@ -111,6 +117,7 @@ class TorchUpdater:
                               f"step slices of the model; use one of "
                               f"{', '.join(ELEMENTWISE)}")
         self.weights = weights
+        self.linear = cls is torch.optim.SGD
         self.param = torch.nn.Parameter(weights, requires_grad=True)
         self.optimizer = cls([self.param], **hyper)
 

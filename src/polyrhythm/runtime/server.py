@@ -49,6 +49,7 @@ class Bucket:
         self.pending = torch.zeros_like(self.weights, dtype=wide)
         self.update = torch.empty_like(self.weights) if policy.combines else self.pending
         self.pending_weight = 0.0
+        self.pending_share = 0.0  # the sum of weight x scale: global batches' worth of step
         self.version = 0  # weight updates applied so far
         self.progress = 0.0  # global batches' worth of gradient applied (drives lr decay)
 
@@ -64,6 +65,7 @@ class Bucket:
         """Add a gradient with its batch weight; `scale` shrinks its step, not its weight."""
         self.pending.add_(grad[:self.stop - self.start], alpha=weight * scale)
         self.pending_weight += weight
+        self.pending_share += weight * scale
 
     def apply(self, optimizer, steps_per_epoch: int) -> None:
         """Apply the pending update (`optimizer`: the run's optimizer settings)."""
@@ -78,14 +80,28 @@ class Bucket:
         else:
             # Small tolerance: weights like 1/3 do not sum to exact integers in floating point.
             epoch = math.floor(self.progress / steps_per_epoch + 1e-6)
-            self.optimizer.step(self.update, lr_at(optimizer, epoch))
+            self._step(lr_at(optimizer, epoch))
         if before is not None:
             policy.on_update(float((self.weights - before).abs().max()))
         self.pending.zero_()
         self.progress += self.pending_weight
-        self.pending_weight = 0.0
+        self.pending_weight = self.pending_share = 0.0
         self.version += 1
         self.outbox[0], self.outbox[2] = self.version, self.progress
+
+    def _step(self, lr: float) -> None:
+        """Step the optimizer by the update. One whose step is not linear in the gradient
+        (Adam: the gradient's scale cancels out) gets the mean gradient, and its learning
+        rate is scaled by the share of a global batch the update is (an asynchronous push's
+        batch share, a staleness-aware scale), as a linear one's step is by the gradient."""
+        if not self.optimizer.linear and self.pending_weight > 0:
+            share = self.pending_share
+            if self.policy.averages:
+                share /= self.pending_weight
+            if share > 0 and share != 1:
+                self.update.div_(share)
+                lr *= share
+        self.optimizer.step(self.update, lr)
 
     def take_over(self, weights: torch.Tensor, optimizer: dict | None, steps: int) -> None:
         """Start from another layout's state (a Strategy-Switch's synchronous phase, or a
@@ -103,7 +119,8 @@ class Bucket:
         """Weights, optimizer state, version, progress, the pending update and the policy:
         everything the bucket holds."""
         return {"outbox": self.outbox.clone(), "pending": self.pending.clone(),
-                "pending_weight": self.pending_weight, "version": self.version,
+                "pending_weight": self.pending_weight, "pending_share": self.pending_share,
+                "version": self.version,
                 "progress": self.progress, "policy": self.policy.state_dict(),
                 "optimizer": self.optimizer.state_dict() if self.optimizer else None}
 
@@ -111,6 +128,8 @@ class Bucket:
         self.outbox.copy_(state["outbox"])  # the weights are a view into it
         self.pending.copy_(state["pending"])
         self.pending_weight, self.version = state["pending_weight"], state["version"]
+        # A checkpoint from before the share was kept held SGD's state, which does not read it.
+        self.pending_share = state.get("pending_share", self.pending_weight)
         self.progress = state["progress"]
         self.policy.load_state_dict(state["policy"])
         if self.optimizer is not None:
