@@ -46,6 +46,15 @@ def test_allreduce_with_adam_equals_one_process(tmp_path):
     assert max_diff(stored, reference_parameters(sgd_of(config))) > 1e-3
 
 
+def test_localsgd_workers_step_the_runs_optimizer(tmp_path):
+    # One worker: its own steps are the whole run, so its local RMSprop is the reference's.
+    config = equivalence_config(tmp_path, strategy="localsgd", workers=1, tau=4,
+                                optimizer="rmsprop", lr=0.001)
+    stored = stored_parameters(polyrhythm.train(config))
+    assert max_diff(stored, reference_parameters(config)) <= 1e-5
+    assert max_diff(stored, reference_parameters(sgd_of(config))) > 1e-3
+
+
 def test_the_declared_names_are_the_ones_the_servers_run():
     assert set(OPTIMIZERS) == {"sgd", *TORCH_OPTIMIZERS}
 
