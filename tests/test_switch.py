@@ -165,3 +165,41 @@ def test_train_prints_when_and_why_it_switched():
               "phase_s": {"allreduce": 42.3, "asp": 0.0}}
     assert switch_line(stayed) == ("never switched (rule empirical: loss change s = 1.305 % "
                                    ">= 1 %); allreduce 42.3 s, asp 0.0 s")
+
+
+def _adam_up_to_the_switch(role, build) -> dict:
+    if isinstance(role, ParameterServerShard):
+        role.receive_handover()
+        return role.state_dict()
+    role.strategy.start()
+    role.train_epoch(0)
+    return {"weights": role.flat.data.clone(),
+            "optimizer": role.strategy.first.optimizer.state_dict()}
+
+
+def test_the_servers_take_over_adams_whole_state(tmp_path):
+    config = make_config({"strategy": "switch", "at": 0.5, "workers": 2, "servers": 2,
+                          "epochs": 2, "dataset": "digits", "steps_per_epoch": STEPS,
+                          "out": str(tmp_path), "optimizer": "adam", "lr": 0.003})
+    got = play_ranks(tmp_path, config, _adam_up_to_the_switch)
+    servers = [state for role, state in got.values() if role == "server"]
+    first, _ = (state for role, state in got.values() if role == "worker")
+    buckets = [b for s in servers for b in s["buckets"].values()]
+    assert torch.equal(torch.cat([b["outbox"][REPLY_HEADER:] for b in buckets]),
+                       first["weights"])
+    for key in ("exp_avg", "exp_avg_sq"):  # each bucket its slice, bit for bit
+        assert first["optimizer"][key].abs().max() > 0
+        assert torch.equal(torch.cat([b["optimizer"][key] for b in buckets]),
+                           first["optimizer"][key])
+    assert [float(b["optimizer"]["step"]) for b in buckets] == [STEPS, STEPS]
+
+
+def test_switching_to_bsp_with_adamw_ends_where_allreduce_ends(tmp_path):
+    # Adam's moments and step count carried over: bsp's steps after the switch are
+    # all-reduce's (a server starting Adam afresh would take other steps: bias correction).
+    adamw = {"optimizer": "adamw", "lr": 0.003, "workers": 2}
+    switch = polyrhythm.train(equivalence_config(tmp_path, strategy="switch", to="bsp",
+                                                 at=0.5, **adamw))
+    allreduce = polyrhythm.train(equivalence_config(tmp_path, strategy="allreduce", **adamw))
+    assert switch["switch_epoch"] == 1 and switch["weight_updates"] == 20
+    assert max_diff(stored_parameters(switch), stored_parameters(allreduce)) <= 1e-5

@@ -158,6 +158,39 @@ def updater(weights: torch.Tensor, optimizer, concurrency: float = 1.0) -> Updat
     return TorchUpdater(weights, TORCH_OPTIMIZERS[name], **hyper)
 
 
+# The flat state each of the run's optimizers keeps once it has stepped, as the handover
+# carries it: its per-element tensors, then its scalars (with the settings a run can give:
+# no RMSprop momentum or centring, no AMSGrad). Zeros and a step count of 0 are what a fresh
+# optimizer starts from, so a state not made yet travels as those.
+STATE_KEYS = {"sgd": (("momentum_buffer",), ()),
+              "adam": (("exp_avg", "exp_avg_sq"), ("step",)),
+              "adamw": (("exp_avg", "exp_avg_sq"), ("step",)),
+              "rmsprop": (("square_avg",), ("step",)),
+              "adagrad": (("sum",), ("step",))}
+
+
+def state_keys(optimizer) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The run's optimizer's (per-element, scalar) state keys (STATE_KEYS)."""
+    return STATE_KEYS[optimizer.optimizer or "sgd"]
+
+
+def state_pieces(state: dict, optimizer, length: int) -> tuple[list[torch.Tensor], list[float]]:
+    """A flat state of `length` elements as its per-element tensors and its scalars in
+    STATE_KEYS order; zeros (and 0) for what it does not hold yet (FlatSGD without momentum
+    holds None)."""
+    elementwise, scalars = state_keys(optimizer)
+    tensors = [state[k] if state.get(k) is not None else torch.zeros(length)
+               for k in elementwise]
+    return tensors, [float(state.get(k, 0)) for k in scalars]
+
+
+def state_of(pieces: list[torch.Tensor], values: list[float], optimizer) -> dict:
+    """The flat state whose pieces `state_pieces` gave (a step count as torch keeps it)."""
+    elementwise, scalars = state_keys(optimizer)
+    return {**dict(zip(elementwise, pieces, strict=True)),
+            **{k: torch.tensor(v) for k, v in zip(scalars, values, strict=True)}}
+
+
 def joined(states: list[dict]) -> dict:
     """The flat states of consecutive slices as the state of their union: per-element
     tensors concatenated, the rest (a step count) from the first slice, as the slices that

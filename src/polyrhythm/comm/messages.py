@@ -10,7 +10,9 @@
           worker stops at once; `progress` is the global batches' worth of gradient the
           bucket has applied (shared epochs end on it)
 
-  handover = [switched, steps, weights of each bucket ..., momentum of each bucket ...]
+  handover = [switched, steps, weights of each bucket ..., then for each per-element
+              optimizer state (SGD's momentum; Adam's two moments) that state of each
+              bucket ..., then the optimizer's scalars (Adam's step count)]
           worker 0 -> server, tag HANDOVER, once, in a Strategy-Switch run
           (strategies/switch.py): the state the server starts from, its buckets in order;
           `switched` is 0 when the run ended before its switch (the server then only holds

@@ -51,7 +51,6 @@ from polyrhythm.metrics.records import NAME_KEYS, SECTIONS, flatten, from_releas
 from polyrhythm.models import MODELS
 from polyrhythm.settings import Param, Registry, Settings, shown
 from polyrhythm.strategies import STRATEGIES
-from polyrhythm.strategies.spec import SWITCHING
 
 
 class Kind(NamedTuple):
@@ -159,7 +158,7 @@ class RunConfig:
                     "optimizer": _section("optimizer", OPTIMIZER, given["optimizer"], run),
                     "cluster": settle(cluster, run.workers, run.servers)}
         _check_run(run)
-        check_optimizer(given["optimizer"], strategy.name, spec.family == SWITCHING)
+        check_optimizer(given["optimizer"])
         object.__setattr__(self, "_general", general)
         object.__setattr__(self, "given", given)  # what was set: resolve_config starts here
         for name, settings in sections.items():

@@ -86,15 +86,10 @@ OPTIMIZER = (
     Param("lr_decay", float, "step learning-rate decay factor", 0.1),
 )
 
-def check_optimizer(given, strategy: str, hands_over: bool) -> None:
+def check_optimizer(given) -> None:
     """A setting the chosen optimizer does not read is a one-line error (`given`: the
-    [optimizer] settings that were set): it would be silently ignored otherwise. So is an
-    optimizer other than sgd where the `strategy` `hands_over` to servers (Strategy-Switch):
-    the handover carries SGD's momentum only."""
+    [optimizer] settings that were set): it would be silently ignored otherwise."""
     name = given.get("optimizer") or "sgd"
-    if hands_over and name != "sgd":
-        raise ConfigError(f"{strategy} hands the servers SGD's momentum only, so it cannot "
-                          f"carry optimizer {name}'s state: use optimizer sgd")
     for key, readers in READ_BY.items():
         if key in given and name not in readers:
             raise ConfigError(f"optimizer {name} takes no {key} (read by "

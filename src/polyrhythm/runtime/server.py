@@ -21,7 +21,7 @@ from polyrhythm.comm.transport import PeerLost
 from polyrhythm.config.servers import CONTINUE
 from polyrhythm.context import RankContext
 from polyrhythm.metrics.recorder import StalenessLog
-from polyrhythm.optim import cut, joined, lr_at, updater
+from polyrhythm.optim import cut, joined, lr_at, state_keys, state_of, updater
 from polyrhythm.runtime import checkpoint
 from polyrhythm.strategies.consistency import ConsistencyPolicy
 from polyrhythm.strategies.serving import DONE, Course, Served, serve
@@ -229,13 +229,17 @@ class ParameterServerShard:
         """Wait for worker 0's handover (comm/messages.py) and start every bucket from it.
         No push can come before it: the workers push only once the switch is made."""
         sizes = [b.stop - b.start for b in self.buckets.values()]
-        box = torch.empty(HANDOVER_HEADER + 2 * sum(sizes))
+        optimizer = self.ctx.config.optimizer
+        elementwise, scalars = state_keys(optimizer)
+        total = sum(sizes)
+        box = torch.empty(HANDOVER_HEADER + (1 + len(elementwise)) * total + len(scalars))
         self.ctx.transport.irecv(box, self.ctx.topology.worker_ranks[0], tag=HANDOVER).wait()
         switched, steps = box[:HANDOVER_HEADER].tolist()
-        weights, momentum = box[HANDOVER_HEADER:].split(sum(sizes))
-        for bucket, w, m in zip(self.buckets.values(), weights.split(sizes),
-                                momentum.split(sizes), strict=True):
-            bucket.take_over(w, {"momentum_buffer": m}, int(steps))  # FlatSGD's state
+        weights, *tensors = box[HANDOVER_HEADER:box.numel() - len(scalars)].split(total)
+        values = box[box.numel() - len(scalars):].tolist()
+        by_bucket = zip(weights.split(sizes), *(t.split(sizes) for t in tensors), strict=True)
+        for bucket, (w, *pieces) in zip(self.buckets.values(), by_bucket, strict=True):
+            bucket.take_over(w, state_of(pieces, values, optimizer), int(steps))
         self.switched = bool(switched)
         # The workers checkpointed the epochs before the switch themselves. Their checkpoint
         # of the epoch the switch followed holds their switched state: it is complete with

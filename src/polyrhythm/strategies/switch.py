@@ -7,7 +7,8 @@ collectives run among the workers only. The rule (strategies/switching.py) is as
 training and after every epoch but the last, on figures every worker holds alike (the
 validation loss or the idleness, added up through one exact all-reduce), so all workers
 decide the same. At the switch worker 0 hands each server its slices of the parameters and of
-the momentum buffer, and the global step count, which the servers' versions and learning-rate
+the optimizer's state (SGD's momentum buffer, Adam's moments and step count), and the global
+step count, which the servers' versions and learning-rate
 schedule carry on from (comm/messages.py, runtime/server.py). Buffers (BatchNorm statistics)
 stay in each worker's model, as in every parameter-server strategy. Sync-Switch (Li et al.,
 ICDCS 2021) switches instead by checkpointing and relaunching the cluster.
@@ -18,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from polyrhythm.comm.messages import HANDOVER
+from polyrhythm.optim import state_pieces
 from polyrhythm.strategies.base import EpochEnd, Strategy
 from polyrhythm.strategies.spec import STRATEGIES
 from polyrhythm.strategies.switching import rule_of
@@ -91,20 +93,19 @@ class SwitchWorker(Strategy):
         self.switched_at = self.ctx.now()
 
     def _hand_over(self, switched: bool) -> None:
-        """Worker 0 sends each server its buckets' parameters and momentum (the optimizer
-        copies of all workers are the same after a collective step)."""
+        """Worker 0 sends each server its buckets' parameters and optimizer state (the
+        optimizer copies of all workers are the same after a collective step)."""
         if self.ctx.worker_index != 0:
             return
         weights = self.flat.data
-        momentum = self.first.optimizer.buffer
-        if momentum is None:  # no momentum: the servers' buffers start at 0, as torch's do
-            momentum = torch.zeros_like(weights)
+        tensors, values = state_pieces(self.first.optimizer.state_dict(),
+                                       self.ctx.config.optimizer, len(weights))
         sends = []
         for server, rank in enumerate(self.ctx.topology.server_ranks):
             ranges = [(a, b) for s, a, b in self.second.link.buckets if s == server]
             box = torch.cat([torch.tensor([float(switched), float(self.steps)]),
-                             *(weights[a:b] for a, b in ranges),
-                             *(momentum[a:b] for a, b in ranges)])
+                             *(t[a:b] for t in (weights, *tensors) for a, b in ranges),
+                             torch.tensor(values)])
             sends.append(self.ctx.transport.isend(box, rank, tag=HANDOVER))
         for work in sends:
             work.wait()
