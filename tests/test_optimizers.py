@@ -65,6 +65,8 @@ def test_the_optimizer_is_named_in_its_section_or_flat_and_stored_only_when_set(
     assert sectioned == flat and flat.optimizer.optimizer == "rmsprop"
     assert RunConfig(**flat.to_dict()) == flat
     assert "optimizer" not in RunConfig().to_dict()["optimizer"]  # sgd runs stored as before
+    assert RunConfig(strategy="downpour", optimizer="adam").optimizer.optimizer == "adam"
+    assert RunConfig(strategy="downpour", push_every=2).strategy.push_every == 2
 
 
 @pytest.mark.parametrize(("fields", "message"), [
@@ -74,6 +76,11 @@ def test_the_optimizer_is_named_in_its_section_or_flat_and_stored_only_when_set(
     ({"optimizer": "adagrad", "betas": [0.9, 0.9]}, "optimizer adagrad takes no betas"),
     ({"optimizer": "adam", "betas": [0.9]}, "betas must be two numbers in [0, 1), got [0.9]"),
     ({"optimizer": "adam", "betas": [0.9, 1.0]}, "betas must be two numbers in [0, 1)"),
+    ({"optimizer": "adam", "strategy": "downpour", "push_every": 2},
+     "downpour with push_every > 1 takes optimizer sgd only (its accumulated pushes and "
+     "local steps are SGD's), not adam"),
+    ({"optimizer": "rmsprop", "strategy": "switch", "to": "downpour", "fetch_every": 3},
+     "downpour with fetch_every > 1 takes optimizer sgd only"),
 ])
 def test_bad_optimizer_settings_are_one_line(fields, message):
     with pytest.raises(ConfigError) as bad:

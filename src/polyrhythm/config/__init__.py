@@ -158,7 +158,7 @@ class RunConfig:
                     "optimizer": _section("optimizer", OPTIMIZER, given["optimizer"], run),
                     "cluster": settle(cluster, run.workers, run.servers)}
         _check_run(run)
-        check_optimizer(given["optimizer"])
+        check_optimizer(given["optimizer"], strategy)
         object.__setattr__(self, "_general", general)
         object.__setattr__(self, "given", given)  # what was set: resolve_config starts here
         for name, settings in sections.items():

@@ -4,6 +4,7 @@ and the optimizer's. Components (strategies, data sets, models) declare their ow
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 from polyrhythm.config.emulation import COMPUTE
 from polyrhythm.errors import ConfigError
@@ -86,14 +87,23 @@ OPTIMIZER = (
     Param("lr_decay", float, "step learning-rate decay factor", 0.1),
 )
 
-def check_optimizer(given) -> None:
+def check_optimizer(given, strategy) -> None:
     """A setting the chosen optimizer does not read is a one-line error (`given`: the
-    [optimizer] settings that were set): it would be silently ignored otherwise."""
+    [optimizer] settings that were set): it would be silently ignored otherwise. So is
+    Downpour's local cadence with any optimizer but sgd: its steps between fetches are plain
+    SGD, and a push of k accumulated gradients is k steps' worth, which Adam's
+    normalisation would make one (`strategy`: its settings, a switch's halves inside)."""
     name = given.get("optimizer") or "sgd"
     for key, readers in READ_BY.items():
         if key in given and name not in readers:
             raise ConfigError(f"optimizer {name} takes no {key} (read by "
                               f"{', '.join(readers)})")
+    halves = [strategy, *(v for v in strategy.values() if isinstance(v, Mapping))]
+    for half in halves:
+        local = [k for k in ("push_every", "fetch_every") if half.get(k, 1) > 1]
+        if name != "sgd" and local:
+            raise ConfigError(f"{half['name']} with {local[0]} > 1 takes optimizer sgd only "
+                              f"(its accumulated pushes and local steps are SGD's), not {name}")
 
 
 # General settings added since 0.1 whose default changes nothing: a stored config leaves them
