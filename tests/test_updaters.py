@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from polyrhythm.errors import ConfigError
-from polyrhythm.optim import ELEMENTWISE, FlatSGD, TorchUpdater, cut, joined
+from polyrhythm.optim import ELEMENTWISE, FlatSGD, TorchUpdater, cut, joined, slice_groups
 
 HYPER = {  # away from the defaults, so each hyperparameter is exercised
     "SGD": {"momentum": 0.9, "weight_decay": 1e-2},
@@ -155,3 +155,58 @@ def test_flat_sgd_equals_torch_sgd_and_its_state_reslices():
         u.load_state_dict(cut(whole, a, b))
     run(after, CUTS, grads[10:], first=10)
     assert torch.equal(weights, reference("SGD", 20))
+
+
+# The model's flat layout: weight 0 [0, 30), bias 0 [30, 36), weight 1 [36, 66), bias 1
+# [66, 71); weights decay, biases do not (the usual two groups).
+GROUPS = [(0, 30, {}), (30, 36, {"weight_decay": 0.0}), (36, 66, {}),
+          (66, SIZE, {"weight_decay": 0.0})]
+
+
+def grouped_reference(steps: int) -> torch.Tensor:
+    net = model()
+    params = list(net.parameters())
+    optimizer = torch.optim.AdamW([{"params": params[0::2]},
+                                   {"params": params[1::2], "weight_decay": 0.0}],
+                                  lr=lr(0), weight_decay=0.1)
+    for i, g in enumerate(gradients(steps, SIZE)):
+        for group in optimizer.param_groups:
+            group["lr"] = lr(i)
+        for p, piece in zip(params, g.split([p.numel() for p in params]), strict=True):
+            p.grad = piece.view_as(p).clone()
+        optimizer.step()
+    return torch.cat([p.detach().flatten() for p in params])
+
+
+def grouped(cuts: list[int], weights: torch.Tensor) -> list[TorchUpdater]:
+    return [TorchUpdater(weights[a:b], torch.optim.AdamW, slice_groups(GROUPS, a, b),
+                         lr=lr(0), weight_decay=0.1) for a, b in pairwise(cuts)]
+
+
+def test_param_groups_cut_across_slices_equal_torchs_groups():
+    # Slice [7, 40) holds the end of weight 0, bias 0 and the start of weight 1: three
+    # groups of its own, two of them decaying.
+    assert slice_groups(GROUPS, 7, 40) == [(0, 23, {}), (23, 29, {"weight_decay": 0.0}),
+                                           (29, 33, {})]
+    weights = flat_weights()
+    grads = gradients(20, SIZE)
+    two = [0, 50, SIZE]
+    before = grouped(two, weights)
+    run(before, two, grads[:10])
+    whole = joined([u.state_dict() for u in before])
+    after = grouped(CUTS, weights)
+    for u, (a, b) in zip(after, pairwise(CUTS), strict=True):
+        u.load_state_dict(cut(whole, a, b))
+    run(after, CUTS, grads[10:], first=10)
+    expected = grouped_reference(20)
+    assert torch.equal(weights, expected)
+    # One group for all (the biases decaying too) is another model: the groups count.
+    ungrouped = flat_weights()
+    run([TorchUpdater(ungrouped[a:b], torch.optim.AdamW, lr=lr(0), weight_decay=0.1)
+         for a, b in pairwise(CUTS)], CUTS, gradients(20, SIZE))
+    assert not torch.allclose(ungrouped, expected, rtol=0, atol=1e-9)
+
+
+def test_groups_must_cover_the_slice_in_order():
+    with pytest.raises(ValueError, match="do not cover"):
+        TorchUpdater(torch.zeros(10), torch.optim.Adam, [(0, 4, {}), (5, 10, {})])

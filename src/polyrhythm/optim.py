@@ -108,34 +108,66 @@ ELEMENTWISE = {cls.__name__: cls for cls in (
 
 
 class TorchUpdater:
-    """A torch.optim class with its hyperparameters on one flat slice: the slice is one
-    Parameter sharing the weights' storage, its .grad the update, its lr set each step."""
+    """A torch.optim class with its hyperparameters on one flat slice. Each of its param
+    groups is a Parameter sharing the weights' storage ([a, b) of the slice; by default one,
+    the whole slice), its .grad that part of the update, its lr set each step.
 
-    def __init__(self, weights: torch.Tensor, cls: type, **hyper) -> None:
+    `groups`: (a, b, overrides) spans covering the slice in order, with the hyperparameters
+    that differ from `hyper` (a user's group without weight decay on biases); slice_groups
+    cuts a whole model's groups for one slice. A group's own lr is not kept yet: every group
+    steps at the lr given (TODO(issue 23): per-group lr with the worker's scheduler)."""
+
+    def __init__(self, weights: torch.Tensor, cls: type,
+                 groups: list[tuple[int, int, dict]] | None = None, **hyper) -> None:
         if ELEMENTWISE.get(cls.__name__) is not cls:
             raise ConfigError(f"optimizer {cls.__name__} is not elementwise, so it cannot "
                               f"step slices of the model; use one of "
                               f"{', '.join(ELEMENTWISE)}")
+        groups = groups or [(0, len(weights), {})]
+        if [a for a, _, _ in groups] != [0, *(b for _, b, _ in groups[:-1])] \
+                or groups[-1][1] != len(weights):
+            raise ValueError(f"groups {[(a, b) for a, b, _ in groups]} do not cover the "
+                             f"{len(weights)} weights in order")
         self.weights = weights
         self.linear = cls is torch.optim.SGD
-        self.param = torch.nn.Parameter(weights, requires_grad=True)
-        self.optimizer = cls([self.param], **hyper)
+        self.ranges = [(a, b) for a, b, _ in groups]
+        self.params = [torch.nn.Parameter(weights[a:b], requires_grad=True)
+                       for a, b in self.ranges]
+        self.optimizer = cls([{"params": [p], **over}
+                              for p, (_, _, over) in zip(self.params, groups, strict=True)],
+                             **hyper)
 
     @torch.no_grad()
     def step(self, grad: torch.Tensor, lr: float) -> None:
-        self.optimizer.param_groups[0]["lr"] = lr
-        self.param.grad = grad
+        for group, p, (a, b) in zip(self.optimizer.param_groups, self.params, self.ranges,
+                                    strict=True):
+            group["lr"] = lr
+            p.grad = grad[a:b]
         self.optimizer.step()
-        self.param.grad = None
+        for p in self.params:
+            p.grad = None
 
     def state_dict(self) -> dict:
+        """The groups' states joined (copies: torch counts steps in place)."""
+        states = [self.optimizer.state[p] for p in self.params]
+        if not states[0]:  # no step yet
+            return {}
         return {k: v.clone() if isinstance(v, torch.Tensor) else v
-                for k, v in self.optimizer.state[self.param].items()}
+                for k, v in joined(states).items()}
 
     def load_state_dict(self, state: dict) -> None:
         """A state saved before any step (empty) starts afresh, as torch does."""
-        self.optimizer.state[self.param] = {
-            k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+        for p, (a, b) in zip(self.params, self.ranges, strict=True):
+            self.optimizer.state[p] = {k: v.clone() if isinstance(v, torch.Tensor) else v
+                                       for k, v in cut(state, a, b).items()}
+
+
+def slice_groups(groups: list[tuple[int, int, dict]], start: int,
+                 stop: int) -> list[tuple[int, int, dict]]:
+    """A whole flat model's (a, b, overrides) groups as those of its slice [start, stop),
+    relative to the slice (for TorchUpdater)."""
+    return [(max(a, start) - start, min(b, stop) - start, over)
+            for a, b, over in groups if a < stop and start < b]
 
 
 # The run's `optimizer` names (config/declared.py OPTIMIZERS) besides sgd, which is FlatSGD.
