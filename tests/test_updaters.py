@@ -42,11 +42,15 @@ def lr(step: int) -> float:
 
 
 def reference(name: str, steps: int) -> torch.Tensor:
-    """torch.optim.<name> on the module's own parameters, each step's gradient the flat one
-    cut into its parameters."""
-    net = model()
-    params = list(net.parameters())
-    optimizer = ELEMENTWISE[name](params, lr=lr(0), **HYPER[name])
+    """torch.optim.<name> on the module's own parameters."""
+    return trained(lambda params: ELEMENTWISE[name](params, lr=lr(0), **HYPER[name]), steps)
+
+
+def trained(make_optimizer, steps: int) -> torch.Tensor:
+    """The module trained by make_optimizer(its parameters) in one process, each step's
+    gradient the flat one cut into its parameters; its parameters, flat."""
+    params = list(model().parameters())
+    optimizer = make_optimizer(params)
     for i, g in enumerate(gradients(steps, sum(p.numel() for p in params))):
         for group in optimizer.param_groups:
             group["lr"] = lr(i)
@@ -164,18 +168,9 @@ GROUPS = [(0, 30, {}), (30, 36, {"weight_decay": 0.0}), (36, 66, {}),
 
 
 def grouped_reference(steps: int) -> torch.Tensor:
-    net = model()
-    params = list(net.parameters())
-    optimizer = torch.optim.AdamW([{"params": params[0::2]},
-                                   {"params": params[1::2], "weight_decay": 0.0}],
-                                  lr=lr(0), weight_decay=0.1)
-    for i, g in enumerate(gradients(steps, SIZE)):
-        for group in optimizer.param_groups:
-            group["lr"] = lr(i)
-        for p, piece in zip(params, g.split([p.numel() for p in params]), strict=True):
-            p.grad = piece.view_as(p).clone()
-        optimizer.step()
-    return torch.cat([p.detach().flatten() for p in params])
+    return trained(lambda params: torch.optim.AdamW(
+        [{"params": params[0::2]}, {"params": params[1::2], "weight_decay": 0.0}],
+        lr=lr(0), weight_decay=0.1), steps)
 
 
 def grouped(cuts: list[int], weights: torch.Tensor) -> list[TorchUpdater]:
