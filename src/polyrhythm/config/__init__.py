@@ -107,8 +107,7 @@ def sectioned(values: Mapping[str, Any]) -> dict[str, Any]:
     for key, value in values.items():
         if key in SECTIONS and isinstance(value, Mapping):
             for k, v in value.items():
-                # [optimizer] name = "adamw" is its `optimizer` setting, as a component's
-                # name is (the section has no components of its own to register).
+                # [optimizer] name is the `optimizer` setting (no component registry of its own).
                 put(key, "optimizer" if (key, k) == ("optimizer", "name") else k, v)
         elif key in names:
             put(names[key], "name", value)
