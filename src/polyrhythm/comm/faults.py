@@ -21,14 +21,16 @@ was, type and traceback, for the layers above, which go by type.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 # Gloo's words for a connection that broke (tcp/pair.cc) and for a wait past the timeout
 # (tcp/unbound_buffer.cc, for receives and sends alike).
 _CLOSED = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
            "Read error", "Write error")
 _TIMED_OUT = ("Timed out waiting",)
+
+
+def one_line(exc: BaseException) -> str:
+    """An error's first line ('' if it has no words)."""
+    return str(exc).splitlines()[0] if str(exc) else ""
 
 
 class PeerFault(Exception):
@@ -38,7 +40,7 @@ class PeerFault(Exception):
     what = "failed"
 
     def __init__(self, rank: int | None, cause: BaseException) -> None:
-        why = str(cause).splitlines()[0] if str(cause) else repr(cause)
+        why = one_line(cause) or repr(cause)
         super().__init__(f"{f'rank {rank}' if rank is not None else 'a peer'} {self.what}: "
                          f"{why}")
         self.rank = rank
@@ -71,13 +73,22 @@ def translated(exc: BaseException, peer: int | None = None) -> BaseException:
     return ours
 
 
-@contextmanager
-def on_the_wire(peer: int | None = None) -> Iterator[None]:
-    """Raise what happens in the block as `translated` says (talking to `peer`)."""
-    try:
-        yield
-    except RuntimeError as exc:
-        ours = translated(exc, peer)
-        if ours is exc:
-            raise
-        raise ours from exc
+class on_the_wire:  # noqa: N801 (used as a function: `with on_the_wire(peer):`)
+    """Raise what happens in the block as `translated` says (talking to `peer`). A class,
+    not a generator-based context manager: every message enters one, twice (posted, waited
+    on), so it costs no generator where nothing goes wrong."""
+
+    __slots__ = ("peer",)
+
+    def __init__(self, peer: int | None = None) -> None:
+        self.peer = peer
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, exc, trace) -> bool:
+        if isinstance(exc, RuntimeError):
+            ours = translated(exc, self.peer)
+            if ours is not exc:
+                raise ours from exc
+        return False

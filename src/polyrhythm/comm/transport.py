@@ -62,17 +62,19 @@ class Pending:
     waited for twice waits out the timeout)."""
 
     def __init__(self, work: dist.Work | Posted, peer: int,
-                 done: Callable[[], None] | None = None) -> None:
+                 receiver: Transport | None = None, received: torch.Tensor | None = None,
+                 ) -> None:
         self._work: dist.Work | Posted | None = work
-        self.peer, self._done = peer, done
+        self.peer = peer
+        self._receiver, self._received = receiver, received  # a receive: who counts what
 
     def wait(self) -> bool:
         if self._work is not None:
             with on_the_wire(self.peer):
                 self._work.wait()
             self._work = None
-            if self._done is not None:
-                self._done()
+            if self._receiver is not None:
+                self._receiver.count_received(self._received)
         return True
 
 
@@ -137,7 +139,7 @@ class Transport:
         """Receive into `tensor` from rank `src` (counted when it completes)."""
         with on_the_wire(src):
             work = self._post_receive(tensor, src, tag)
-        return Pending(work, src, lambda: self.count_received(tensor))
+        return Pending(work, src, self, tensor)
 
     def _post_send(self, tensor: torch.Tensor, dst: int, tag: int) -> dist.Work | Posted:
         if self._line is not None:

@@ -25,7 +25,7 @@ from polyrhythm.context import Topology
 from polyrhythm.errors import ClusterError, RunFailed
 from polyrhythm.launch.cgroups import CpuGroup
 from polyrhythm.launch.cluster import ClusterShape, EmulatedCluster, standing_of_shape
-from polyrhythm.launch.failures import Kind, cause, how, read_reports, recorded_failure
+from polyrhythm.launch.failures import Kind, cause, rank_failed, read_reports, recorded_failure
 from polyrhythm.launch.fidelity import FidelityGuard
 from polyrhythm.launch.janitor import Janitor
 from polyrhythm.launch.local import CHILD_ENVIRONMENT, GRACE_S, raise_interrupt, signal_handlers
@@ -121,7 +121,7 @@ def _start(cluster: EmulatedCluster, host: int, ranks: int, port: int, record: R
     # exec (a preexec_fn is unsafe once threads run).
     command = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(group.path / "cgroup.procs"),
                *cluster.command(host, torchrun)]
-    with open(record.dir / "logs" / f"host{host}.log", "ab") as log:
+    with open(_host_log(record, host), "ab") as log:
         return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL)
 
@@ -142,7 +142,7 @@ def _supervise(hosts: list[subprocess.Popen], layout: list[list[int]], topology:
 
 
 def _host_log(record: RunRecord, host: int) -> Path:
-    return Path(record.dir) / "logs" / f"host{host}.log"
+    return record.dir / "logs" / f"host{host}.log"
 
 
 def _show_progress(record: RunRecord, shown: list[int]) -> None:
@@ -172,12 +172,8 @@ def _failure(host: int, code: int, layout: list[list[int]], topology: Topology,
     own = [r for r, f in failures.items() if f.kind in (Kind.DIVERGED, Kind.BUG, Kind.USER)]
     if own:
         first = cause(own, {}, failures)
-        failure = failures[first]
-        if failure.kind == Kind.DIVERGED:
-            return RunFailed(f"{failure.error} ({topology.describe(first)})", diverged=True)
         where = next(h for h, ranks in enumerate(layout) if first in ranks)
-        return RunFailed(f"rank {first} ({topology.describe(first)}) "
-                         f"{how(None, failure, _host_log(record, where))}")
+        return rank_failed(first, None, failures[first], _host_log(record, where), topology)
     said = [failures[r].error for r in layout[host] if r in failures]
     why = (said or [f"torchrun exit code {code}"])[0][:300]
     return RunFailed(f"host {host} (ranks {', '.join(map(str, layout[host]))}) failed: {why} "

@@ -19,7 +19,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TextIO
 
-from polyrhythm.comm.faults import PeerLost, PeerSilent
+from polyrhythm.comm.faults import PeerLost, PeerSilent, one_line
 from polyrhythm.errors import Diverged, PolyrhythmError, RunFailed
 from polyrhythm.metrics.records import RunRecord, fail_run
 from polyrhythm.runtime.checkpoint import complete_epochs
@@ -49,10 +49,6 @@ def kind_of(exc: BaseException) -> Kind:
     if isinstance(exc, PeerSilent):
         return Kind.SILENT
     return Kind.USER if isinstance(exc, PolyrhythmError) else Kind.BUG
-
-
-def one_line(exc: BaseException) -> str:
-    return str(exc).splitlines()[0] if str(exc) else ""
 
 
 @dataclass(frozen=True)
@@ -152,6 +148,15 @@ def how(code: int | None, failure: RankFailure | None, log: Path | str) -> str:
     if failure.kind == Kind.BUG:
         return f"raised {failure.error}; traceback in {log}"
     return f"failed: {failure.error}"
+
+
+def rank_failed(rank: int, code: int | None, failure: RankFailure | None, log: Path | str,
+                topology) -> RunFailed:
+    """The run failed for what ended rank `rank` (`how` says it; a divergence is its own
+    line, and marks the run diverged)."""
+    if failure is not None and failure.kind == Kind.DIVERGED:
+        return RunFailed(f"{failure.error} ({topology.describe(rank)})", diverged=True)
+    return RunFailed(f"rank {rank} ({topology.describe(rank)}) {how(code, failure, log)}")
 
 
 def recorded_failure(record: RunRecord, exc: BaseException, config=None) -> RunFailed:

@@ -34,7 +34,15 @@ from polyrhythm.config.servers import CONTINUE
 from polyrhythm.context import Topology
 from polyrhythm.errors import RunFailed
 from polyrhythm.launch import runlock
-from polyrhythm.launch.failures import Kind, RankFailure, cause, how, is_a_loss, recorded_failure
+from polyrhythm.launch.failures import (
+    Kind,
+    RankFailure,
+    cause,
+    how,
+    is_a_loss,
+    rank_failed,
+    recorded_failure,
+)
 from polyrhythm.launch.progress import ProgressBoard
 from polyrhythm.metrics.records import RunRecord, read_summary
 from polyrhythm.runtime.checkpoint import Resume, tidy
@@ -216,13 +224,10 @@ def _failure(failed: list[int], procs: list, failures: dict[int, RankFailure],
              topology: Topology, record: RunRecord) -> RunFailed:
     """What ended the run, from the rank that explains the others' failures."""
     first = cause(failed, {r: procs[r].exitcode for r in failed}, failures)
-    failure, code = failures.get(first), procs[first].exitcode
-    if failure is not None and failure.kind == Kind.DIVERGED:
-        return RunFailed(f"{failure.error} ({topology.describe(first)})", diverged=True)
-    said = how(code, failure, record.log_path(first))
+    failure, code, log = failures.get(first), procs[first].exitcode, record.log_path(first)
     if failure is not None and failure.kind == Kind.SILENT and code >= 0:
-        return RunFailed(_silent_peers(procs, topology, said))
-    return RunFailed(f"rank {first} ({topology.describe(first)}) {said}")
+        return RunFailed(_silent_peers(procs, topology, how(code, failure, log)))
+    return rank_failed(first, code, failure, log, topology)
 
 
 def _silent_peers(procs: list, topology: Topology, how: str) -> str:

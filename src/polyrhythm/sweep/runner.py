@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from polyrhythm.comm.faults import one_line
 from polyrhythm.errors import PolyrhythmError, RunFailed, StoreError
 from polyrhythm.sweep.plan import PlannedRun, Sweep
 from polyrhythm.sweep.progress import SweepProgress
@@ -65,7 +66,7 @@ def run_sweep(sweep: Sweep, *, train: Callable[..., dict] | None = None,
             except BaseException as exc:
                 interrupted = stop.seen or isinstance(exc, KeyboardInterrupt) or (
                     isinstance(exc, RunFailed) and exc.interrupted)
-                error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                error = one_line(exc) or type(exc).__name__
                 bug = not interrupted and not isinstance(exc, PolyrhythmError)
                 if bug:  # not the run's but ours: its type, and its traceback below
                     error = f"{type(exc).__name__}: {error}"
