@@ -25,7 +25,7 @@ from polyrhythm.data.sharding import batch_slice, epoch_order, steps_per_epoch, 
 from polyrhythm.flat import RunningStatistics
 from polyrhythm.launch.local import PRELOAD
 from polyrhythm.models.build import build_model
-from polyrhythm.optim import lr_at
+from polyrhythm.optim import TORCH_OPTIMIZERS, lr_at, optimizer_name
 from polyrhythm.runtime.checkpoint import complete_epochs
 from polyrhythm.runtime.job import agree_on_plan, build_role, whole_data
 
@@ -91,12 +91,11 @@ def torch_threads(threads: int) -> Iterator[None]:
 
 def reference_optimizer(settings, params) -> torch.optim.Optimizer:
     """The run's [optimizer] as plain torch.optim on the model's own parameters."""
-    name = settings.optimizer or "sgd"
+    name = optimizer_name(settings)
     if name == "sgd":
         return torch.optim.SGD(params, lr=settings.lr, momentum=settings.momentum,
                                weight_decay=settings.weight_decay)
-    cls = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW,
-           "rmsprop": torch.optim.RMSprop, "adagrad": torch.optim.Adagrad}[name]
+    cls = TORCH_OPTIMIZERS[name]
     given = {"betas": None if settings.betas is None else tuple(settings.betas),
              "eps": settings.eps}
     return cls(params, lr=settings.lr, weight_decay=settings.weight_decay,

@@ -150,16 +150,12 @@ class TorchUpdater:
     def state_dict(self) -> dict:
         """The groups' states joined (copies: torch counts steps in place)."""
         states = [self.optimizer.state[p] for p in self.params]
-        if not states[0]:  # no step yet
-            return {}
-        return {k: v.clone() if isinstance(v, torch.Tensor) else v
-                for k, v in joined(states).items()}
+        return joined(states) if states[0] else {}  # {}: no step yet
 
     def load_state_dict(self, state: dict) -> None:
         """A state saved before any step (empty) starts afresh, as torch does."""
         for p, (a, b) in zip(self.params, self.ranges, strict=True):
-            self.optimizer.state[p] = {k: v.clone() if isinstance(v, torch.Tensor) else v
-                                       for k, v in cut(state, a, b).items()}
+            self.optimizer.state[p] = cut(state, a, b)
 
 
 def slice_groups(groups: list[tuple[int, int, dict]], start: int,
@@ -175,11 +171,16 @@ TORCH_OPTIMIZERS = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW,
                     "rmsprop": torch.optim.RMSprop, "adagrad": torch.optim.Adagrad}
 
 
+def optimizer_name(optimizer) -> str:
+    """The run's optimizer's name (sgd where none is given)."""
+    return optimizer.optimizer or "sgd"
+
+
 def updater(weights: torch.Tensor, optimizer, concurrency: float = 1.0) -> Updater:
     """The run's optimizer on `weights`: FlatSGD for sgd (the default), else the torch.optim
     class with the run's weight decay and, where given, betas and eps (torch's defaults
     otherwise). `concurrency` corrects SGD's momentum only (effective_momentum)."""
-    name = optimizer.optimizer or "sgd"
+    name = optimizer_name(optimizer)
     if name == "sgd":
         return FlatSGD(weights, optimizer, concurrency)
     hyper = {"lr": optimizer.lr, "weight_decay": optimizer.weight_decay}
@@ -203,7 +204,7 @@ STATE_KEYS = {"sgd": (("momentum_buffer",), ()),
 
 def state_keys(optimizer) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The run's optimizer's (per-element, scalar) state keys (STATE_KEYS)."""
-    return STATE_KEYS[optimizer.optimizer or "sgd"]
+    return STATE_KEYS[optimizer_name(optimizer)]
 
 
 def state_pieces(state: dict, optimizer, length: int) -> tuple[list[torch.Tensor], list[float]]:
@@ -225,18 +226,23 @@ def state_of(pieces: list[torch.Tensor], values: list[float], optimizer) -> dict
 
 def joined(states: list[dict]) -> dict:
     """The flat states of consecutive slices as the state of their union: per-element
-    tensors concatenated, the rest (a step count) from the first slice, as the slices that
-    step together have the same."""
+    tensors concatenated, the rest (a step count) copied from the first slice, as the slices
+    that step together have the same. Copies throughout: torch counts steps in place."""
     first = states[0]
     if any(s.keys() != first.keys() for s in states):
         raise ValueError("slices with different optimizer states cannot be joined")
-    return {k: torch.cat([s[k] for s in states]) if _per_element(v) else v
+    return {k: torch.cat([s[k] for s in states]) if _per_element(v) else _copy(v)
             for k, v in first.items()}
 
 
 def cut(state: dict, start: int, stop: int) -> dict:
-    """The flat state of elements [start, stop) of a flat state's slice."""
-    return {k: v[start:stop].clone() if _per_element(v) else v for k, v in state.items()}
+    """The flat state of elements [start, stop) of a flat state's slice (copies)."""
+    return {k: v[start:stop].clone() if _per_element(v) else _copy(v)
+            for k, v in state.items()}
+
+
+def _copy(value):
+    return value.clone() if isinstance(value, torch.Tensor) else value
 
 
 def _per_element(value) -> bool:

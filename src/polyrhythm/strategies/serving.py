@@ -78,7 +78,7 @@ def serve(bucket: BucketState, course: Course, kind: int, worker: int, clock: in
     if kind & DONE:
         decision = policy.on_done(worker)
         if decision.accumulate:  # a leaving worker sends no values, whatever the policy says
-            decision = Decision(False, decision.update, decision.release, decision.scale)
+            decision = decision._replace(accumulate=False)
         staleness, pending = None, bucket.pending_weight
     elif not kind & GRADIENT or bucket.over:
         # A fetch: the current parameters, whatever the policy; or late work after the last
@@ -88,9 +88,8 @@ def serve(bucket: BucketState, course: Course, kind: int, worker: int, clock: in
         staleness = bucket.version - pulled
         decision = policy.on_push(worker, clock, staleness)
         if not kind & REPLY:  # pushed without waiting: nobody to answer
-            decision = Decision(decision.accumulate, decision.update,
-                                tuple(w for w in decision.release if w != worker),
-                                decision.scale)
+            decision = decision._replace(release=tuple(w for w in decision.release
+                                                       if w != worker))
         if decision.accumulate:
             pending = bucket.pending_weight + weight
         else:
