@@ -1,6 +1,7 @@
 """polyrhythm: distributed data-parallel training with every consistency strategy.
 
-`polyrhythm.train` loads the launcher and runtime (and torch), and `polyrhythm.RunConfig` the
+`polyrhythm.init()` joins a user's script to its job (launch/script.py); `polyrhythm.train`
+loads the launcher and runtime (and torch), and `polyrhythm.RunConfig` the
 declarations, when first used: importing the package, or a part of it such as the run store,
 stays light.
 """
@@ -19,10 +20,14 @@ from polyrhythm.errors import (
 __version__ = "0.1.0"
 
 __all__ = ["ConfigError", "DataError", "Diverged", "PolyrhythmError", "RunConfig", "RunFailed",
-           "StoreError", "resume", "train"]
+           "StoreError", "init", "resume", "train"]
 
 
 def __getattr__(name: str) -> Any:
+    if name == "init":  # a user's script joining its job
+        from polyrhythm.launch.script import init
+
+        return init
     if name in ("train", "resume"):
         from polyrhythm import api
 

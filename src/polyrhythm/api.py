@@ -15,6 +15,7 @@ from polyrhythm.launch.cluster import can_emulate
 from polyrhythm.launch.emulated import launch_emulated
 from polyrhythm.launch.local import launch_local
 from polyrhythm.launch.progress import ProgressBoard
+from polyrhythm.launch.scripts import launch_script
 from polyrhythm.metrics.records import (
     RunRecord,
     check_resumable,
@@ -63,6 +64,21 @@ def train(config: RunConfig | dict | str | Path | None = None, *, show_progress:
     record = start_run(config)
     board = ProgressBoard(config.workers, enabled=True) if show_progress else None
     return launch_local(config, record, board)
+
+
+def run_script(script: str | Path, args: list[str] | None = None,
+               config: RunConfig | dict | str | Path | None = None, **overrides: Any) -> dict:
+    """Run a user's training script (one that calls polyrhythm.init()) as every rank of a
+    job on this machine, on loopback; return the run's summary. Its data and model are the
+    script's: the config gives the strategy, workers, servers and the rest."""
+    config = resolve_config(config, **overrides)
+    path = Path(script)
+    if not path.is_file():
+        raise ConfigError(f"no script {str(script)!r}")
+    if config.cluster.hosts:
+        raise ConfigError("a script on an emulated cluster is not supported yet: run it on "
+                          "loopback (no --hosts)")
+    return launch_script(config, start_run(config), str(path), list(args or []))
 
 
 # What a resumed run may change: the servers (the flat model is re-sliced), and how long and

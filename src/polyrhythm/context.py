@@ -63,6 +63,9 @@ class RankContext:
     started: float = field(default_factory=time.perf_counter)  # reset when the job starts
     run_dir: Any = None  # the run record's folder (Path): checkpoints go there; None: none
     resume: Any = None  # a checkpoint to start from (runtime/checkpoint.py Resume)
+    # In a user's script: its own optimizer, as the optim.Updater the workers step where
+    # they step one themselves (runtime/script.py); None: the run's [optimizer].
+    user_optimizer: Any = None
 
     @property
     def worker_index(self) -> int:

@@ -12,7 +12,7 @@ Strategy-Switch handover, or a resume onto another number of servers.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 
@@ -114,8 +114,9 @@ class TorchUpdater:
 
     `groups`: (a, b, overrides) spans covering the slice in order, with the hyperparameters
     that differ from `hyper` (a user's group without weight decay on biases); slice_groups
-    cuts a whole model's groups for one slice. A group's own lr is not kept yet: every group
-    steps at the lr given (TODO(issue 23): per-group lr with the worker's scheduler)."""
+    cuts a whole model's groups for one slice. A group with its own lr keeps its ratio to
+    `hyper`'s: each step, it steps at the lr given times that ratio (a scheduler scales every
+    group alike; the worker checks it does: runtime/script.py)."""
 
     def __init__(self, weights: torch.Tensor, cls: type,
                  groups: list[tuple[int, int, dict]] | None = None, **hyper) -> None:
@@ -136,12 +137,16 @@ class TorchUpdater:
         self.optimizer = cls([{"params": [p], **over}
                               for p, (_, _, over) in zip(self.params, groups, strict=True)],
                              **hyper)
+        self.optimizer.polyrhythm_internal = True  # not a user's: stepping it is ours
+        base = hyper.get("lr", self.optimizer.defaults["lr"])
+        self.ratios = [over["lr"] / base if "lr" in over and base else 1.0
+                       for _, _, over in groups]
 
     @torch.no_grad()
     def step(self, grad: torch.Tensor, lr: float) -> None:
-        for group, p, (a, b) in zip(self.optimizer.param_groups, self.params, self.ranges,
-                                    strict=True):
-            group["lr"] = lr
+        for group, p, (a, b), ratio in zip(self.optimizer.param_groups, self.params,
+                                           self.ranges, self.ratios, strict=True):
+            group["lr"] = lr * ratio
             p.grad = grad[a:b]
         self.optimizer.step()
         for p in self.params:
@@ -156,6 +161,21 @@ class TorchUpdater:
         """A state saved before any step (empty) starts afresh, as torch does."""
         for p, (a, b) in zip(self.params, self.ranges, strict=True):
             self.optimizer.state[p] = cut(state, a, b)
+
+
+class OptimizerSpec(NamedTuple):
+    """A user's torch.optim optimizer as servers rebuild it on their slices of the flat
+    model: its class's name (an ELEMENTWISE one), its defaults and its param groups as
+    (a, b, overrides) spans of the whole flat model (runtime/script.py makes it)."""
+
+    name: str
+    hyper: dict
+    groups: list[tuple[int, int, dict]]
+
+    def updater(self, weights: torch.Tensor, start: int, stop: int) -> TorchUpdater:
+        """The optimizer on `weights`, elements [start, stop) of the flat model."""
+        return TorchUpdater(weights, ELEMENTWISE[self.name],
+                            slice_groups(self.groups, start, stop), **self.hyper)
 
 
 def slice_groups(groups: list[tuple[int, int, dict]], start: int,

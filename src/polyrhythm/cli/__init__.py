@@ -12,6 +12,7 @@ from polyrhythm.cli import (
     compare,
     listing,
     report,
+    run,
     runs,
     shard,
     simulate,
@@ -22,7 +23,7 @@ from polyrhythm.cli.flags import Parser
 from polyrhythm.errors import PolyrhythmError
 
 # Command name -> its module (listing serves strategies, datasets and models).
-COMMANDS = {"train": train, "runs": runs, **dict.fromkeys(listing.COMMANDS, listing),
+COMMANDS = {"train": train, "run": run, "runs": runs, **dict.fromkeys(listing.COMMANDS, listing),
             "sweep": sweep, "compare": compare, "report": report, "cluster": cluster,
             "shard": shard, "simulate": simulate, "advise": advise}
 

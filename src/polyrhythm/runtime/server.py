@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
+from functools import partial
 
 import torch
 
@@ -21,25 +23,35 @@ from polyrhythm.comm.transport import PeerLost
 from polyrhythm.config.servers import CONTINUE
 from polyrhythm.context import RankContext
 from polyrhythm.metrics.recorder import StalenessLog
-from polyrhythm.optim import cut, joined, lr_at, state_keys, state_of, updater
+from polyrhythm.optim import Updater, cut, joined, lr_at, state_keys, state_of, updater
 from polyrhythm.runtime import checkpoint
 from polyrhythm.strategies.consistency import ConsistencyPolicy
 from polyrhythm.strategies.serving import DONE, Course, Served, serve
+
+# A bucket's optimizer on its weights, elements [start, stop) of the flat model, for its
+# policy's concurrency.
+MakeUpdater = Callable[[torch.Tensor, int, int, float], Updater]
+
+
+def run_updater(optimizer, weights: torch.Tensor, start: int, stop: int,
+                concurrency: float) -> Updater:
+    """The run's [optimizer] on a bucket (the same on every slice)."""
+    return updater(weights, optimizer, concurrency)
 
 
 class Bucket:
     """Parameters [start, stop) of the flat model, their optimizer state and their policy."""
 
     def __init__(self, initial: torch.Tensor, start: int, stop: int, policy: ConsistencyPolicy,
-                 optimizer) -> None:
+                 make_updater: MakeUpdater) -> None:
         self.start, self.stop = start, stop
         # The reply is [version, over, weights ...]: the weights live inside it, so answering
         # a worker sends this buffer as it is, with no copy.
         self.outbox = torch.cat([torch.zeros(REPLY_HEADER), initial[start:stop]])
         self.weights = self.outbox[REPLY_HEADER:]
         # An elastic centre adds what it gets; every other policy steps the run's optimizer.
-        self.optimizer = None if policy.elastic else updater(self.weights, optimizer,
-                                                             policy.concurrency)
+        self.optimizer = None if policy.elastic else make_updater(self.weights, start, stop,
+                                                                  policy.concurrency)
         self.policy = policy
         # Where an update sums several pushes, they add up in float64 and are rounded to
         # float32 once: the sum then does not depend on the order the pushes arrive in, so a
@@ -52,6 +64,7 @@ class Bucket:
         self.pending_share = 0.0  # the sum of weight x scale: global batches' worth of step
         self.version = 0  # weight updates applied so far
         self.progress = 0.0  # global batches' worth of gradient applied (drives lr decay)
+        self.lr = 0.0  # the rate the last push carried (a script's scheduler); 0: the run's
 
     @property
     def over(self) -> bool:
@@ -61,8 +74,11 @@ class Bucket:
     def end(self) -> None:
         self.outbox[1] = 1
 
-    def accumulate(self, grad: torch.Tensor, weight: float, scale: float = 1.0) -> None:
-        """Add a gradient with its batch weight; `scale` shrinks its step, not its weight."""
+    def accumulate(self, grad: torch.Tensor, weight: float, scale: float = 1.0,
+                   lr: float = 0.0) -> None:
+        """Add a gradient with its batch weight; `scale` shrinks its step, not its weight;
+        `lr`, the rate its worker's optimizer steps at now (0: the run's schedule's)."""
+        self.lr = lr
         self.pending.add_(grad[:self.stop - self.start], alpha=weight * scale)
         self.pending_weight += weight
         self.pending_share += weight * scale
@@ -80,7 +96,7 @@ class Bucket:
         else:
             # Small tolerance: weights like 1/3 do not sum to exact integers in floating point.
             epoch = math.floor(self.progress / steps_per_epoch + 1e-6)
-            self._step(lr_at(optimizer, epoch))
+            self._step(self.lr or lr_at(optimizer, epoch))
         if before is not None:
             policy.on_update(float((self.weights - before).abs().max()))
         self.pending.zero_()
@@ -141,12 +157,16 @@ class ParameterServerShard:
 
     def __init__(self, ctx: RankContext, initial: torch.Tensor,
                  buckets: dict[int, tuple[int, int]], capacity: int, make_policy,
-                 steps_per_epoch: int, handover: bool = False) -> None:
+                 steps_per_epoch: int, handover: bool = False,
+                 make_updater: MakeUpdater | None = None) -> None:
+        """`make_updater(weights, start, stop, concurrency)`: a bucket's optimizer (the
+        run's, by default; a script's user optimizer: optim.OptimizerSpec)."""
         self.ctx = ctx
         # Strategy-Switch: idle until worker 0 hands over the synchronous phase's state.
         self.handover = handover
         self.switched: bool | None = None
-        self.buckets = {k: Bucket(initial, a, b, make_policy(), ctx.config.optimizer)
+        make_updater = make_updater or partial(run_updater, ctx.config.optimizer)
+        self.buckets = {k: Bucket(initial, a, b, make_policy(), make_updater)
                         for k, (a, b) in buckets.items()}
         self.capacity = capacity  # elements in the largest bucket: pushes are padded to it
         self.steps_per_epoch = steps_per_epoch
@@ -208,11 +228,11 @@ class ParameterServerShard:
                 del unfinished[gone.rank]
                 continue
             worker = topology.worker_index(src)
-            kind, clock, pulled, weight, key = inbox[:PUSH_HEADER].tolist()
+            kind, clock, pulled, weight, key, lr = inbox[:PUSH_HEADER].tolist()
             kind, bucket = int(kind), self.buckets[int(key)]
             served = serve(bucket, self.course, kind, worker, int(clock), int(pulled), weight)
             if served.decision.accumulate:  # before the release: the values are in `inbox`
-                bucket.accumulate(inbox[PUSH_HEADER:], weight, served.decision.scale)
+                bucket.accumulate(inbox[PUSH_HEADER:], weight, served.decision.scale, lr)
                 self.staleness.record(served.staleness)
                 if self.record:
                     self.pushes.append((self.ctx.rank, self.ctx.now(), worker,

@@ -28,22 +28,30 @@ class RunResult:
 
 def summarise(config, reports: list[dict], val: Dataset, wall_s: float) -> RunResult:
     """Combine per-rank reports; evaluate the final model on the validation set."""
+    model = _final_model(config, reports, val)
+    return combine(config, reports, model.state_dict(), evaluate(model, val),
+                   sum(p.numel() for p in model.parameters()), wall_s)
+
+
+def combine(config, reports: list[dict], state_dict: dict[str, torch.Tensor],
+            final: dict[str, float], parameters: int, wall_s: float) -> RunResult:
+    """The run's result from per-rank reports, its final model (`state_dict`, of
+    `parameters` trainable values) and that model's validation figures (`final`: val_loss,
+    and val_accuracy where it has one)."""
     workers = sorted((r for r in reports if r["role"] == "worker"), key=lambda r: r["worker"])
     servers = [r for r in reports if r["role"] == "server"]
-    model = _final_model(config, reports, val)
     staleness = Counter()
     for s in servers:
         staleness.update(s["staleness_histogram"])
-    final = evaluate(model, val)
     summary = {
         "status": "completed",
         "strategy": config.strategy.name,
         "workers": config.workers,
         "servers": config.servers,
         "epochs": config.epochs,
-        "final_val_accuracy": final["val_accuracy"],
-        "final_val_loss": final["val_loss"],
-        "parameters": sum(p.numel() for p in model.parameters()),
+        "final_val_accuracy": final.get("val_accuracy", math.nan),
+        "final_val_loss": final.get("val_loss", math.nan),
+        "parameters": parameters,
         "samples_per_s": sum(_throughput(w["epochs"]) for w in workers),  # cluster total
         "warmup_steps": config.warmup_steps,
         "wall_s": wall_s,
@@ -62,7 +70,7 @@ def summarise(config, reports: list[dict], val: Dataset, wall_s: float) -> RunRe
               "pushes": [row for s in servers for row in s["pushes"]],
               "updates": [row for s in servers for row in s["updates"]],
               "resources": [row for r in reports for row in r.get("resources", [])]}
-    return RunResult(summary, _epoch_rows(workers), model.state_dict(), series)
+    return RunResult(summary, _epoch_rows(workers), state_dict, series)
 
 
 def _final_model(config, reports: list[dict], val: Dataset) -> torch.nn.Module:

@@ -19,7 +19,7 @@ from polyrhythm.sim.network import Network
 from polyrhythm.units import Delay, duration, rate
 
 BYTES = 4  # float32
-HEADER = 5 * BYTES  # a push's header (comm/messages.py): small next to any model
+HEADER = 6 * BYTES  # a push's header (comm/messages.py): small next to any model
 # Cluster settings that describe hosts: given without a host count, the simulator gives each
 # worker a host (simulation_config).
 HOST_SETTINGS = ("bandwidth", "cpu", "placement")

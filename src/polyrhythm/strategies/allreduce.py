@@ -9,7 +9,7 @@ schedules over point-to-point messages (comm/collectives.py): ring, tree, reduce
 from __future__ import annotations
 
 from polyrhythm.comm.transport import NATIVE, WORKERS
-from polyrhythm.optim import lr_at, updater
+from polyrhythm.optim import lr_at
 from polyrhythm.strategies.base import Strategy
 
 
@@ -18,7 +18,7 @@ class AllReduceWorker(Strategy):
 
     def __init__(self, *args, algorithm: str = NATIVE, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.optimizer = updater(self.flat.data, self.ctx.config.optimizer)
+        self.optimizer = self.local_optimizer()
         self.algorithm = algorithm
 
     def step(self, epoch: int) -> None:

@@ -17,7 +17,7 @@ import torch
 
 from polyrhythm.comm.transport import WORKERS
 from polyrhythm.context import RankContext
-from polyrhythm.optim import lr_at, updater
+from polyrhythm.optim import lr_at
 from polyrhythm.strategies.base import Strategy
 from polyrhythm.strategies.cadence import GossipCoin, Periodic
 from polyrhythm.strategies.decentralised import (
@@ -47,7 +47,7 @@ class DecentralisedWorker(Strategy):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.optimizer = updater(self.flat.data, self.ctx.config.optimizer)
+        self.optimizer = self.local_optimizer()
 
     def consensus_weight(self) -> float:
         return self.batch_weight

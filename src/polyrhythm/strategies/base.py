@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from polyrhythm.context import RankContext
 from polyrhythm.flat import FlatParameters
+from polyrhythm.optim import Updater, updater
 from polyrhythm.settings import Settings
 
 
@@ -31,8 +32,12 @@ class Strategy(ABC):
     when it returns, the model holds the parameters for the next step. `batch_weight` is the
     worker's share of the global batch (b_i / B), so weighted gradients sum to the global mean.
     `settings` are the strategy's own (its declared parameters). A strategy talks to servers
-    and peers only through `ctx.transport`.
+    and peers only through `ctx.transport`. `rate`: where the run is a user's script, the
+    rate its optimizer steps at now (its scheduler's), which servers step at too; 0 where
+    they follow the run's [optimizer] schedule.
     """
+
+    rate: float = 0.0
 
     def __init__(self, ctx: RankContext, flat: FlatParameters, batch_weight: float,
                  settings: Settings) -> None:
@@ -41,11 +46,21 @@ class Strategy(ABC):
         self.batch_weight = batch_weight
         self.settings = settings
 
+    def local_optimizer(self) -> Updater:
+        """The optimizer this worker steps itself: the run's [optimizer], or in a user's
+        script its own (which keeps its own rates: its scheduler's)."""
+        return self.ctx.user_optimizer or updater(self.flat.data, self.ctx.config.optimizer)
+
     def start(self) -> None:  # noqa: B027 - optional hook
         """Called once before the first step: begin receiving (building does no I/O)."""
 
     def begin_step(self, epoch: int) -> None:  # noqa: B027 - optional hook
         """Called before each forward pass (set-up for communication during backward)."""
+
+    def gradients_ready(self) -> None:  # noqa: B027 - most strategies read them in step
+        """Called in a user's script, between begin_step and step, once the step's
+        gradients are in the model: where backward's hooks would have sent them, send them
+        now (the user may have clipped or accumulated them since)."""
 
     @abstractmethod
     def step(self, epoch: int) -> None:

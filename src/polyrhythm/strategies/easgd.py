@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from polyrhythm.optim import lr_at, updater
+from polyrhythm.optim import lr_at
 from polyrhythm.strategies.base import Strategy
 from polyrhythm.strategies.cadence import Periodic
 from polyrhythm.strategies.ps import ServerLink
@@ -25,7 +25,7 @@ class ElasticAveragingWorker(Strategy):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.link = ServerLink(self.ctx, len(self.flat), weight=1.0)  # d is added as it is
-        self.optimizer = updater(self.flat.data, self.ctx.config.optimizer)
+        self.optimizer = self.local_optimizer()
         self.centre = torch.empty(len(self.flat))
         self.alpha = self.settings.alpha
         self.cadence = Periodic(self.settings.tau)

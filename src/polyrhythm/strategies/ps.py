@@ -40,6 +40,7 @@ class ServerLink:
         self.sends: list = [None] * len(self.buckets)
         self.receives: list = []
         self.first_sent: float | None = None  # when the first message left (ctx.now())
+        self.lr = 0.0  # the rate pushes carry (0: the servers follow the run's schedule)
 
     def expect_replies(self) -> None:
         """Post every bucket's receive before sending, so a reply never waits for it."""
@@ -52,7 +53,7 @@ class ServerLink:
         """Send bucket k's message; `values` is the whole flat vector the slice is cut from."""
         server, a, b = self.buckets[k]
         box = self.outbox[k]
-        box[:PUSH_HEADER] = torch.tensor([kind, clock, self.pulled[k], self.weight, k])
+        box[:PUSH_HEADER] = torch.tensor([kind, clock, self.pulled[k], self.weight, k, self.lr])
         if kind & GRADIENT:
             box[PUSH_HEADER:PUSH_HEADER + b - a] = values[a:b]
         self.sends[k] = self.ctx.transport.isend(box, self.ctx.topology.server_ranks[server])
@@ -131,6 +132,7 @@ class ParameterServerWorker(Strategy):
             p.register_post_accumulate_grad_hook(partial(self._on_grad, i))
 
     def begin_step(self, epoch: int) -> None:
+        self.link.lr = self.rate
         self.pushing, self.fetching = self.cadence.step()
         self.missing = list(self.needs) if self.pushing else []
         if self.fetching:
@@ -148,6 +150,11 @@ class ParameterServerWorker(Strategy):
             self.missing[k] -= 1
             if self.missing[k] == 0:
                 self._push(k)
+
+    def gradients_ready(self) -> None:
+        for i, p in enumerate(self.flat.params):
+            if p.grad is not None:
+                self._on_grad(i, p)
 
     def _push(self, k: int) -> None:
         self.link.send(k, PUSH if self.fetching else GRADIENT, self.cadence.pushes, self.grad)

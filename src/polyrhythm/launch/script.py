@@ -1,0 +1,208 @@
+"""A user's script joining its job: `polyrhythm.init()`.
+
+Started by `polyrhythm run` (launch/scripts.py) or by torchrun on real nodes, every process
+of the job runs the script. `init()` reads the job from the environment (the rank as torchrun
+gives it; the run's config from POLYRHYTHM_CONFIG, or POLYRHYTHM_STRATEGY and
+POLYRHYTHM_SERVERS with every other setting at its default), joins the process group and
+takes the role its rank has: a worker gets its Job (runtime/script.py) and the script goes on;
+a server never returns to the script: it waits for worker 0 to say what it serves (the flat
+model and the script's optimizer, at the first step), serves, hands in its report and ends
+the process. Started without a launcher (`python script.py`), the script is one worker with
+nothing to exchange and nothing recorded: it runs as it would without polyrhythm.
+
+Rank 0 records the run (under the config's `out`, or completes POLYRHYTHM_RUN_ID there) as
+`polyrhythm train` does: the store, `report` and `compare` read it alike.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+from polyrhythm.comm.transport import Transport
+from polyrhythm.config import RunConfig, load_config
+from polyrhythm.context import RankContext, Topology
+from polyrhythm.errors import ConfigError
+from polyrhythm.launch.failures import RankFailure, write_report
+from polyrhythm.launch.rank import latency
+from polyrhythm.layout import BucketLayout
+from polyrhythm.metrics.records import RunRecord, complete_run, fail_run, start_run
+from polyrhythm.runtime.job import play
+from polyrhythm.runtime.script import Job, recording_backward, stepping_unwrapped
+from polyrhythm.runtime.server import ParameterServerShard
+from polyrhythm.runtime.summary import combine
+from polyrhythm.runtime.survivors import agree_on_lost
+from polyrhythm.strategies import STRATEGIES
+from polyrhythm.strategies.spec import SWITCHING
+
+ENV_CONFIG, ENV_RUN_ID = "POLYRHYTHM_CONFIG", "POLYRHYTHM_RUN_ID"
+ENV_RENDEZVOUS = "POLYRHYTHM_RENDEZVOUS"  # a file store (polyrhythm run); else env:// (torchrun)
+# Servers learn the length of an epoch from the script's loader; without one, an epoch is
+# this many steps for them (what only fixed-round strategies read: those need a loader).
+UNKNOWN_STEPS = 10**9
+_JOINED: list = []
+
+
+def init() -> Job:
+    """Join the job this process is part of (module docstring); a worker's Job."""
+    if _JOINED:
+        raise ConfigError("polyrhythm.init() was called twice: call it once, first")
+    if "RANK" not in os.environ:
+        _JOINED.append(None)
+        return Job(None)
+    config = job_config()
+    rank, world = _env_int("RANK"), _env_int("WORLD_SIZE")
+    if world != config.world_size:
+        raise ConfigError(f"the launcher started {world} processes but the run needs "
+                          f"{config.world_size} ({config.servers} servers + {config.workers} "
+                          "workers)")
+    if STRATEGIES[config.strategy.name].family == SWITCHING:
+        raise ConfigError(f"{config.strategy.name} does not run from a script yet: use "
+                          "polyrhythm train, or another strategy")
+    record = _record(config, rank)
+    run_dir = record.dir if record else _run_dir(config)
+    sys.excepthook = _failing(rank, config, record, run_dir)
+    rendezvous = os.environ.get(ENV_RENDEZVOUS)
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}" if rendezvous
+                            else "env://", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=config.timeout))
+    topology = Topology(config.servers, config.workers)
+    transport = Transport()
+    transport.open(rank, world, topology.worker_ranks, latency(config, rank))
+    ctx = RankContext(config, rank, topology, transport, run_dir=run_dir)
+    register_optimizer_step_pre_hook(stepping_unwrapped)
+    torch.Tensor.backward = recording_backward(torch.Tensor.backward)
+    _JOINED.append(ctx)
+    if topology.role(rank) == "server":
+        torch.set_num_threads(1)  # servers mostly wait
+        _finish(ctx, _serve(ctx), record)
+        sys.exit(0)
+    return Job(ctx, describe_servers=_describe if topology.servers else None,
+               finish=lambda job: _finish_worker(job, record))
+
+
+def job_config() -> RunConfig:
+    """The run's config: POLYRHYTHM_CONFIG's file, else the strategy and servers the
+    environment names, with as many workers as the launcher started beside the servers."""
+    path = os.environ.get(ENV_CONFIG)
+    if path:
+        return load_config(path)
+    servers = int(os.environ.get("POLYRHYTHM_SERVERS", "0") or 0)
+    strategy = os.environ.get("POLYRHYTHM_STRATEGY", "allreduce")
+    return RunConfig(strategy=strategy, servers=servers,
+                     workers=_env_int("WORLD_SIZE") - servers)
+
+
+def _env_int(name: str) -> int:
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        raise ConfigError(f"{name} is not set: start the script with polyrhythm run or "
+                          "torchrun") from None
+
+
+def _run_dir(config) -> Path | None:
+    run_id = os.environ.get(ENV_RUN_ID)
+    return Path(config.out) / run_id if run_id else None
+
+
+def _record(config, rank: int) -> RunRecord | None:
+    if rank != 0:
+        return None
+    run_id = os.environ.get(ENV_RUN_ID)
+    return RunRecord(Path(config.out), run_id) if run_id else start_run(config)
+
+
+def _failing(rank: int, config, record: RunRecord | None, run_dir: Path | None):
+    """An excepthook: the error in one line with the script's line it came from, for the
+    launcher (a report in the run's logs) and the record (rank 0's), then the traceback."""
+    def hook(kind, exc, trace) -> None:
+        failure = RankFailure.of(rank, exc)
+        script = os.path.abspath(sys.argv[0])
+        lines = [f for f in traceback.extract_tb(trace) if os.path.abspath(f.filename) == script]
+        if lines:
+            failure = RankFailure(rank, failure.kind,
+                                  f"{failure.error} ({Path(script).name}, line "
+                                  f"{lines[-1].lineno})")
+        if run_dir is not None:
+            write_report(run_dir, failure)
+        if record is not None:
+            who = Topology(config.servers, config.workers).describe(rank)
+            fail_run(record, f"rank {rank} ({who}): {failure.error}")
+        sys.__excepthook__(kind, exc, trace)
+    return hook
+
+
+def _describe(job: Job) -> None:
+    """Worker side of what the servers serve (every worker calls it at its first step)."""
+    ctx = job.ctx
+    ctx.transport.broadcast_object(
+        {"initial": job.flat.data.clone(), "optimizer": job.servers_spec,
+         "steps_per_epoch": job.steps_per_epoch, "epochs": job.total_epochs},
+        src=ctx.topology.worker_ranks[0])
+
+
+def _serve(ctx: RankContext) -> dict:
+    """A server's life: learn what it serves, serve, and its report."""
+    config, topology = ctx.config, ctx.topology
+    described = ctx.transport.broadcast_object(None, src=topology.worker_ranks[0])
+    initial = described["initial"]
+    steps = described["steps_per_epoch"] or config.steps_per_epoch or UNKNOWN_STEPS
+    if described["epochs"]:
+        config = ctx.config = RunConfig(**{**config.given, "epochs": described["epochs"]})
+    layout = BucketLayout(len(initial), config.servers, config.bucket_kb)
+    spec, workers = STRATEGIES[config.strategy.name], config.workers
+    optimizer = described["optimizer"]
+    shard = ParameterServerShard(
+        ctx, initial, layout.of_server(ctx.rank), layout.capacity(ctx.rank),
+        lambda: spec.policy(config.strategy, workers), steps,
+        make_updater=lambda weights, a, b, concurrency: optimizer.updater(weights, a, b))
+    ctx.transport.barrier()  # the workers' first step starts the clock
+    ctx.started = time.perf_counter()
+    return play(ctx, shard)
+
+
+def _finish_worker(job: Job, record: RunRecord | None) -> None:
+    """`job.finish()`: leave the servers or peers, hand in the report, and leave the job."""
+    job.strategy.finish()
+    lost = agree_on_lost(job.ctx, set())
+    _finish(job.ctx, job.report(lost), record)
+
+
+def _finish(ctx: RankContext, report: dict, record: RunRecord | None) -> None:
+    """Gather every rank's report to rank 0, which records the run; leave together."""
+    reports = ctx.transport.gather_object(report, dst=0)
+    if reports is not None and record is not None:
+        result = _result(ctx, reports)
+        torch.save(result.state_dict, record.model_path)
+        complete_run(record, result.summary, result.epochs, result.series)
+    ctx.transport.barrier()
+    dist.destroy_process_group()
+
+
+def _result(ctx: RankContext, reports: list[dict]):
+    """The run's result: the final model (worker 0's state, its trained parameters from
+    the servers' shards or its own flat model), its last logged validation."""
+    first = next(r for r in reports if "model" in r)
+    state = first["model"]
+    flat = torch.cat([values for _, _, values in sorted(r["shard"] for r in reports
+                                                        if "shard" in r)])
+    offset = 0
+    for name in first["trained"]:
+        n = state[name].numel()
+        state[name] = flat[offset:offset + n].view_as(state[name]).clone()
+        offset += n
+    last = first["epochs"][-1] if first["epochs"] else {}
+    final = {k: last[k] for k in ("val_loss", "val_accuracy") if k in last}
+    result = combine(ctx.config, reports, state, final, offset, ctx.now())
+    result.summary["script"] = os.path.abspath(sys.argv[0])
+    result.summary["epochs"] = len(first["epochs"])  # the script's, whatever the config says
+    return result

@@ -1,0 +1,96 @@
+"""A user's torch.optim optimizer inside a job: as the Updater the workers step themselves
+(all-reduce, local SGD, ...), and as the OptimizerSpec the parameter servers rebuild on their
+slices of the flat model.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from polyrhythm.errors import ConfigError
+from polyrhythm.flat import FlatParameters
+from polyrhythm.optim import ELEMENTWISE, OptimizerSpec
+
+# Entries of a param group that are not hyperparameters, or that torch adds itself (a
+# scheduler's initial_lr).
+_NOT_HYPER = {"params", "initial_lr", "name"}
+
+
+class UserOptimizer:
+    """The user's optimizer as an optim.Updater on the flat model: `step` hands it the
+    update as its parameters' gradients and runs its own step (its class's, not the job's
+    wrapper), at its own rates (its scheduler's): the `lr` argument is the run's schedule,
+    which a user's optimizer does not follow."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, flat: FlatParameters) -> None:
+        self.optimizer, self.flat = optimizer, flat
+        self.weights = flat.data
+        self.linear = type(optimizer) is torch.optim.SGD
+
+    @torch.no_grad()
+    def step(self, grad: torch.Tensor, lr: float) -> None:
+        for p, (a, b) in zip(self.flat.params, self.flat.ranges, strict=True):
+            p.grad = grad[a:b].view_as(p)
+        type(self.optimizer).step(self.optimizer)
+
+    def state_dict(self) -> dict:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state)
+
+
+def trained_parameters(optimizer: torch.optim.Optimizer, flat: FlatParameters) -> list[int]:
+    """The group of each of the model's trained parameters, in flat order; one line if the
+    optimizer holds a parameter that is not the model's."""
+    group_of = {}
+    for g, group in enumerate(optimizer.param_groups):
+        for p in group["params"]:
+            group_of[id(p)] = g
+    ours = {id(p) for p in flat.params}
+    strangers = [k for k in group_of if k not in ours]
+    if any(p.requires_grad for group in optimizer.param_groups for p in group["params"]
+           if id(p) in strangers):
+        raise ConfigError("the optimizer holds parameters that are not the wrapped model's: "
+                          "wrap the model its parameters come from")
+    missing = [i for i, p in enumerate(flat.params) if id(p) not in group_of]
+    if missing:
+        raise ConfigError(f"the optimizer does not hold {len(missing)} of the model's "
+                          f"{len(flat.params)} trained parameters: give it model.parameters() "
+                          "(or freeze those with requires_grad_(False))")
+    return [group_of[id(p)] for p in flat.params]
+
+
+def rates(optimizer: torch.optim.Optimizer) -> list[float]:
+    """Each param group's learning rate now."""
+    return [float(group["lr"]) for group in optimizer.param_groups]
+
+
+def optimizer_spec(optimizer: torch.optim.Optimizer, flat: FlatParameters,
+                   strategy: str) -> OptimizerSpec:
+    """The user's optimizer as servers rebuild it: its class (one whose update of an element
+    reads only that element: others are one line), its group 0's hyperparameters, and each
+    parameter's span of the flat model with what its group sets otherwise (merged where
+    neighbours agree). A group's lr becomes its ratio to group 0's (optim.TorchUpdater)."""
+    cls = type(optimizer)
+    if ELEMENTWISE.get(cls.__name__) is not cls:
+        raise ConfigError(f"{cls.__name__} is not an elementwise optimizer (its update "
+                          f"reads a whole tensor), so {strategy}'s servers cannot step it "
+                          f"on their slices: use one of {', '.join(ELEMENTWISE)}, or a "
+                          "strategy without servers (allreduce, localsgd, ...)")
+    groups = [{k: v for k, v in g.items() if k not in _NOT_HYPER}
+              for g in optimizer.param_groups]
+    # Its constructor's arguments (a group may hold more: AdamW's decoupled_weight_decay).
+    accepted = inspect.signature(cls.__init__).parameters
+    hyper = {k: v for k, v in groups[0].items() if k in accepted}
+    owner = trained_parameters(optimizer, flat)
+    spans: list[tuple[int, int, dict]] = []
+    for g, (a, b) in zip(owner, flat.ranges, strict=True):
+        over = {k: v for k, v in groups[g].items() if k not in hyper or hyper[k] != v}
+        if spans and spans[-1][2] == over and spans[-1][1] == a:
+            spans[-1] = (spans[-1][0], b, over)
+        else:
+            spans.append((a, b, over))
+    return OptimizerSpec(cls.__name__, hyper, spans)
