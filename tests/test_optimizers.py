@@ -2,6 +2,8 @@
 torch.optim in one process, and its settings' one-line errors. Same reference as
 test_equivalence.py (helpers.reference_parameters), with the run's optimizer class."""
 
+from functools import partial
+
 import pytest
 import torch
 
@@ -11,7 +13,7 @@ from polyrhythm.config import RunConfig, make_config
 from polyrhythm.config.declared import OPTIMIZERS
 from polyrhythm.errors import ConfigError
 from polyrhythm.optim import STATE_KEYS, TORCH_OPTIMIZERS, state_of, state_pieces, updater
-from polyrhythm.runtime.server import Bucket
+from polyrhythm.runtime.server import Bucket, run_updater
 from polyrhythm.strategies.consistency import AsynchronousPolicy, SoftSynchronousPolicy
 
 ADAMW = {"optimizer": "adamw", "lr": 0.003, "betas": [0.8, 0.99], "weight_decay": 0.1}
@@ -95,7 +97,8 @@ def adam_bucket(policy):
     settings = RunConfig(optimizer="adam", lr=0.01).optimizer
     param = torch.nn.Parameter(initial.clone())
     reference = torch.optim.Adam([param], weight_decay=settings.weight_decay)
-    return Bucket(initial, 0, 50, policy, settings), settings, param, reference
+    return (Bucket(initial, 0, 50, policy, partial(run_updater, settings)), settings, param,
+            reference)
 
 
 def test_an_asynchronous_push_scales_adams_step_by_its_batch_share():

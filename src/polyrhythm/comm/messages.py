@@ -4,7 +4,8 @@
           worker -> server, tag 0; padded to the server's largest bucket, so one receive
           buffer per worker fits every push of that worker; `lr` is the rate the worker's
           optimizer steps at now (a script's scheduler drives the servers' rate through
-          it: runtime/script.py), 0 where the servers follow the run's own schedule
+          it: runtime/script.py), RUN_SCHEDULE (negative) where the servers follow the
+          run's own schedule
   reply = [version, over, progress, parameter slice ...]
           server -> worker, tag = bucket id, so replies may arrive in any order; `over` is
           1 once the server has ended training (k-BSP and backup workers: the run's rounds
@@ -29,6 +30,7 @@ fields exactly up to 2**24 (16.7 million clocks, versions or buckets).
 """
 
 PUSH_HEADER = 6
+RUN_SCHEDULE = -1.0  # a push's lr: the servers' own schedule (0 is a rate: a cosine's end)
 REPLY_HEADER = 3
 HANDOVER = 1 << 20  # a tag no bucket id reaches
 HANDOVER_HEADER = 2

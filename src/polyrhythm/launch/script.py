@@ -123,7 +123,8 @@ def _record(config, rank: int) -> RunRecord | None:
 
 def _failing(rank: int, config, record: RunRecord | None, run_dir: Path | None):
     """An excepthook: the error in one line with the script's line it came from, for the
-    launcher (a report in the run's logs) and the record (rank 0's), then the traceback."""
+    launcher (a report in the run's logs) and the record (rank 0's), then the traceback,
+    and the process ends."""
     def hook(kind, exc, trace) -> None:
         failure = RankFailure.of(rank, exc)
         script = os.path.abspath(sys.argv[0])
@@ -138,6 +139,11 @@ def _failing(rank: int, config, record: RunRecord | None, run_dir: Path | None):
             who = Topology(config.servers, config.workers).describe(rank)
             fail_run(record, f"rank {rank} ({who}): {failure.error}")
         sys.__excepthook__(kind, exc, trace)
+        # Out now: tearing down a process group whose peers are failing too can abort
+        # (SIGABRT), which would read as a crash rather than the error reported.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
     return hook
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from polyrhythm.context import Topology
 from polyrhythm.errors import RunFailed
-from polyrhythm.launch.failures import Kind, rank_failed, read_reports, recorded_failure
+from polyrhythm.launch.failures import cause, rank_failed, read_reports, recorded_failure
 from polyrhythm.launch.local import (
     CHILD_ENVIRONMENT,
     GRACE_S,
@@ -117,14 +117,15 @@ def _supervise(procs: list[subprocess.Popen], topology: Topology, record: RunRec
 
 def _failure(procs: list[subprocess.Popen], rank: int, topology: Topology,
              record: RunRecord) -> RunFailed:
-    """The rank that explains the run's end: one that reported its own error (the script
-    raised there), else the first that failed."""
+    """The rank that explains the run's end, among those that ended by themselves (not
+    stopped here) or reported an error: launch/failures.py's `cause`."""
+    codes = {r: p.returncode for r, p in enumerate(procs)
+             if p.poll() is not None and p.returncode != 0}
     _stop(procs)
     reports = read_reports(record.dir)
-    own = sorted(r for r, f in reports.items() if f.kind not in (Kind.SILENT, Kind.LOST))
-    first = own[0] if own else rank
-    return rank_failed(first, procs[first].returncode, reports.get(first),
-                       record.log_path(first), topology)
+    first = cause(sorted(set(codes) | set(reports)), codes, reports)
+    return rank_failed(first, codes.get(first), reports.get(first), record.log_path(first),
+                       topology)
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import time
 import types
+import weakref
 from collections.abc import Iterable, Iterator
 
 import torch
@@ -59,6 +60,7 @@ class Job:
         self.batch_size = 0  # examples a step, known once a loader is made (for records)
         self.servers_spec = None  # the optimizer the servers rebuild (runtime/optimizers.py)
         self._logged: dict[str, float] = {}
+        self._samplers: weakref.WeakSet[ShardSampler] = weakref.WeakSet()
         self._losses: list[torch.Tensor] = []  # this step's backward losses
         self._rates: list[float] = []
         self._epoch, self._taken, self._first_step, self._shown = 0, 0, True, 0.0
@@ -103,6 +105,8 @@ class Job:
         self.total_epochs = n
         for epoch in range(len(self.epochs_done), n):
             self._epoch = epoch
+            for sampler in self._samplers:  # those the script keeps from epoch to epoch
+                sampler.epoch = epoch
             yield epoch
             self._end_epoch()
 
@@ -110,7 +114,10 @@ class Job:
         """A sampler of this worker's shard of `dataset` for the script's own DataLoader
         (torch.utils.data.DataLoader(dataset, batch_size, sampler=job.sampler(dataset)))."""
         seed = self.ctx.config.seed if self.ctx else seed
-        return ShardSampler(len(dataset), self.worker, self.workers, shuffle, seed)
+        sampler = ShardSampler(len(dataset), self.worker, self.workers, shuffle, seed)
+        sampler.epoch = self._epoch  # made anew each epoch, it still shuffles for the epoch
+        self._samplers.add(sampler)
+        return sampler
 
     def loader(self, dataset, batch_size: int, shuffle: bool = True, **kwargs) -> Iterable:
         """This worker's batches of its shard of `dataset` (`batch_size` per worker, as in

@@ -18,7 +18,13 @@ from functools import partial
 
 import torch
 
-from polyrhythm.comm.messages import HANDOVER, HANDOVER_HEADER, PUSH_HEADER, REPLY_HEADER
+from polyrhythm.comm.messages import (
+    HANDOVER,
+    HANDOVER_HEADER,
+    PUSH_HEADER,
+    REPLY_HEADER,
+    RUN_SCHEDULE,
+)
 from polyrhythm.comm.transport import PeerLost
 from polyrhythm.config.servers import CONTINUE
 from polyrhythm.context import RankContext
@@ -64,7 +70,7 @@ class Bucket:
         self.pending_share = 0.0  # the sum of weight x scale: global batches' worth of step
         self.version = 0  # weight updates applied so far
         self.progress = 0.0  # global batches' worth of gradient applied (drives lr decay)
-        self.lr = 0.0  # the rate the last push carried (a script's scheduler); 0: the run's
+        self.lr = RUN_SCHEDULE  # the rate the last push carried (a script's scheduler)
 
     @property
     def over(self) -> bool:
@@ -75,9 +81,10 @@ class Bucket:
         self.outbox[1] = 1
 
     def accumulate(self, grad: torch.Tensor, weight: float, scale: float = 1.0,
-                   lr: float = 0.0) -> None:
+                   lr: float = RUN_SCHEDULE) -> None:
         """Add a gradient with its batch weight; `scale` shrinks its step, not its weight;
-        `lr`, the rate its worker's optimizer steps at now (0: the run's schedule's)."""
+        `lr`, the rate its worker's optimizer steps at now (RUN_SCHEDULE: the run's
+        schedule's)."""
         self.lr = lr
         self.pending.add_(grad[:self.stop - self.start], alpha=weight * scale)
         self.pending_weight += weight
@@ -96,7 +103,7 @@ class Bucket:
         else:
             # Small tolerance: weights like 1/3 do not sum to exact integers in floating point.
             epoch = math.floor(self.progress / steps_per_epoch + 1e-6)
-            self._step(self.lr or lr_at(optimizer, epoch))
+            self._step(lr_at(optimizer, epoch) if self.lr < 0 else self.lr)
         if before is not None:
             policy.on_update(float((self.weights - before).abs().max()))
         self.pending.zero_()

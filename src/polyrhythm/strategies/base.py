@@ -33,11 +33,11 @@ class Strategy(ABC):
     worker's share of the global batch (b_i / B), so weighted gradients sum to the global mean.
     `settings` are the strategy's own (its declared parameters). A strategy talks to servers
     and peers only through `ctx.transport`. `rate`: where the run is a user's script, the
-    rate its optimizer steps at now (its scheduler's), which servers step at too; 0 where
+    rate its optimizer steps at now (its scheduler's), which servers step at too; None where
     they follow the run's [optimizer] schedule.
     """
 
-    rate: float = 0.0
+    rate: float | None = None
 
     def __init__(self, ctx: RankContext, flat: FlatParameters, batch_weight: float,
                  settings: Settings) -> None:

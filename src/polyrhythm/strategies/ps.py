@@ -14,7 +14,7 @@ from functools import partial
 
 import torch
 
-from polyrhythm.comm.messages import PUSH_HEADER, REPLY_HEADER
+from polyrhythm.comm.messages import PUSH_HEADER, REPLY_HEADER, RUN_SCHEDULE
 from polyrhythm.context import RankContext
 from polyrhythm.layout import BucketLayout
 from polyrhythm.optim import lr_at
@@ -40,7 +40,7 @@ class ServerLink:
         self.sends: list = [None] * len(self.buckets)
         self.receives: list = []
         self.first_sent: float | None = None  # when the first message left (ctx.now())
-        self.lr = 0.0  # the rate pushes carry (0: the servers follow the run's schedule)
+        self.lr = RUN_SCHEDULE  # the rate pushes carry (a script's scheduler's)
 
     def expect_replies(self) -> None:
         """Post every bucket's receive before sending, so a reply never waits for it."""
@@ -132,7 +132,7 @@ class ParameterServerWorker(Strategy):
             p.register_post_accumulate_grad_hook(partial(self._on_grad, i))
 
     def begin_step(self, epoch: int) -> None:
-        self.link.lr = self.rate
+        self.link.lr = RUN_SCHEDULE if self.rate is None else self.rate
         self.pushing, self.fetching = self.cadence.step()
         self.missing = list(self.needs) if self.pushing else []
         if self.fetching:

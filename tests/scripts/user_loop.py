@@ -1,0 +1,95 @@
+"""A user's training script, as tests run it (tests/test_script.py): a small regression
+with AdamW over two param groups (weight decay on weights only) and a cosine schedule, or
+plain SGD; `--ddp` trains the same under torch's DistributedDataParallel instead (torchrun),
+`--fault` breaks it one way. The final parameters are saved by worker 0 to --save."""
+
+import argparse
+
+import torch
+import torch.nn.functional as F
+
+import polyrhythm as pr
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--optimizer", default="adamw", choices=["adamw", "sgd", "adafactor"])
+parser.add_argument("--epochs", type=int, default=4)
+parser.add_argument("--save")
+parser.add_argument("--ddp", action="store_true")
+parser.add_argument("--fault", choices=["wrap-twice", "unwrapped", "seed", "raise"])
+EXAMPLES, BATCH = 160, 16  # 2 workers: 5 steps an epoch
+
+
+def build(optimizer: str, seed: int = 0):
+    """The model, its optimizer and its schedule."""
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    opt = make_optimizer(model, optimizer)
+    return model, opt, torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=16)
+
+
+def make_optimizer(model, optimizer: str):
+    if optimizer == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    if optimizer == "adafactor":
+        return torch.optim.Adafactor(model.parameters(), lr=0.01)
+    decay = [p for n, p in model.named_parameters() if n.endswith("weight")]
+    rest = [p for n, p in model.named_parameters() if not n.endswith("weight")]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                              {"params": rest, "weight_decay": 0.0}], lr=0.02)
+
+
+def data() -> torch.utils.data.TensorDataset:
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(EXAMPLES, 8, generator=g)
+    return torch.utils.data.TensorDataset(x, (x.sum(1, keepdim=True) * 0.5).sin())
+
+
+def ddp(args) -> None:
+    import torch.distributed as dist
+
+    from polyrhythm.runtime.script_data import ShardSampler
+
+    dist.init_process_group("gloo")
+    model, opt, sched = build(args.optimizer)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    # The shards polyrhythm's loader gives (seed 0), so both see the same batches.
+    sampler = ShardSampler(EXAMPLES, dist.get_rank(), dist.get_world_size(), seed=0)
+    for _ in range(args.epochs):
+        for x, y in torch.utils.data.DataLoader(data(), batch_size=BATCH, sampler=sampler):
+            F.mse_loss(ddp(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+            sched.step()
+    if dist.get_rank() == 0:
+        torch.save(model.state_dict(), args.save)
+    dist.destroy_process_group()
+
+
+def main(args) -> None:
+    job = pr.init()
+    model, opt, sched = build(args.optimizer, seed=job.worker if args.fault == "seed" else 0)
+    model, opt = job.wrap(model, opt)
+    if args.fault == "wrap-twice":
+        job.wrap(model, opt)
+    for epoch in job.epochs(args.epochs):
+        for x, y in job.loader(data(), batch_size=BATCH):
+            loss = F.mse_loss(model(x), y)
+            loss.backward()
+            if args.fault == "raise" and job.worker == 1 and epoch == 1:
+                raise ValueError("the user's own bug")
+            if args.fault == "unwrapped":
+                torch.optim.SGD(model.parameters(), lr=0.1).step()
+            opt.step()
+            opt.zero_grad()
+            sched.step()
+        with torch.no_grad():
+            x, y = data().tensors
+            job.log(val_loss=F.mse_loss(model(x), y))
+    if args.save and job.worker == 0:
+        torch.save(model.state_dict(), args.save)
+    job.finish()
+
+
+if __name__ == "__main__":
+    arguments = parser.parse_args()
+    ddp(arguments) if arguments.ddp else main(arguments)
