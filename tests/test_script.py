@@ -72,10 +72,13 @@ def in_group(command: list[str], cwd: Path, env: dict) -> None:
     assert proc.returncode == 0, output.decode(errors="replace")[-2000:]
 
 
-def test_bsp_with_two_servers_and_adamw_groups_gives_one_process(tmp_path: Path) -> None:
+@pytest.mark.parametrize("epochs", [[], ["--plain-epochs"]])
+def test_bsp_with_two_servers_and_adamw_groups_gives_one_process(tmp_path: Path,
+                                                                epochs: list[str]) -> None:
     """AdamW with weight decay on the weights only, a cosine schedule: the servers step the
-    script's optimizer on their slices at the rate each push carries."""
-    summary = run(tmp_path, strategy="bsp", servers=2, workers=2)
+    script's optimizer on their slices at the rate each push carries. Epochs counted by
+    job.epochs or, in a plain range, by each pass of the loader: the same."""
+    summary = run(tmp_path, *epochs, strategy="bsp", servers=2, workers=2)
     model = torch.load(RunRecord(tmp_path / "runs", summary["run_id"]).model_path)
     assert farthest(model, one_process(workers=2)) <= 1e-5
     assert summary["epochs"] == EPOCHS and summary["weight_updates"] == 5 * EPOCHS

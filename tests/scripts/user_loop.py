@@ -15,6 +15,8 @@ parser.add_argument("--optimizer", default="adamw", choices=["adamw", "sgd", "ad
 parser.add_argument("--epochs", type=int, default=4)
 parser.add_argument("--save")
 parser.add_argument("--ddp", action="store_true")
+parser.add_argument("--plain-epochs", action="store_true",
+                    help="range(epochs), not job.epochs: each pass of the loader is an epoch")
 parser.add_argument("--fault", choices=["wrap-twice", "unwrapped", "seed", "raise"])
 EXAMPLES, BATCH = 160, 16  # 2 workers: 5 steps an epoch
 
@@ -71,7 +73,7 @@ def main(args) -> None:
     model, opt = job.wrap(model, opt)
     if args.fault == "wrap-twice":
         job.wrap(model, opt)
-    for epoch in job.epochs(args.epochs):
+    for epoch in range(args.epochs) if args.plain_epochs else job.epochs(args.epochs):
         for x, y in job.loader(data(), batch_size=BATCH):
             loss = F.mse_loss(model(x), y)
             loss.backward()

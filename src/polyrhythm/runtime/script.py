@@ -59,6 +59,7 @@ class Job:
         self.total_epochs: int | None = None  # known once epochs(n) is called
         self.batch_size = 0  # examples a step, known once a loader is made (for records)
         self.servers_spec = None  # the optimizer the servers rebuild (runtime/optimizers.py)
+        self.ended_pass = False  # a loader pass ended the epoch, which ends at the next
         self._logged: dict[str, float] = {}
         self._samplers: weakref.WeakSet[ShardSampler] = weakref.WeakSet()
         self._losses: list[torch.Tensor] = []  # this step's backward losses
@@ -104,11 +105,14 @@ class Job:
         the script moves on to the next."""
         self.total_epochs = n
         for epoch in range(len(self.epochs_done), n):
-            self._epoch = epoch
-            for sampler in self._samplers:  # those the script keeps from epoch to epoch
-                sampler.epoch = epoch
+            self._begin_epoch(epoch)
             yield epoch
             self._end_epoch()
+
+    def _begin_epoch(self, epoch: int) -> None:
+        self._epoch = epoch
+        for sampler in self._samplers:  # those the script keeps from epoch to epoch
+            sampler.epoch = epoch
 
     def sampler(self, dataset, shuffle: bool = True, seed: int = 0) -> ShardSampler:
         """A sampler of this worker's shard of `dataset` for the script's own DataLoader
@@ -124,7 +128,7 @@ class Job:
         DDP), reshuffled each epoch: a torch DataLoader over `sampler`."""
         loader = shard_loader(self.sampler(dataset, shuffle), dataset, batch_size, **kwargs)
         self.steps_per_epoch, self.batch_size = len(loader), batch_size
-        return loader
+        return EpochOfBatches(self, loader)
 
     def log(self, **metrics: float) -> None:
         """Figures of the epoch now (val_loss, val_accuracy, anything): stored with it; a
@@ -135,6 +139,9 @@ class Job:
 
     def finish(self) -> None:
         """The script is done: the run is recorded (rank 0) and this process leaves the job."""
+        if self.ended_pass:
+            self.ended_pass = False
+            self._end_epoch()
         if self._finish is not None:
             self._finish(self)
 
@@ -281,6 +288,27 @@ class Job:
             raise ConfigError(f"worker {differ[0]}'s initial parameters differ from worker "
                               "0's: build the model the same way on every worker (call "
                               "torch.manual_seed with the same seed before building it)")
+
+
+class EpochOfBatches:
+    """A worker's DataLoader over its shard. Where the script does not count its epochs
+    with job.epochs, going through it once is an epoch: it ends when the next pass begins
+    (or the job finishes), so what the script logs after a pass is that epoch's."""
+
+    def __init__(self, job: Job, loader: torch.utils.data.DataLoader) -> None:
+        self.job, self.loader = job, loader
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator:
+        job = self.job
+        if job.ended_pass:  # what the script logged after the last pass is that epoch's
+            job.ended_pass = False
+            job._end_epoch()
+            job._begin_epoch(job._epoch + 1)
+        yield from self.loader
+        job.ended_pass = job.total_epochs is None
 
 
 def _wrapped_step(optimizer: torch.optim.Optimizer, closure=None) -> None:
