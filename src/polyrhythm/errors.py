@@ -42,3 +42,8 @@ class Diverged(PolyrhythmError):
 class ClusterError(PolyrhythmError):
     """An emulated cluster that cannot be made or used here: not root, no `ip` or `tc`, no
     cgroup CPU controller, or a command that failed."""
+
+
+def one_line(exc: BaseException) -> str:
+    """An error's first line ('' if it has no words)."""
+    return str(exc).splitlines()[0] if str(exc) else ""

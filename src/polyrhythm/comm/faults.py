@@ -21,16 +21,13 @@ was, type and traceback, for the layers above, which go by type.
 
 from __future__ import annotations
 
+from polyrhythm.errors import one_line
+
 # Gloo's words for a connection that broke (tcp/pair.cc) and for a wait past the timeout
 # (tcp/unbound_buffer.cc, for receives and sends alike).
 _CLOSED = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
            "Read error", "Write error")
 _TIMED_OUT = ("Timed out waiting",)
-
-
-def one_line(exc: BaseException) -> str:
-    """An error's first line ('' if it has no words)."""
-    return str(exc).splitlines()[0] if str(exc) else ""
 
 
 class PeerFault(Exception):

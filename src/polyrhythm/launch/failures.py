@@ -19,8 +19,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TextIO
 
-from polyrhythm.comm.faults import PeerLost, PeerSilent, one_line
-from polyrhythm.errors import Diverged, PolyrhythmError, RunFailed
+from polyrhythm.comm.faults import PeerLost, PeerSilent
+from polyrhythm.errors import Diverged, PolyrhythmError, RunFailed, one_line
 from polyrhythm.metrics.records import RunRecord, fail_run
 from polyrhythm.runtime.checkpoint import complete_epochs
 

@@ -10,8 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from polyrhythm.comm.faults import one_line
-from polyrhythm.errors import PolyrhythmError, RunFailed, StoreError
+from polyrhythm.errors import PolyrhythmError, RunFailed, StoreError, one_line
 from polyrhythm.sweep.plan import PlannedRun, Sweep
 from polyrhythm.sweep.progress import SweepProgress
 from polyrhythm.sweep.store import SweepStore
