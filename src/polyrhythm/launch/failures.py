@@ -93,6 +93,17 @@ def write_report(run_dir: Path, failure: RankFailure) -> None:
         report_path(run_dir, failure.rank).write_text(json.dumps(failure.as_dict()))
 
 
+def rank_ended(rank: int, failure: RankFailure | None, reason: str, topology,
+               run_dir: Path | None, record: RunRecord | None) -> None:
+    """What rank `rank`, ending with an error, leaves: its report for a launcher that watches
+    the run (`failure` None: it was stopped, nothing to report), and where it holds the
+    record (rank 0), the run recorded as failed with `reason`."""
+    if failure is not None and run_dir is not None:
+        write_report(run_dir, failure)
+    if record is not None:
+        fail_run(record, f"rank {rank} ({topology.describe(rank)}): {reason}")
+
+
 def read_reports(run_dir: Path) -> dict[int, RankFailure]:
     """The reports the ranks of a run left, by rank."""
     found = {}

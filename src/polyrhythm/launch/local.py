@@ -54,7 +54,7 @@ RENDEZVOUS_FILE = "rendezvous"
 GRACE_S = 3.0
 SERVER_DEATH_GRACE_S = 0.2
 CHILD_ENVIRONMENT = {"GOMP_SPINCOUNT": "10000", "GLOO_SOCKET_IFNAME": "lo"}
-_PR_SET_NAME, _PR_SET_PDEATHSIG = 15, 1
+_PR_SET_NAME, PR_SET_PDEATHSIG = 15, 1
 
 
 def process_name(rank: int) -> str:
@@ -328,7 +328,7 @@ def _bind_to_parent(rank: int, alive) -> None:
     relied on to exit first). PR_SET_PDEATHSIG ends it if the forkserver is killed."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         libc.prctl(_PR_SET_NAME, process_name(rank).encode())
     except (OSError, AttributeError):
         pass  # not Linux: the watch below and the supervisor's teardown still apply

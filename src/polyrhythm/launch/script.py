@@ -31,13 +31,12 @@ from polyrhythm.comm.transport import Transport
 from polyrhythm.config import RunConfig, load_config
 from polyrhythm.context import RankContext, Topology
 from polyrhythm.errors import ConfigError
-from polyrhythm.launch.failures import RankFailure, write_report
+from polyrhythm.launch.failures import RankFailure, rank_ended
 from polyrhythm.launch.rank import latency
-from polyrhythm.layout import BucketLayout
-from polyrhythm.metrics.records import RunRecord, complete_run, fail_run, start_run
-from polyrhythm.runtime.job import play
+from polyrhythm.launch.torchrun import env_int, job_record
+from polyrhythm.metrics.records import RunRecord, complete_run
+from polyrhythm.runtime.job import play, server_shard
 from polyrhythm.runtime.script import Job, recording_backward, stepping_unwrapped
-from polyrhythm.runtime.server import ParameterServerShard
 from polyrhythm.runtime.summary import combine
 from polyrhythm.runtime.survivors import agree_on_lost
 from polyrhythm.strategies import STRATEGIES
@@ -67,8 +66,7 @@ def init() -> Job:
     if STRATEGIES[config.strategy.name].family == SWITCHING:
         raise ConfigError(f"{config.strategy.name} does not run from a script yet: use "
                           "polyrhythm train, or another strategy")
-    record = _record(config, rank)
-    run_dir = record.dir if record else _run_dir(config)
+    record, run_dir = job_record(config, rank, os.environ.get(ENV_RUN_ID))
     sys.excepthook = _failing(rank, config, record, run_dir)
     rendezvous = os.environ.get(ENV_RENDEZVOUS)
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}" if rendezvous
@@ -102,23 +100,7 @@ def job_config() -> RunConfig:
 
 
 def _env_int(name: str) -> int:
-    try:
-        return int(os.environ[name])
-    except (KeyError, ValueError):
-        raise ConfigError(f"{name} is not set: start the script with polyrhythm run or "
-                          "torchrun") from None
-
-
-def _run_dir(config) -> Path | None:
-    run_id = os.environ.get(ENV_RUN_ID)
-    return Path(config.out) / run_id if run_id else None
-
-
-def _record(config, rank: int) -> RunRecord | None:
-    if rank != 0:
-        return None
-    run_id = os.environ.get(ENV_RUN_ID)
-    return RunRecord(Path(config.out), run_id) if run_id else start_run(config)
+    return env_int(name, "start the script with polyrhythm run or torchrun")
 
 
 def _failing(rank: int, config, record: RunRecord | None, run_dir: Path | None):
@@ -133,11 +115,8 @@ def _failing(rank: int, config, record: RunRecord | None, run_dir: Path | None):
             failure = RankFailure(rank, failure.kind,
                                   f"{failure.error} ({Path(script).name}, line "
                                   f"{lines[-1].lineno})")
-        if run_dir is not None:
-            write_report(run_dir, failure)
-        if record is not None:
-            who = Topology(config.servers, config.workers).describe(rank)
-            fail_run(record, f"rank {rank} ({who}): {failure.error}")
+        rank_ended(rank, failure, failure.error, Topology(config.servers, config.workers), run_dir,
+                   record)
         sys.__excepthook__(kind, exc, trace)
         # Out now: tearing down a process group whose peers are failing too can abort
         # (SIGABRT), which would read as a crash rather than the error reported.
@@ -164,13 +143,9 @@ def _serve(ctx: RankContext) -> dict:
     steps = described["steps_per_epoch"] or config.steps_per_epoch or UNKNOWN_STEPS
     if described["epochs"]:
         config = ctx.config = RunConfig(**{**config.given, "epochs": described["epochs"]})
-    layout = BucketLayout(len(initial), config.servers, config.bucket_kb)
-    spec, workers = STRATEGIES[config.strategy.name], config.workers
     optimizer = described["optimizer"]
-    shard = ParameterServerShard(
-        ctx, initial, layout.of_server(ctx.rank), layout.capacity(ctx.rank),
-        lambda: spec.policy(config.strategy, workers), steps,
-        make_updater=lambda weights, a, b, concurrency: optimizer.updater(weights, a, b))
+    shard = server_shard(ctx, initial, steps, make_updater=lambda weights, a, b, concurrency:
+                         optimizer.updater(weights, a, b))
     ctx.transport.barrier()  # the workers' first step starts the clock
     ctx.started = time.perf_counter()
     return play(ctx, shard)

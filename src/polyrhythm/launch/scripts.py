@@ -23,13 +23,12 @@ from polyrhythm.launch.failures import cause, rank_failed, read_reports, recorde
 from polyrhythm.launch.local import (
     CHILD_ENVIRONMENT,
     GRACE_S,
+    PR_SET_PDEATHSIG,
     raise_interrupt,
     signal_handlers,
 )
 from polyrhythm.launch.script import ENV_CONFIG, ENV_RENDEZVOUS, ENV_RUN_ID
 from polyrhythm.metrics.records import RunRecord, read_summary
-
-_PR_SET_PDEATHSIG = 1
 
 
 def launch_script(config, record: RunRecord, script: str, args: list[str],
@@ -69,8 +68,7 @@ def _environment(config, topology: Topology, record: RunRecord, rank: int,
                  rendezvous: Path) -> dict[str, str]:
     threads = 1 if topology.role(rank) == "server" else (
         config.threads or max(1, (os.cpu_count() or 1) // topology.workers))
-    return {**os.environ, **CHILD_ENVIRONMENT, **{k: v for k, v in os.environ.items()
-                                                  if k in CHILD_ENVIRONMENT},
+    return {**CHILD_ENVIRONMENT, **os.environ,  # a value the user set is kept
             "RANK": str(rank), "WORLD_SIZE": str(topology.world_size),
             "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(topology.world_size),
             "OMP_NUM_THREADS": str(threads), ENV_CONFIG: str(record.dir / "config.toml"),
@@ -81,7 +79,7 @@ def _environment(config, topology: Topology, record: RunRecord, rank: int,
 def _die_with_launcher() -> None:
     import ctypes
 
-    ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _copy_output(proc: subprocess.Popen, log: Path, show) -> threading.Thread:

@@ -28,17 +28,28 @@ from polyrhythm.config import load_config
 from polyrhythm.config.emulation import host_ranks
 from polyrhythm.context import Topology
 from polyrhythm.errors import ConfigError, PolyrhythmError
-from polyrhythm.launch.failures import Kind, RankFailure, kind_of, one_line, write_report
+from polyrhythm.launch.failures import Kind, RankFailure, kind_of, one_line, rank_ended
 from polyrhythm.launch.local import raise_interrupt
 from polyrhythm.launch.rank import lifecycle
-from polyrhythm.metrics.records import RunRecord, fail_run, start_run, summary_json_line
+from polyrhythm.metrics.records import RunRecord, start_run, summary_json_line
 
 
-def _env_int(name: str) -> int:
+def env_int(name: str, start: str = "start this module with torchrun") -> int:
+    """A torchrun variable of this process's environment; one line if it is not set."""
     try:
         return int(os.environ[name])
     except (KeyError, ValueError):
-        raise ConfigError(f"{name} is not set: start this module with torchrun") from None
+        raise ConfigError(f"{name} is not set: {start}") from None
+
+
+def job_record(config, rank: int, run_id: str | None) -> tuple[RunRecord | None, Path | None]:
+    """(the run record rank 0 completes: a new one, or `run_id`'s made by a launcher; the
+    run's folder, where every rank writes its checkpoints and failure report, None where no
+    launcher named the run on a rank other than 0)."""
+    record = None
+    if rank == 0:
+        record = RunRecord(Path(config.out), run_id) if run_id else start_run(config)
+    return record, (record.dir if record else (Path(config.out) / run_id if run_id else None))
 
 
 def _log_progress(event: dict) -> None:
@@ -50,12 +61,12 @@ def _log_progress(event: dict) -> None:
 
 def host_of_this_rank(config) -> list[int]:
     """The job ranks on this rank's host; with `hosts` set, as the placement says."""
-    local_rank, local_size = _env_int("LOCAL_RANK"), _env_int("LOCAL_WORLD_SIZE")
+    local_rank, local_size = env_int("LOCAL_RANK"), env_int("LOCAL_WORLD_SIZE")
     if not config.cluster.hosts:
-        first = _env_int("RANK") - local_rank
+        first = env_int("RANK") - local_rank
         return list(range(first, first + local_size))
     layout = host_ranks(config.cluster, config.servers, config.workers)
-    nodes, node = _env_int("GROUP_WORLD_SIZE"), _env_int("GROUP_RANK")
+    nodes, node = env_int("GROUP_WORLD_SIZE"), env_int("GROUP_RANK")
     if nodes != len(layout):
         raise ConfigError(f"torchrun started {nodes} nodes but the config places the job on "
                           f"{len(layout)} hosts")
@@ -68,17 +79,14 @@ def host_of_this_rank(config) -> list[int]:
 def run_node(config_path: str, run_id: str | None = None) -> dict | None:
     """Run this rank of a torchrun job; job rank 0 returns the completed summary."""
     config = load_config(config_path)
-    world = _env_int("WORLD_SIZE")
+    world = env_int("WORLD_SIZE")
     if world != config.world_size:
         raise ConfigError(f"torchrun started {world} processes but the config needs "
                           f"{config.world_size} ({config.servers} servers + {config.workers} "
                           "workers)")
     here = host_of_this_rank(config)
-    rank = here[_env_int("LOCAL_RANK")]
-    record = None
-    if rank == 0:
-        record = RunRecord(Path(config.out), run_id) if run_id else start_run(config)
-    run_dir = record.dir if record else (Path(config.out) / run_id if run_id else None)
+    rank = here[env_int("LOCAL_RANK")]
+    record, run_dir = job_record(config, rank, run_id)
     # torchrun stops the surviving ranks with SIGTERM when one fails: let rank 0 record it.
     signal.signal(signal.SIGTERM, raise_interrupt)
     try:
@@ -89,15 +97,10 @@ def run_node(config_path: str, run_id: str | None = None) -> dict | None:
                          record, progress=_log_progress,
                          local_workers=sum(r >= config.servers for r in here), run_dir=run_dir)
     except BaseException as exc:
-        reason = "stopped by torchrun"
-        if not isinstance(exc, KeyboardInterrupt):
-            failure = RankFailure.of(rank, exc)
-            reason = failure.error
-            if run_dir is not None:  # for a launcher that watches the run (emulated.py)
-                write_report(run_dir, failure)
-        if record:
-            who = Topology(config.servers, config.workers).describe(rank)
-            fail_run(record, f"rank {rank} ({who}): {reason}")
+        stopped = isinstance(exc, KeyboardInterrupt)
+        failure = None if stopped else RankFailure.of(rank, exc)
+        rank_ended(rank, failure, "stopped by torchrun" if stopped else failure.error,
+                   Topology(config.servers, config.workers), run_dir, record)
         raise
 
 

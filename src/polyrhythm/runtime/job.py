@@ -20,7 +20,7 @@ from polyrhythm.flat import FlatParameters
 from polyrhythm.layout import BucketLayout
 from polyrhythm.metrics.sampler import ResourceSampler
 from polyrhythm.models.build import build_model
-from polyrhythm.runtime.server import ParameterServerShard
+from polyrhythm.runtime.server import MakeUpdater, ParameterServerShard
 from polyrhythm.runtime.summary import RunResult, summarise
 from polyrhythm.runtime.survivors import agree_on_lost
 from polyrhythm.runtime.worker import Worker
@@ -83,12 +83,21 @@ def build_role(ctx: RankContext, plan: DataPlan,
     if ctx.topology.role(ctx.rank) == "worker":
         return Worker(ctx, *load_part(source, plan, ctx.worker_index), steps)
     initial = FlatParameters(build_model(config.model, plan.shape, plan.classes, config.seed))
+    return server_shard(ctx, initial.data, steps)
+
+
+def server_shard(ctx: RankContext, initial: torch.Tensor, steps: int,
+                 make_updater: MakeUpdater | None = None) -> ParameterServerShard:
+    """This rank's parameter-server shard of the flat model `initial` (its buckets, as the
+    layout gives them), under the run's strategy, with epochs of `steps` global batches;
+    `make_updater`: its buckets' optimizer (the run's by default)."""
+    config = ctx.config
     layout = BucketLayout(len(initial), config.servers, config.bucket_kb)
     spec, workers = STRATEGIES[config.strategy.name], config.workers
-    return ParameterServerShard(ctx, initial.data, layout.of_server(ctx.rank),
+    return ParameterServerShard(ctx, initial, layout.of_server(ctx.rank),
                                 layout.capacity(ctx.rank),
                                 lambda: spec.policy(config.strategy, workers), steps,
-                                handover=spec.family == SWITCHING)
+                                handover=spec.family == SWITCHING, make_updater=make_updater)
 
 
 def play(ctx: RankContext, role: Worker | ParameterServerShard) -> dict:

@@ -45,14 +45,11 @@ class UserOptimizer:
 def trained_parameters(optimizer: torch.optim.Optimizer, flat: FlatParameters) -> list[int]:
     """The group of each of the model's trained parameters, in flat order; one line if the
     optimizer holds a parameter that is not the model's."""
-    group_of = {}
-    for g, group in enumerate(optimizer.param_groups):
-        for p in group["params"]:
-            group_of[id(p)] = g
+    group_of = {id(p): g for g, group in enumerate(optimizer.param_groups)
+                for p in group["params"]}
     ours = {id(p) for p in flat.params}
-    strangers = [k for k in group_of if k not in ours]
-    if any(p.requires_grad for group in optimizer.param_groups for p in group["params"]
-           if id(p) in strangers):
+    if any(p.requires_grad and id(p) not in ours
+           for group in optimizer.param_groups for p in group["params"]):
         raise ConfigError("the optimizer holds parameters that are not the wrapped model's: "
                           "wrap the model its parameters come from")
     missing = [i for i, p in enumerate(flat.params) if id(p) not in group_of]

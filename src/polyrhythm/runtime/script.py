@@ -29,10 +29,10 @@ from polyrhythm.flat import FlatParameters
 from polyrhythm.metrics.recorder import SPAN_NAMES
 from polyrhythm.runtime.optimizers import UserOptimizer, optimizer_spec, rates
 from polyrhythm.runtime.script_data import ShardSampler, shard_loader
+from polyrhythm.runtime.worker import worker_report
 from polyrhythm.strategies import STRATEGIES
 from polyrhythm.strategies.base import EpochEnd
 
-PROGRESS_INTERVAL_S = 0.25
 _ACTIVE: list[Job] = []  # the job whose optimizer steps now (one per process)
 
 
@@ -64,7 +64,7 @@ class Job:
         self._samplers: weakref.WeakSet[ShardSampler] = weakref.WeakSet()
         self._losses: list[torch.Tensor] = []  # this step's backward losses
         self._rates: list[float] = []
-        self._epoch, self._taken, self._first_step, self._shown = 0, 0, True, 0.0
+        self._epoch, self._taken, self._first_step = 0, 0, True
         self._reset_epoch()
 
     # -- the script's calls ------------------------------------------------------------
@@ -139,9 +139,7 @@ class Job:
 
     def finish(self) -> None:
         """The script is done: the run is recorded (rank 0) and this process leaves the job."""
-        if self.ended_pass:
-            self.ended_pass = False
-            self._end_epoch()
+        self._close_pass()
         if self._finish is not None:
             self._finish(self)
 
@@ -150,11 +148,8 @@ class Job:
         needs to write the final model: worker 0's model state and its parameters' names in
         flat order (the servers' shards, or its own flat model, fill them in)."""
         ctx = self.ctx
-        report = {"role": "worker", "rank": ctx.rank, "worker": self.worker,
-                  "epochs": self.epochs_done, "steps": self._taken,
-                  "spans": dict(ctx.spans.totals),
-                  "traffic": ctx.transport.counters.snapshot(),
-                  "iterations": self.iterations, "strategy": self.strategy.summary()}
+        report = worker_report(ctx, self.epochs_done, self._taken, self.iterations,
+                               self.strategy)
         first = min(set(range(self.workers)) - lost)
         if self.worker == first:
             trained = {id(p) for p in self.flat.params}
@@ -189,8 +184,8 @@ class Job:
                            f"training loss {loss}")
         if self._first_step:
             self._start()
-        ctx.spans.totals["compute"] += began - self._last
-        computed = began - self._last
+        computed = began - self._last  # the script's forward and backward since the last step
+        ctx.spans.totals["compute"] += computed
         self.strategy.rate = self._rate()
         self.strategy.begin_step(self._epoch)
         self.strategy.gradients_ready()
@@ -203,7 +198,6 @@ class Job:
             self.iterations.append((self.worker, self._taken, self._epoch, began - ctx.started,
                                     *(spans.get(name, 0.0) for name in SPAN_NAMES),
                                     ended - began))
-        self._progress(loss)
 
     def _start(self) -> None:
         """The first step: the servers learn what they serve, and the clock starts."""
@@ -243,6 +237,14 @@ class Job:
         self._epoch_began = self._last = time.perf_counter()
         self._logged = {}
 
+    def _close_pass(self) -> bool:
+        """End the epoch a loader pass ended, if one did (EpochOfBatches)."""
+        if not self.ended_pass:
+            return False
+        self.ended_pass = False
+        self._end_epoch()
+        return True
+
     def _end_epoch(self) -> None:
         ended = time.perf_counter()
         seconds = ended - self._epoch_began
@@ -262,18 +264,6 @@ class Job:
         record |= self._logged
         self.epochs_done.append(record)
         self._reset_epoch()
-
-    def _progress(self, loss: float | None) -> None:
-        now = time.perf_counter()
-        steps = self.steps_per_epoch or 0
-        if self._steps + 1 < steps and now - self._shown < PROGRESS_INTERVAL_S:
-            return
-        self._shown = now
-        self.ctx.progress({"rank": self.ctx.rank, "worker": self.worker,
-                           "epoch": self._epoch + 1, "epochs": self.total_epochs or 0,
-                           "step": self._steps + 1, "steps": steps,
-                           "loss": math.nan if loss is None else loss,
-                           "samples_per_s": 0.0})
 
     def _check_same_start(self) -> None:
         """Every worker's initial parameters are worker 0's (one line naming the first that
@@ -303,9 +293,7 @@ class EpochOfBatches:
 
     def __iter__(self) -> Iterator:
         job = self.job
-        if job.ended_pass:  # what the script logged after the last pass is that epoch's
-            job.ended_pass = False
-            job._end_epoch()
+        if job._close_pass():  # what the script logged after the last pass is that epoch's
             job._begin_epoch(job._epoch + 1)
         yield from self.loader
         job.ended_pass = job.total_epochs is None

@@ -46,6 +46,16 @@ def train_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
     return loss.item()
 
 
+def worker_report(ctx: RankContext, epochs: list[dict], steps: int, iterations: list[tuple],
+                  strategy) -> dict:
+    """What every worker reports, whatever loop it ran (runtime/summary.py reads it): its
+    epochs' records, steps taken, spans, traffic, iterations and its strategy's figures."""
+    return {"role": "worker", "rank": ctx.rank, "worker": ctx.worker_index, "epochs": epochs,
+            "steps": steps, "spans": dict(ctx.spans.totals),
+            "traffic": ctx.transport.counters.snapshot(), "iterations": iterations,
+            "strategy": strategy.summary()}
+
+
 class Worker:
     """One data-parallel worker: its shard, its batches, its model replica and its strategy."""
 
@@ -118,17 +128,8 @@ class Worker:
         finally:
             if self.snapshots is not None:
                 self.snapshots.close()
-        report = {
-            "role": "worker",
-            "rank": self.ctx.rank,
-            "worker": me,
-            "epochs": self.epochs,
-            "steps": self.position.taken,
-            "spans": dict(self.ctx.spans.totals),
-            "traffic": self.ctx.transport.counters.snapshot(),
-            "iterations": self.iterations,
-            "strategy": self.strategy.summary(),
-        }
+        report = worker_report(self.ctx, self.epochs, self.position.taken, self.iterations,
+                               self.strategy)
         if me == first and not self.ctx.topology.servers:  # no server holds the model
             report["shard"] = (0, len(self.flat), final)
         if me == first and statistics:
