@@ -16,11 +16,16 @@ def default_workers() -> int:
     return max(1, min(os.cpu_count() or 1, 4))
 
 
+MAX_WORKERS = 65536
 DEFAULT_BUCKET_KB = 25600  # 25 MiB, as DDP's default bucket: one bucket for small models
 
 GENERAL = (
+    # At most MAX_WORKERS: a server's policy keeps state per worker, built as the config is
+    # checked (fuzzing found 10^8 workers taking 24 GB there), and no study goes near it.
     Param("workers", int, "number of workers N", derive=lambda run: default_workers(),
-          derived="CPU cores, at most 4", rule=at_least(1)),
+          derived="CPU cores, at most 4",
+          rule=Rule(lambda v, run: 1 <= v <= MAX_WORKERS,
+                    lambda run: f"be at least 1 (and at most {MAX_WORKERS})")),
     Param("servers", int, "parameter-server shards", derived="1 for PS strategies, 0 "
           "otherwise", rule=at_least(0)),
     Param("bucket_kb", int, "PS strategies: gradients and parameters travel in buckets of "
