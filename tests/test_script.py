@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from helpers import HANG_GUARD_S
 from polyrhythm import api
-from polyrhythm.errors import RunFailed
+from polyrhythm.errors import ConfigError, RunFailed
 from polyrhythm.metrics.records import RunRecord
 from polyrhythm.runtime.script_data import ShardSampler
 
@@ -122,6 +122,12 @@ def test_misuse_is_one_line_naming_the_worker(tmp_path: Path, fault: str, config
     assert says in str(failed.value) and "\n" not in str(failed.value)
     left = subprocess.run(["pgrep", "-f", str(SCRIPT)], capture_output=True, text=True)
     assert left.stdout == ""
+
+
+def test_a_strategy_scripts_cannot_run_yet_is_one_line_before_any_run(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="switch does not run from a script yet"):
+        run(tmp_path, strategy="switch", workers=2)
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").glob("2*"))
 
 
 def test_non_elementwise_optimizer_runs_whole_on_workers_refused_on_servers(

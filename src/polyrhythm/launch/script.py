@@ -63,9 +63,7 @@ def init() -> Job:
         raise ConfigError(f"the launcher started {world} processes but the run needs "
                           f"{config.world_size} ({config.servers} servers + {config.workers} "
                           "workers)")
-    if STRATEGIES[config.strategy.name].family == SWITCHING:
-        raise ConfigError(f"{config.strategy.name} does not run from a script yet: use "
-                          "polyrhythm train, or another strategy")
+    check_scriptable(config)
     record, run_dir = job_record(config, rank, os.environ.get(ENV_RUN_ID))
     sys.excepthook = _failing(rank, config, record, run_dir)
     rendezvous = os.environ.get(ENV_RENDEZVOUS)
@@ -85,6 +83,14 @@ def init() -> Job:
         sys.exit(0)
     return Job(ctx, describe_servers=_describe if topology.servers else None,
                finish=lambda job: _finish_worker(job, record))
+
+
+def check_scriptable(config) -> None:
+    """One line for a run a script cannot be yet (before any process starts, where a
+    launcher asks)."""
+    if STRATEGIES[config.strategy.name].family == SWITCHING:
+        raise ConfigError(f"{config.strategy.name} does not run from a script yet: use "
+                          "polyrhythm train, or another strategy")
 
 
 def job_config() -> RunConfig:
