@@ -16,7 +16,6 @@ import psutil
 import pytest
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from polyrhythm.comm.transport import Transport
 from polyrhythm.config import RunConfig, make_config
@@ -24,6 +23,7 @@ from polyrhythm.context import RankContext, Topology
 from polyrhythm.data.sharding import batch_slice, epoch_order, steps_per_epoch, worker_batch_sizes
 from polyrhythm.flat import RunningStatistics
 from polyrhythm.launch.local import PRELOAD
+from polyrhythm.losses import LOSSES, Loss
 from polyrhythm.models.build import build_model
 from polyrhythm.optim import TORCH_OPTIMIZERS, lr_at, optimizer_name
 from polyrhythm.runtime.checkpoint import complete_epochs
@@ -48,10 +48,11 @@ def equivalence_config(tmp_path, **fields):
     return small_config(tmp_path, threads=1, **fields)
 
 
-def worker_gradient(model, x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
+def worker_gradient(model, x: torch.Tensor, y: torch.Tensor,
+                    loss: Loss = LOSSES["cross_entropy"]) -> list[torch.Tensor]:
     """One worker's gradient: the mean loss over its own batch, as a worker computes it."""
     model.zero_grad(set_to_none=True)
-    F.cross_entropy(model(x), y).backward()
+    loss(model(x), y).backward()
     return [p.grad for p in model.parameters()]
 
 
@@ -105,7 +106,7 @@ def reference_optimizer(settings, params) -> torch.optim.Optimizer:
 def _train_reference(config, weights: list[float] | None,
                      own_statistics: list | None) -> torch.Tensor:
     plan, train, _ = whole_data(config)
-    model = build_model(config.model, train.shape, train.classes, config.seed)
+    model = build_model(config.model, train.shape, train.classes, config.seed, config.loss)
     optimizer = reference_optimizer(config.optimizer, model.parameters())
     shards = plan.shards
     sizes = worker_batch_sizes(config.batch_size, config.workers)
@@ -122,7 +123,7 @@ def _train_reference(config, weights: list[float] | None,
             for i, (order, size, weight) in enumerate(zip(orders, sizes, weights, strict=True)):
                 idx = torch.from_numpy(batch_slice(order, size, step))
                 statistics.set(own[i])
-                grads = worker_gradient(model, *train.batch(idx))
+                grads = worker_gradient(model, *train.batch(idx), LOSSES[config.loss])
                 own[i] = statistics.get()
                 for t, g in zip(total, grads, strict=True):
                     t.add_(g, alpha=weight)

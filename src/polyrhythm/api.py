@@ -17,6 +17,7 @@ from polyrhythm.launch.local import launch_local
 from polyrhythm.launch.progress import ProgressBoard
 from polyrhythm.launch.script import check_scriptable
 from polyrhythm.launch.scripts import launch_script
+from polyrhythm.losses import LOSSES
 from polyrhythm.metrics.records import (
     RunRecord,
     check_resumable,
@@ -49,13 +50,14 @@ def train(config: RunConfig | dict | str | Path | None = None, *, show_progress:
     a process of the job fails (the run is then stored as failed).
     """
     config = resolve_config(config, **overrides)
-    # Fail on what is missing, unsafe or mismatched (data, a model that cannot take its
-    # samples, a user's splitter that cannot be imported, a run to replay, root for a
-    # cluster) before a run record exists; the data is read through, not kept (workers read
-    # their shards).
+    # Fail on what is missing, unsafe or mismatched (data, targets the loss cannot take, a
+    # model that cannot take its samples or whose output does not fit the loss, a user's
+    # splitter that cannot be imported, a run to replay, root for a cluster) before a run
+    # record exists; the data is read through, not kept (workers read their shards).
     source = open_source(config.data, config.seed)
     source.check()
-    check_model(config.model, source.shape, source.classes)
+    LOSSES[config.loss].targets(source.labels(), source.classes, f"dataset {config.data.name}")
+    check_model(config.model, source.shape, source.classes, config.loss)
     splitter(config.data.sharding or "random")
     if config.compute_from is not None:
         measured_compute(config.out, config.compute_from)

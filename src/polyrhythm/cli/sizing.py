@@ -19,17 +19,20 @@ from polyrhythm.sim.setup import BYTES
 
 class ModelSize(NamedTuple):
     """The run's model on the run's data: its parameter count (float32 values), and the
-    sample shape and classes it was built for."""
+    sample shape, classes and loss it was built for."""
 
     parameters: int
     shape: tuple[int, ...]
     classes: int
+    loss: str = "cross_entropy"
 
     def describe(self, model: str, dataset: str) -> str:
-        """`cnn on mnist5k (1x28x28, 10 classes): 105,866 parameters`."""
+        """`cnn on mnist5k (1x28x28, 10 classes): 105,866 parameters`; a loss of one output
+        is named in place of the classes (`mlp on csv (90, loss mse): ...`)."""
         shape = "x".join(map(str, self.shape))
-        return (f"{model} on {dataset} ({shape}, {self.classes} classes): "
-                f"{self.parameters:,} parameters")
+        target = (f"{self.classes} classes" if self.loss == "cross_entropy"
+                  else f"loss {self.loss}")
+        return f"{model} on {dataset} ({shape}, {target}): {self.parameters:,} parameters"
 
 
 def data_shape(config) -> tuple[tuple[int, ...], int]:
@@ -47,8 +50,8 @@ def model_size(config) -> ModelSize:
     from polyrhythm.models.build import build_model
 
     shape, classes = data_shape(config)
-    model = build_model(config.model, shape, classes, seed=config.seed)
-    return ModelSize(sum(p.numel() for p in model.parameters()), shape, classes)
+    model = build_model(config.model, shape, classes, seed=config.seed, loss=config.loss)
+    return ModelSize(sum(p.numel() for p in model.parameters()), shape, classes, config.loss)
 
 
 def model_parameters(config, mb: float | None = None) -> tuple[int, str]:
@@ -71,21 +74,23 @@ def measure_compute(config, batch: int, steps: int = 5) -> float:
     import time
 
     import torch
-    import torch.nn.functional as F
 
+    from polyrhythm.losses import LOSSES
     from polyrhythm.models.build import build_model
 
     shape, classes = data_shape(config)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        net = build_model(config.model, shape, classes, seed=config.seed)
+        net = build_model(config.model, shape, classes, seed=config.seed, loss=config.loss)
+        loss = LOSSES[config.loss]
+        # Class ids fit every loss (mse and bce take them as values): the time is the same.
         x, y = torch.randn(batch, *shape), torch.randint(0, classes, (batch,))
         times = []
         for _ in range(steps + 1):
             began = time.perf_counter()
             net.zero_grad()
-            F.cross_entropy(net(x), y).backward()
+            loss(net(x), y).backward()
             times.append(time.perf_counter() - began)
     finally:
         torch.set_num_threads(threads)

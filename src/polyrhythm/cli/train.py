@@ -49,12 +49,16 @@ def format_summary(s: dict) -> str:
              f"{count(s['workers'], 'worker')}, {count(s['servers'], 'server')}, "
              f"{count(s['epochs'], 'epoch')})"]
     for e in s.get("epoch_metrics", []):
+        accuracy = e.get("val_accuracy")  # None: a loss without accuracy (mse)
         lines.append(f"  epoch {e['epoch'] + 1}: train loss {e['train_loss']:.4f}  "
-                     f"val loss {e['val_loss']:.4f}  val acc {e['val_accuracy']:.4f}  "
-                     f"{e['samples_per_s']:.0f} samples/s"
+                     f"val loss {e['val_loss']:.4f}  "
+                     + (f"val acc {accuracy:.4f}  " if accuracy is not None else "")
+                     + f"{e['samples_per_s']:.0f} samples/s"
                      + (f"  {e['phase']}" if e.get("phase") else ""))
-    lines.append(f"  final validation accuracy {s['final_val_accuracy']:.4f}, loss "
-                 f"{s['final_val_loss']:.4f}; {s['samples_per_s']:.0f} samples/s; "
+    accuracy = s.get("final_val_accuracy")
+    lines.append("  final validation "
+                 + (f"accuracy {accuracy:.4f}, " if accuracy is not None else "")
+                 + f"loss {s['final_val_loss']:.4f}; {s['samples_per_s']:.0f} samples/s; "
                  f"{s['wall_s']:.1f} s")
     lines.append(f"  weight updates {s['weight_updates']}; staleness mean "
                  f"{s['staleness_mean']:.2f}, max {s['staleness_max']}")

@@ -17,6 +17,10 @@ def default_workers() -> int:
 
 
 MAX_WORKERS = 65536
+
+# The losses a run may train with (losses.py implements them; a test checks the names agree).
+LOSS_NAMES = ("cross_entropy", "mse", "bce")
+
 DEFAULT_BUCKET_KB = 25600  # 25 MiB, as DDP's default bucket: one bucket for small models
 
 GENERAL = (
@@ -41,6 +45,10 @@ GENERAL = (
           "a sweep over workers keeps each worker's batch (weak scaling)", rule=at_least(1)),
     Param("seed", int, "fixes initial weights, the validation split, sharding and data order",
           0, rule=at_least(0)),
+    Param("loss", str, "what the model is trained on: cross_entropy (classes 0..C-1, a logit "
+          "per class), mse (real-valued targets, one output) or bce (classes 0 and 1, one "
+          "logit); validation reports accuracy for cross_entropy and bce",
+          "cross_entropy", rule=one_of(*LOSS_NAMES)),
     Param("steps_per_epoch", int, "cap on steps per epoch", derived="all", rule=at_least(1)),
     Param("worker_delay_s", list, "extra seconds of emulated compute per step, one entry per "
           "worker", [], item=float, rule=Rule(lambda v, run: min(v, default=0) >= 0,
@@ -113,7 +121,8 @@ def check_optimizer(given, strategy) -> None:
 
 # General settings added since 0.1 whose default changes nothing: a stored config leaves them
 # out at that default, so an older record and its rerun read as the same fields.
-LEFT_OUT_AT_DEFAULT = {"shared_epochs": False, "checkpoint_every": 1, "timeout": 300.0}
+LEFT_OUT_AT_DEFAULT = {"shared_epochs": False, "checkpoint_every": 1, "timeout": 300.0,
+                       "loss": "cross_entropy"}
 # Added since 0.1 with a default derived from the strategy: stored only where given.
 LEFT_OUT_UNLESS_GIVEN = {"on_worker_failure"}
 

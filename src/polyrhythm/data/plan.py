@@ -17,6 +17,7 @@ import torch
 
 from polyrhythm.data.source import Dataset, Source, normalise
 from polyrhythm.data.splitters import ToSplit, shard_stats, split
+from polyrhythm.losses import LOSSES
 
 
 @dataclass(frozen=True)
@@ -53,21 +54,27 @@ def hold_out(size: int, given_val: int, val_fraction: float,
     return perm[n_val:], perm[:n_val]
 
 
-def make_plan(source: Source, settings, workers: int, seed: int) -> DataPlan:
-    """Hold out the validation rows and split the training rows across `workers`."""
-    labels = source.labels()
+def make_plan(source: Source, settings, workers: int, seed: int,
+              loss: str = "cross_entropy") -> DataPlan:
+    """Hold out the validation rows and split the training rows across `workers`; the
+    labels are the targets the run's `loss` takes (losses.py), checked."""
+    task = LOSSES[loss]
+    labels = task.targets(source.labels(), source.classes, f"dataset {settings.name}")
     train, val = hold_out(len(labels), source.given_val, settings.val_fraction, seed)
+    # Real-valued targets have no classes: to the splitters and the shard statistics, one.
+    classes, strata = ((source.classes, labels) if task.classifies
+                       else (1, np.zeros(len(labels), np.int64)))
 
     def features() -> np.ndarray:
         (x,) = source.rows(train)
         return normalise(torch.from_numpy(x).float(), source.norm).reshape(len(x), -1).numpy()
 
     began = time.perf_counter()
-    shards = split(ToSplit(labels[train], source.classes, features), workers, seed, settings)
+    shards = split(ToSplit(strata[train], classes, features), workers, seed, settings)
     split_s = time.perf_counter() - began
     return DataPlan(tuple(source.shape), source.classes, train, labels[train], val,
                     labels[val], shards, settings.sharding or "random",
-                    shard_stats(shards, labels[train], source.classes), split_s)
+                    shard_stats(shards, strata[train], classes), split_s)
 
 
 def load_part(source: Source, plan: DataPlan, worker: int | None) -> tuple[Dataset, Dataset]:

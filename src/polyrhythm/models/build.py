@@ -5,32 +5,46 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from polyrhythm.errors import PolyrhythmError
+from polyrhythm.errors import ConfigError, PolyrhythmError
+from polyrhythm.losses import LOSSES
 from polyrhythm.models import MODELS
 from polyrhythm.settings import load_object
 
 
-def build_model(model, shape: tuple[int, ...], classes: int, seed: int) -> nn.Module:
-    """The model a run's [model] settings name (or a model's name, with its defaults). The
-    same seed gives the same initial weights on every process. The builder gets the model's
-    own settings as keyword arguments."""
+def build_model(model, shape: tuple[int, ...], classes: int, seed: int,
+                loss: str = "cross_entropy") -> nn.Module:
+    """The model a run's [model] settings name (or a model's name, with its defaults), with
+    the outputs its `loss` needs for data of `classes` classes (cross_entropy: one per class;
+    mse, bce: one). The same seed gives the same initial weights on every process. The
+    builder gets the model's own settings as keyword arguments."""
     torch.manual_seed(seed)
-    return _build(model, shape, classes)
+    return _build(model, shape, LOSSES[loss].outputs(classes))
 
 
-def check_model(model, shape: tuple[int, ...], classes: int) -> None:
+def check_model(model, shape: tuple[int, ...], classes: int,
+                loss: str = "cross_entropy") -> None:
     """Raise the model's own one-line error for samples of `shape` (an image model given
-    feature vectors), before any process starts. The model is built on PyTorch's meta
-    device: no memory, no arithmetic, and no draw from the random generator of the
-    caller. Only the builder's own errors count: anything else a builder may not do on the
-    meta device is left to the ranks, which build the model for real."""
+    feature vectors), or a ConfigError where its output does not fit the `loss` (a model of
+    10 outputs for mse), before any process starts. The model is built, and run on a batch
+    of two samples, on PyTorch's meta device: no memory, no arithmetic, and no draw from the
+    random generator of the caller. Only the builder's own errors and the output's shape
+    count: anything else a model may not do on the meta device is left to the ranks, which
+    build and run it for real."""
+    task = LOSSES[loss]
     try:
         with torch.device("meta"):
-            _build(model, shape, classes)
+            net = _build(model, shape, task.outputs(classes)).eval()
+            with torch.no_grad():
+                output = net(torch.empty(2, *shape))
+            shape_out = tuple(output.shape)
     except PolyrhythmError:
         raise
     except Exception:  # noqa: BLE001 - not a verdict on the data: see above
-        pass
+        return
+    problem = task.misfit(shape_out, classes)
+    if problem:
+        name = model if isinstance(model, str) else model.name
+        raise ConfigError(f"model {name}: {problem}")
 
 
 def _build(model, shape: tuple[int, ...], classes: int) -> nn.Module:

@@ -31,7 +31,7 @@ from polyrhythm.strategies.spec import SWITCHING
 def plan_data(config, source: Source | None = None) -> DataPlan:
     """The run's data plan (data/plan.py), from its source."""
     source = source or open_source(config.data, config.seed)
-    return make_plan(source, config.data, config.workers, config.seed)
+    return make_plan(source, config.data, config.workers, config.seed, config.loss)
 
 
 def whole_data(config) -> tuple[DataPlan, Dataset, Dataset]:
@@ -82,7 +82,8 @@ def build_role(ctx: RankContext, plan: DataPlan,
     steps = steps_per_epoch(len(plan.train), config.batch_size, config.steps_per_epoch)
     if ctx.topology.role(ctx.rank) == "worker":
         return Worker(ctx, *load_part(source, plan, ctx.worker_index), steps)
-    initial = FlatParameters(build_model(config.model, plan.shape, plan.classes, config.seed))
+    initial = FlatParameters(build_model(config.model, plan.shape, plan.classes, config.seed,
+                                         config.loss))
     return server_shard(ctx, initial.data, steps)
 
 

@@ -10,6 +10,7 @@ import torch
 
 from polyrhythm.data.source import Dataset
 from polyrhythm.flat import FlatParameters, RunningStatistics
+from polyrhythm.losses import LOSSES
 from polyrhythm.metrics.recorder import SPAN_NAMES, StalenessLog
 from polyrhythm.metrics.store import RULE_FIELDS
 from polyrhythm.models.build import build_model
@@ -29,7 +30,8 @@ class RunResult:
 def summarise(config, reports: list[dict], val: Dataset, wall_s: float) -> RunResult:
     """Combine per-rank reports; evaluate the final model on the validation set."""
     model = _final_model(config, reports, val)
-    return combine(config, reports, model.state_dict(), evaluate(model, val),
+    return combine(config, reports, model.state_dict(),
+                   evaluate(model, val, LOSSES[config.loss]),
                    sum(p.numel() for p in model.parameters()), wall_s)
 
 
@@ -37,7 +39,9 @@ def combine(config, reports: list[dict], state_dict: dict[str, torch.Tensor],
             final: dict[str, float], parameters: int, wall_s: float) -> RunResult:
     """The run's result from per-rank reports, its final model (`state_dict`, of
     `parameters` trainable values) and that model's validation figures (`final`: val_loss,
-    and val_accuracy where it has one)."""
+    and val_accuracy where it has one). A run whose loss has no accuracy (mse) has None for
+    it; one whose loss has but which did not record it, NaN."""
+    accuracy = LOSSES[config.loss].classifies
     workers = sorted((r for r in reports if r["role"] == "worker"), key=lambda r: r["worker"])
     servers = [r for r in reports if r["role"] == "server"]
     staleness = Counter()
@@ -49,7 +53,7 @@ def combine(config, reports: list[dict], state_dict: dict[str, torch.Tensor],
         "workers": config.workers,
         "servers": config.servers,
         "epochs": config.epochs,
-        "final_val_accuracy": final.get("val_accuracy", math.nan),
+        "final_val_accuracy": final.get("val_accuracy", math.nan if accuracy else None),
         "final_val_loss": final.get("val_loss", math.nan),
         "parameters": parameters,
         "samples_per_s": sum(_throughput(w["epochs"]) for w in workers),  # cluster total
@@ -70,13 +74,13 @@ def combine(config, reports: list[dict], state_dict: dict[str, torch.Tensor],
               "pushes": [row for s in servers for row in s["pushes"]],
               "updates": [row for s in servers for row in s["updates"]],
               "resources": [row for r in reports for row in r.get("resources", [])]}
-    return RunResult(summary, _epoch_rows(workers), state_dict, series)
+    return RunResult(summary, _epoch_rows(workers, accuracy), state_dict, series)
 
 
 def _final_model(config, reports: list[dict], val: Dataset) -> torch.nn.Module:
     """The model the servers' shards (or worker 0) hold, with the workers' mean running
     statistics."""
-    model = build_model(config.model, val.shape, val.classes, config.seed)
+    model = build_model(config.model, val.shape, val.classes, config.seed, config.loss)
     flat = FlatParameters(model)
     for start, stop, values in (r["shard"] for r in reports if "shard" in r):
         flat.data[start:stop] = values
@@ -137,10 +141,10 @@ def _lost_workers(servers: list[dict]) -> list[dict]:
     return [lost[w] for w in sorted(lost)]
 
 
-def _epoch_rows(workers: list[dict]) -> list[dict]:
+def _epoch_rows(workers: list[dict], accuracy: bool) -> list[dict]:
     """Per epoch: mean train loss over workers (those that took steps in it), first worker's
-    validation, cluster samples/s, and where the strategy switches, its phase and its rule's
-    answer after the epoch."""
+    validation (its accuracy None where the loss has none), cluster samples/s, and where the
+    strategy switches, its phase and its rule's answer after the epoch."""
     rows = []
     for e, first in enumerate(workers[0]["epochs"]):
         per_worker = [w["epochs"][e] for w in workers]
@@ -150,7 +154,7 @@ def _epoch_rows(workers: list[dict]) -> list[dict]:
             "train_loss": sum(losses) / len(losses) if losses else math.nan,
             # Not validated: the workers that kept the epochs' models were lost.
             "val_loss": first.get("val_loss", math.nan),
-            "val_accuracy": first.get("val_accuracy", math.nan),
+            "val_accuracy": first.get("val_accuracy", math.nan) if accuracy else None,
             "samples_per_s": sum(_throughput([p]) for p in per_worker),
             "wall_s": max(p["wall_s"] for p in per_worker),
             **{key: first.get(key) for key in RULE_FIELDS},

@@ -9,7 +9,6 @@ from contextlib import contextmanager
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from polyrhythm.comm.transport import WORKERS
@@ -20,12 +19,13 @@ from polyrhythm.data.sharding import DataPosition, batch_slice, epoch_order, wor
 from polyrhythm.data.source import Dataset
 from polyrhythm.errors import Diverged
 from polyrhythm.flat import FlatParameters, RunningStatistics
+from polyrhythm.losses import LOSSES, Loss
 from polyrhythm.metrics.recorder import SPAN_NAMES
 from polyrhythm.models.build import build_model
 from polyrhythm.runtime import checkpoint
 from polyrhythm.runtime.compute import emulated_step
 from polyrhythm.runtime.snapshots import EpochSnapshots
-from polyrhythm.runtime.validation import evaluate, validation_sums
+from polyrhythm.runtime.validation import evaluate, validation_record, validation_sums
 from polyrhythm.strategies import STRATEGIES
 from polyrhythm.strategies.base import EpochEnd
 
@@ -38,10 +38,11 @@ def batch_generator(seed: int, worker: int, step: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(state))
 
 
-def train_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
-    """Forward and backward on one batch; leaves the gradients in the model."""
+def train_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, criterion: Loss) -> float:
+    """Forward and backward on one batch with the run's loss; leaves the gradients in the
+    model."""
     model.zero_grad(set_to_none=True)
-    loss = F.cross_entropy(model(x), y)
+    loss = criterion(model(x), y)
     loss.backward()
     return loss.item()
 
@@ -63,7 +64,8 @@ class Worker:
         """`train` is this worker's shard; `steps` its steps per epoch (the run's)."""
         c, i = ctx.config, ctx.worker_index
         self.ctx, self.train, self.val = ctx, train, val
-        self.model = build_model(c.model, train.shape, train.classes, c.seed)
+        self.criterion = LOSSES[c.loss]
+        self.model = build_model(c.model, train.shape, train.classes, c.seed, c.loss)
         self.flat = FlatParameters(self.model)
         self.statistics = RunningStatistics(self.model)
         self.batch = worker_batch_sizes(c.batch_size, c.workers)[i]
@@ -167,7 +169,8 @@ class Worker:
                 else:
                     augment = self.train.augment and batch_generator(
                         config.seed, ctx.worker_index, position.taken)
-                    loss = train_step(self.model, *self.train.batch(idx, augment or None))
+                    loss = train_step(self.model, *self.train.batch(idx, augment or None),
+                                      self.criterion)
                     if not math.isfinite(loss):  # before its gradient reaches anyone
                         raise Diverged(f"diverged at epoch {epoch + 1}, step {step + 1}: "
                                        f"training loss {loss}")
@@ -235,11 +238,9 @@ class Worker:
                 mean = self.statistics.get() * self.share
                 self.ctx.transport.all_reduce(mean, WORKERS)
             with self._statistics(mean):
-                loss, correct = validation_sums(self.model, self.val, part)
-            rows = self.ctx.transport.rows_of_members(
-                torch.tensor([loss, correct], dtype=torch.float64))
-            loss, correct = rows.sum(0).tolist()
-        return {"val_loss": loss / size, "val_accuracy": correct / size}
+                sums = validation_sums(self.model, self.val, self.criterion, part)
+            rows = self.ctx.transport.rows_of_members(torch.tensor(sums, dtype=torch.float64))
+        return validation_record(rows.sum(0).tolist(), size, self.criterion)
 
     def _validate_snapshots(self, statistics: list[torch.Tensor], validates: bool) -> None:
         """Validate the epochs not validated during the run, one epoch's snapshot in memory
@@ -268,7 +269,7 @@ class Worker:
             if validates and "val_loss" not in record:  # not validated during the run
                 self.flat.data.copy_(snapshot)
                 with self._statistics(statistics[e] if statistics else None):
-                    record.update(evaluate(self.model, self.val))
+                    record.update(evaluate(self.model, self.val, self.criterion))
             del snapshot  # before the next is read
 
     def checkpoint_state(self) -> dict:

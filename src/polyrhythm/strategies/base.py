@@ -17,7 +17,7 @@ class EpochEnd:
     """What a worker knows when an epoch of its ends: how many epochs are done, its seconds
     waiting for peers or servers and its seconds of training iterations in that epoch, and
     `validate()`, which validates the model now (every worker must call it together) and
-    returns its val_loss and val_accuracy."""
+    returns its val_loss (and val_accuracy, where the run's loss classifies)."""
 
     epochs_done: int
     wait_s: float

@@ -47,9 +47,11 @@ def format_outcome(outcome: Outcome) -> str:
         if not got:
             lines.append(f"  {point.label:<{width}} {0:>4}")
             continue
-        acc = [g["final_val_accuracy"] for g in got]
+        # None: a loss without accuracy (mse)
+        acc = [g["final_val_accuracy"] for g in got if g["final_val_accuracy"] is not None]
         spread = f"({min(acc):.4f}-{max(acc):.4f})" if len(acc) > 1 else ""
-        lines.append(f"  {point.label:<{width}} {len(got):>4} {_mean(acc):>8.4f} {spread:>15} "
+        mean = f"{_mean(acc):.4f}" if acc else "-"
+        lines.append(f"  {point.label:<{width}} {len(got):>4} {mean:>8} {spread:>15} "
                      f"{_mean([g['samples_per_s'] for g in got]):>10.0f} "
                      f"{_mean([g['wall_s'] for g in got]):>7.1f}")
     if outcome.failures:

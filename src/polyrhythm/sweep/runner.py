@@ -82,8 +82,11 @@ def run_sweep(sweep: Sweep, *, train: Callable[..., dict] | None = None,
                 outcome.failures.append((run.label, error))
             else:
                 store.mark(sweep.sweep_id, run, "completed", summary["run_id"])
-                progress.finish(index, run.label, f"{summary['final_val_accuracy']:.3f} acc, "
-                                f"{time.monotonic() - started:.1f} s")
+                accuracy = summary["final_val_accuracy"]  # None: a loss without accuracy
+                figure = (f"{accuracy:.3f} acc" if accuracy is not None
+                          else f"{summary['final_val_loss']:.4g} val loss")
+                progress.finish(index, run.label,
+                                f"{figure}, {time.monotonic() - started:.1f} s")
             outcome.ran += 1
     outcome.run_ids = store.run_ids(sweep.sweep_id)
     return outcome
