@@ -68,8 +68,8 @@ def check_sharding(settings) -> str | None:
 
 
 DATA_PATH = Param("data_path", str, "the data file or directory: CIFAR's python-pickle "
-                  "archive (.tar.gz) or its extracted folder; npz: the .npz file",
-                  metavar="PATH")
+                  "archive (.tar.gz) or its extracted folder; npz: the .npz file; csv: the "
+                  "CSV file, plain, gzip or a zip of that one file", metavar="PATH")
 AUGMENT = Param("augment", bool, "random 32x32 crops of the 4-pixel padded image and "
                 "horizontal flips, drawn per batch from the seed", False)
 
@@ -78,6 +78,13 @@ def _needs_path(settings, run) -> str | None:
     if settings.data_path is None:
         return f"dataset {settings.name!r} needs --data-path"
     return None
+
+
+def _csv_settings(settings, run) -> str | None:
+    """A path, and a target standardised only where the loss reads values (mse)."""
+    if settings.standardise_target and run.loss != "mse":
+        return f"--standardise-target is for --loss mse only (this run's loss: {run.loss})"
+    return _needs_path(settings, run)
 
 
 def _enough_samples(settings, run) -> str | None:
@@ -127,3 +134,14 @@ DATASETS.register(DatasetSpec(
     "npz", "your arrays in a NumPy .npz file: x (samples), y (integer labels 0..C-1), "
     "optionally x_val and y_val", loader=f"{LOADERS}:load_npz", params=(DATA_PATH,),
     check=_needs_path))
+DATASETS.register(DatasetSpec(
+    "csv", "a comma-separated file: one target column, the others features (standardised); "
+    "plain, .gz or a zip of one file (as UCI's HIGGS and YearPredictionMSD), a header row "
+    "or none", loader="polyrhythm.data.csvfile:load_csv", check=_csv_settings, params=(
+        DATA_PATH,
+        Param("target", str, "the target column: its number from 0 (negative: from the "
+              "end) or its header's name", "0", metavar="COLUMN"),
+        Param("standardise_target", bool, "with --loss mse: train on (target - mean) / std "
+              "over every row (val_loss then in those units)", False),
+        Param("max_rows", int, "read only the first this many data rows",
+              derived="all", rule=at_least(2)))))

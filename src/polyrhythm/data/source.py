@@ -22,8 +22,8 @@ PAD = 4  # pixels of zero padding around an image before a random crop back to i
 
 @dataclass(frozen=True)
 class Normalisation:
-    """x -> (x - mean) / std in the samples' stored units: one entry per channel, or one for
-    all."""
+    """x -> (x - mean) / std in the samples' stored units: one entry per channel of an image,
+    per feature of a vector, or one for all."""
 
     mean: tuple[float, ...]
     std: tuple[float, ...]
@@ -50,7 +50,8 @@ class Source(ABC):
 
     @abstractmethod
     def labels(self) -> np.ndarray:
-        """Every row's label (int64)."""
+        """Every row's label: int64 class ids, or (a CSV file's target column) float64
+        values, which the run's loss checks and converts (losses.py `targets`)."""
 
     @abstractmethod
     def rows(self, *selections: np.ndarray) -> list[np.ndarray]:
@@ -86,7 +87,8 @@ def compact(x: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Dataset:
-    """Stored samples x (n, *shape), labels y (n,) int64, and how a batch of them is made."""
+    """Stored samples x (n, *shape), targets y (n,) as the run's loss takes them (int64
+    class ids, or float32 values for mse), and how a batch of them is made."""
 
     x: torch.Tensor
     y: torch.Tensor
@@ -122,9 +124,9 @@ class Dataset:
 
 def normalise(x: torch.Tensor, norm: Normalisation) -> torch.Tensor:
     mean, std = torch.tensor(norm.mean), torch.tensor(norm.std)
-    if len(norm.mean) > 1:  # per channel: (C,) against (n, C, H, W)
+    if len(norm.mean) > 1 and x.dim() == 4:  # per channel: (C,) against (n, C, H, W)
         mean, std = mean.view(-1, 1, 1), std.view(-1, 1, 1)
-    return (x - mean) / std
+    return (x - mean) / std  # per feature, (F,) against (n, F), as it is
 
 
 def crop_and_flip(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
