@@ -222,6 +222,26 @@ def test_image_model_on_an_npz_of_feature_vectors(out: Path) -> None:
     assert_no_run_left(out)
 
 
+CSV_CASES = [  # every bad file's own line: test_csv.py
+    pytest.param("1,2,3\n4,x,6\n", [], ["line 2, column 1: 'x' is not a number"],
+                 id="non-numeric"),
+    pytest.param("1,2,3\n4,5\n", [], ["line 2 has 2 columns, the first row 3"], id="ragged"),
+    pytest.param("1,2,3\n4,5,6\n", ["--target", "7"], ["has no column 7"], id="no-target"),
+    pytest.param("1,2,3\n0.5,5,6\n", [], ["loss cross_entropy needs class ids",
+                                         "example 2 has target 0.5"], id="not-a-class"),
+    pytest.param("1,2,3\n0,5,6\n", ["--loss", "bce", "--standardise-target"],
+                 ["--standardise-target is for --loss mse only"], id="scaled-classes"),
+]
+
+
+@pytest.mark.parametrize(("text", "args", "needles"), CSV_CASES)
+def test_bad_csv_data(out: Path, text: str, args: list[str], needles: list[str]) -> None:
+    data = write(out.parent / "table.csv", text)
+    proc = run_train(out, "--dataset", "csv", "--data-path", str(data), *args)
+    assert_one_line_error(proc, *needles)
+    assert_no_run_left(out)
+
+
 # --- bad config files --------------------------------------------------------------------------
 
 CONFIG_CASES = [
