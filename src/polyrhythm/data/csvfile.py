@@ -296,8 +296,8 @@ class CsvSource(Source):
     features, validated on a held-out share (--val-fraction).
 
     Features are always standardised, column by column, with the mean and standard deviation
-    of every row: columns of a table come in units of their own (YearPredictionMSD's span
-    five orders of magnitude), and SGD on them unscaled diverges or crawls. Every row, not
+    of every row: columns of a table come in units of their own, and SGD on them unscaled
+    diverges or crawls. Every row, not
     the training rows alone, because the statistics come from the pass that reads the
     targets, before the split exists (as for any data set without a test part: ArraySource).
     The target is left as it is unless --standardise-target says otherwise (mse only).
