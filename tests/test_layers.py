@@ -49,8 +49,8 @@ def add_import(module: Path, line: str) -> None:
      "polyrhythm.strategies.allreduce -> torch.distributed"),
     ("sim/__init__.py", "from polyrhythm.comm.transport import Transport",
      "polyrhythm.sim -> polyrhythm.comm.transport"),
-    ("strategies/cadence.py", "from polyrhythm.runtime import worker",
-     "polyrhythm.strategies.cadence -> polyrhythm.runtime.worker"),
+    ("strategies/cadence.py", "from polyrhythm.runtime import builtin",
+     "polyrhythm.strategies.cadence -> polyrhythm.runtime.builtin"),
 ])
 def test_the_contracts_break_when_a_module_crosses_a_layer(tree, module, line, broken):
     add_import(tree / "src" / "polyrhythm" / module, line)

@@ -48,17 +48,17 @@ def _instrument(role, held: list, keep_as: str | None) -> None:
     all-reduce and validation batch ("report"); with `keep_as`, save each epoch end's model
     and consensus weight to a file named after it (not in memory: it would count)."""
     size, worker = role.flat.data.nbytes, role.ctx.worker_index
-    train_epoch = role.train_epoch
+    validation = role.job.validation
+    keep = validation.keep  # called as each epoch ends, its record done
 
-    def epoch_measured(epoch: int) -> dict:
-        record = train_epoch(epoch)
+    def epoch_measured(epoch: int) -> None:
+        keep(epoch)
         if keep_as:
             torch.save({"flat": role.flat.data, "weight": role.strategy.consensus_weight()},
                        f"{keep_as}-worker-{worker}-epoch-{epoch}.pt")
         held.append(("epoch", models_held(size)))
-        return record
 
-    role.train_epoch = epoch_measured
+    validation.keep = epoch_measured
     all_reduce, reporting = role.ctx.transport.all_reduce, []
 
     def all_reduce_measured(tensor, *args, **kwargs):

@@ -36,7 +36,8 @@ from polyrhythm.launch.rank import latency
 from polyrhythm.launch.torchrun import env_int, job_record
 from polyrhythm.metrics.records import RunRecord, complete_run
 from polyrhythm.runtime.job import play, server_shard
-from polyrhythm.runtime.script import Job, recording_backward, stepping_unwrapped
+from polyrhythm.runtime.script import Job
+from polyrhythm.runtime.script_hooks import recording_backward, stepping_unwrapped
 from polyrhythm.runtime.summary import combine
 from polyrhythm.runtime.survivors import agree_on_lost
 from polyrhythm.strategies import STRATEGIES
@@ -158,8 +159,8 @@ def _serve(ctx: RankContext) -> dict:
 
 
 def _finish_worker(job: Job, record: RunRecord | None) -> None:
-    """`job.finish()`: leave the servers or peers, hand in the report, and leave the job."""
-    job.strategy.finish()
+    """`job.finish()`, once this worker has left its servers or peers: hand in the report,
+    and leave the job."""
     lost = agree_on_lost(job.ctx, set())
     _finish(job.ctx, job.report(lost), record)
 

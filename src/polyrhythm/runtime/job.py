@@ -20,10 +20,10 @@ from polyrhythm.flat import FlatParameters
 from polyrhythm.layout import BucketLayout
 from polyrhythm.metrics.sampler import ResourceSampler
 from polyrhythm.models.build import build_model
+from polyrhythm.runtime.builtin import BuiltinWorker
 from polyrhythm.runtime.server import MakeUpdater, ParameterServerShard
 from polyrhythm.runtime.summary import RunResult, summarise
 from polyrhythm.runtime.survivors import agree_on_lost
-from polyrhythm.runtime.worker import Worker
 from polyrhythm.strategies import STRATEGIES
 from polyrhythm.strategies.spec import SWITCHING
 
@@ -75,13 +75,13 @@ def host_cores(config, rank: int | None) -> float:
 
 
 def build_role(ctx: RankContext, plan: DataPlan,
-               source: Source | None) -> Worker | ParameterServerShard:
+               source: Source | None) -> BuiltinWorker | ParameterServerShard:
     """This rank's role, as the topology says: a worker with its shard of the data, or one
     parameter-server shard (which reads no data)."""
     config = ctx.config
     steps = steps_per_epoch(len(plan.train), config.batch_size, config.steps_per_epoch)
     if ctx.topology.role(ctx.rank) == "worker":
-        return Worker(ctx, *load_part(source, plan, ctx.worker_index), steps)
+        return BuiltinWorker(ctx, *load_part(source, plan, ctx.worker_index), steps)
     initial = FlatParameters(build_model(config.model, plan.shape, plan.classes, config.seed,
                                          config.loss))
     return server_shard(ctx, initial.data, steps)
@@ -101,7 +101,7 @@ def server_shard(ctx: RankContext, initial: torch.Tensor, steps: int,
                                 handover=spec.family == SWITCHING, make_updater=make_updater)
 
 
-def play(ctx: RankContext, role: Worker | ParameterServerShard) -> dict:
+def play(ctx: RankContext, role: BuiltinWorker | ParameterServerShard) -> dict:
     """Train or serve; then, once the survivors agree on who was lost (if anyone may be),
     this rank's report."""
     role.run()
@@ -131,7 +131,7 @@ def run_rank(ctx: RankContext, local_workers: int | None = None) -> RunResult | 
     if ctx.rank != 0:
         return None
     # Rank 0 is a worker holding the validation set, or a server reading it only now.
-    val = role.val if isinstance(role, Worker) else load_val(
+    val = role.val if isinstance(role, BuiltinWorker) else load_val(
         open_source(config.data, config.seed), plan)
     result = summarise(config, reports, val, ctx.now())
     result.summary["data"] = plan.summary()
