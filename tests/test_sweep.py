@@ -419,3 +419,52 @@ def test_compare_takes_its_strategies_as_every_list_flag_takes_a_list():
             "bsp", "asp", "ssp"]
     assert parser.parse_args(["compare"]).strategies is None  # the default five
     assert parser.parse_args(["train", "--slowdown", "1", "1,1", " 3"]).slowdown == [1, 1, 1, 3]
+
+
+# --- a sweep over a user's script ---------------------------------------------------------
+
+def test_a_sweep_runs_a_users_script_at_every_point(tmp_path):
+    """script = a training script (relative to the sweep file): every point runs it, with
+    the sweep's args, under the point's strategy; the runs are stored as train's are and the
+    sweep file written back names the script."""
+    scripts = Path(__file__).parent / "scripts"
+    sweep_file = write_sweep(scripts.parent / f"sweep-{tmp_path.name}.toml", f"""
+name = "script sweep"
+script = "scripts/user_loop.py"
+args = ["--epochs", "2", "--optimizer", "sgd"]
+[base]
+workers = 2
+servers = 1
+out = "{tmp_path}"
+[grid]
+strategy = ["allreduce", "bsp"]
+""")
+    try:
+        sweep = load_sweep(sweep_file)
+    finally:
+        sweep_file.unlink()
+    assert sweep.script == str(scripts / "user_loop.py")
+    log = io.StringIO()
+    outcome = run_sweep(sweep, stream=log)
+    assert outcome.failures == [] and outcome.ran == 2, log.getvalue()
+    summaries = [json.loads((tmp_path / run_id / "summary.json").read_text())
+                 for run_id in outcome.run_ids]
+    runs = {s["strategy"]: s for s in summaries}
+    assert set(runs) == {"allreduce", "bsp"}
+    for summary in runs.values():
+        assert summary["script"] == str(scripts / "user_loop.py")
+        assert summary["epochs"] == 2  # the script's --epochs, as the args say
+    again = parse_sweep(__import__("tomllib").loads(sweep.to_toml()), out=str(tmp_path))
+    assert (again.script, again.args) == (sweep.script, sweep.args)
+
+
+@pytest.mark.parametrize(("data", "needle"), [
+    ({"script": "", "grid": {"strategy": ["bsp"]}}, "script must be a path"),
+    ({"script": "nowhere.py", "grid": {"strategy": ["bsp"]}}, "no script 'nowhere.py'"),
+    ({"args": ["x"], "grid": {"strategy": ["bsp"]}}, "args is given without a script"),
+    ({"script": __file__, "args": [3], "grid": {"strategy": ["bsp"]}},
+     "args must be a list of strings"),
+])
+def test_a_bad_script_in_a_sweep_is_one_line(data, needle):
+    with pytest.raises(ConfigError, match=needle):
+        parse_sweep(data)

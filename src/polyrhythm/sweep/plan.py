@@ -12,6 +12,11 @@ A sweep file is TOML:
     strategy = ["bsp", "asp", "ssp"]
     batch_size = [32, 64]
 
+A sweep may run a user's training script instead of polyrhythm train's job: `script =
+"train.py"` (relative to the sweep file's folder) and optionally `args = ["--steps", "40"]`,
+the arguments every run passes it; its model and data are the script's, so the grid varies
+the job's settings (strategy, workers, servers, ...).
+
 Grid values override base values. A list-valued field takes a list of lists in the grid
 (`worker_delay_s = [[], [0, 0, 0, 0.2]]`). A field a point does not read is dropped from that point
 rather than making it invalid: other strategies' (data sets', models') parameters (`tau` for
@@ -49,7 +54,7 @@ from polyrhythm.config import (
 from polyrhythm.errors import ConfigError
 from polyrhythm.metrics.records import STORE_NAME, flatten
 
-SWEEP_KEYS = ("name", "description", "repeats", "base", "grid")
+SWEEP_KEYS = ("name", "description", "repeats", "base", "grid", "script", "args")
 COMPARE_STRATEGIES = ("bsp", "asp", "ssp", "allreduce", "localsgd")
 COMPARE_EPOCHS = 2
 _DEFAULT_STRATEGY = COMPONENTS["strategy"].default
@@ -95,6 +100,8 @@ class Sweep:
     grid: dict[str, list] = field(default_factory=dict)
     description: str = ""
     kind: str = "sweep"  # sweep | compare
+    script: str | None = None  # a user's training script each run runs, or polyrhythm train's
+    args: list[str] = field(default_factory=list)  # the script's arguments
 
     @property
     def store_path(self) -> Path:
@@ -124,6 +131,8 @@ class Sweep:
         data: dict[str, Any] = {"name": self.sweep_id}
         if self.description:
             data["description"] = self.description
+        if self.script is not None:
+            data |= {"script": self.script, "args": self.args}
         data |= {"repeats": self.repeats, "base": {**self.base, "out": str(self.out)},
                  "grid": self.grid}
         return tomli_w.dumps(data)
@@ -133,13 +142,15 @@ def load_sweep(path: str | Path, *, sweep_id: str | None = None,
                out: str | None = None) -> Sweep:
     """Read and check a sweep file (structure and every point) without running anything."""
     data = load_toml(path)
-    return parse_sweep(data, default_name=Path(path).stem, sweep_id=sweep_id, out=out)
+    return parse_sweep(data, default_name=Path(path).stem, sweep_id=sweep_id, out=out,
+                       folder=Path(path).parent)
 
 
 def parse_sweep(data: dict[str, Any], *, default_name: str = "sweep",
                 sweep_id: str | None = None, out: str | None = None,
-                kind: str = "sweep") -> Sweep:
-    """A Sweep from the contents of a sweep file; ConfigError (one line) if anything is off."""
+                kind: str = "sweep", folder: Path = Path(".")) -> Sweep:
+    """A Sweep from the contents of a sweep file (in `folder`, which a relative script path
+    starts from); ConfigError (one line) if anything is off."""
     unknown = sorted(set(data) - set(SWEEP_KEYS))
     if unknown:
         raise ConfigError(f"unknown key {unknown[0]!r} in the sweep file; it holds "
@@ -155,6 +166,15 @@ def parse_sweep(data: dict[str, Any], *, default_name: str = "sweep",
             f"repeats must be a whole number of at least 1, got {repeats!r}")
     _expect(isinstance(base, dict), "base must be a table ([base]) of run config fields")
     _expect(isinstance(grid, dict), "grid must be a table ([grid]) of lists")
+    script, args = data.get("script"), data.get("args", [])
+    _expect(script is None or (isinstance(script, str) and script.strip() != ""),
+            "script must be a path to a training script")
+    _expect(isinstance(args, list) and all(isinstance(a, str) for a in args),
+            'args must be a list of strings, e.g. ["--steps", "40"]')
+    _expect(script is not None or "args" not in data, "args is given without a script")
+    if script is not None:
+        script = str(folder / script) if not Path(script).is_absolute() else script
+        _expect(Path(script).is_file(), f"no script {script!r}")
     keys = flat_keys()
     base = flatten(base)  # a base in sections ([base.strategy], ...) as flat keys
     _check_fields(base, "base", keys)
@@ -188,7 +208,7 @@ def parse_sweep(data: dict[str, Any], *, default_name: str = "sweep",
     base.pop("out", None)
     sweep = Sweep(name=name, sweep_id=sweep_id, points=expand_grid(base, grid),
                   repeats=repeats, out=out_dir, base=base, grid=grid,
-                  description=description, kind=kind)
+                  description=description, kind=kind, script=script, args=list(args))
     sweep.plan()  # every point valid before anything runs
     return sweep
 

@@ -42,7 +42,9 @@ def run_sweep(sweep: Sweep, *, train: Callable[..., dict] | None = None,
     from polyrhythm.launch.local import signal_handlers
 
     if train is None:
-        from polyrhythm.api import train
+        from polyrhythm import api
+        train = api.train if sweep.script is None else (
+            lambda config: api.run_script(sweep.script, sweep.args, config))
     plan = sweep.plan()
     store = SweepStore(sweep.store_path)
     store.begin(sweep, plan)
@@ -82,14 +84,21 @@ def run_sweep(sweep: Sweep, *, train: Callable[..., dict] | None = None,
                 outcome.failures.append((run.label, error))
             else:
                 store.mark(sweep.sweep_id, run, "completed", summary["run_id"])
-                accuracy = summary["final_val_accuracy"]  # None: a loss without accuracy
-                figure = (f"{accuracy:.3f} acc" if accuracy is not None
-                          else f"{summary['final_val_loss']:.4g} val loss")
+                figure = _figure(summary)
                 progress.finish(index, run.label,
                                 f"{figure}, {time.monotonic() - started:.1f} s")
             outcome.ran += 1
     outcome.run_ids = store.run_ids(sweep.sweep_id)
     return outcome
+
+
+def _figure(summary: dict) -> str:
+    """A finished run's final figure: its accuracy, else (a loss without accuracy) its
+    validation loss; a script may have logged neither."""
+    accuracy, loss = summary.get("final_val_accuracy"), summary.get("final_val_loss")
+    if accuracy is not None:
+        return f"{accuracy:.3f} acc"
+    return f"{loss:.4g} val loss" if loss is not None else "no validation logged"
 
 
 class _Stop:
