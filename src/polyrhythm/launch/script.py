@@ -16,6 +16,7 @@ Rank 0 records the run (under the config's `out`, or completes POLYRHYTHM_RUN_ID
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import time
@@ -81,7 +82,7 @@ def init() -> Job:
     if topology.role(rank) == "server":
         torch.set_num_threads(1)  # servers mostly wait
         _finish(ctx, _serve(ctx), record)
-        sys.exit(0)
+        _leave(0)
     return Job(ctx, describe_servers=_describe if topology.servers else None,
                finish=lambda job: _finish_worker(job, record))
 
@@ -127,9 +128,7 @@ def _failing(rank: int, config, record: RunRecord | None, run_dir: Path | None):
         sys.__excepthook__(kind, exc, trace)
         # Out now: tearing down a process group whose peers are failing too can abort
         # (SIGABRT), which would read as a crash rather than the error reported.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1)
+        _leave(1)
     return hook
 
 
@@ -174,6 +173,18 @@ def _finish(ctx: RankContext, report: dict, record: RunRecord | None) -> None:
         complete_run(record, result.summary, result.epochs, result.series)
     ctx.transport.barrier()
     dist.destroy_process_group()
+    # The rest of the script runs on; when it ends, the process leaves without C++'s static
+    # destructors, which abort now and then ("terminate called without an active
+    # exception", SIGABRT) while Gloo's threads wind down: a completed run would read as a
+    # crash. Handlers registered before this one are skipped: stdio is flushed here.
+    atexit.register(_leave, 0)
+
+
+def _leave(code: int) -> None:
+    """End the process now, stdio flushed (see _finish)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _result(ctx: RankContext, reports: list[dict]):
