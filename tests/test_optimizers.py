@@ -12,7 +12,7 @@ from helpers import equivalence_config, max_diff, reference_parameters, stored_p
 from polyrhythm.config import RunConfig, make_config
 from polyrhythm.config.declared import OPTIMIZERS
 from polyrhythm.errors import ConfigError
-from polyrhythm.optim import STATE_KEYS, TORCH_OPTIMIZERS, state_of, state_pieces, updater
+from polyrhythm.optim import TORCH_OPTIMIZERS, state_keys, state_of, state_pieces, updater
 from polyrhythm.runtime.server import Bucket, run_updater
 from polyrhythm.strategies.consistency import AsynchronousPolicy, SoftSynchronousPolicy
 
@@ -136,18 +136,20 @@ def test_a_staleness_scaled_gradient_scales_adams_step_not_its_gradient():
 
 @pytest.mark.parametrize("name", OPTIMIZERS)
 def test_the_handovers_state_keys_are_what_each_optimizer_keeps(name):
-    # The handover packs STATE_KEYS' states: one a torch release added or renamed would be
-    # lost at a switch; this names it.
+    # The servers size the handover by state_keys; the worker packs its updater's. Both
+    # must name all the updater keeps once stepped, or part of it would be lost at a switch.
     settings = RunConfig(optimizer=name).optimizer
+    keys = state_keys(settings)
     fresh = updater(torch.zeros(6), settings)
-    tensors, values = state_pieces(fresh.state_dict(), settings, 6)  # before any step
+    assert fresh.state_keys == keys
+    tensors, values = state_pieces(fresh.state_dict(), keys, 6)  # before any step
     assert all(t.abs().max() == 0 for t in tensors) and all(v == 0 for v in values)
     stepped = updater(torch.zeros(6), settings)
     stepped.step(torch.arange(6.0), 0.1)
     state = stepped.state_dict()
-    elementwise, scalars = STATE_KEYS[name]
+    elementwise, scalars = keys
     assert set(state) == {*elementwise, *scalars}
     assert all(state[k].shape == (6,) for k in elementwise)
-    tensors, values = state_pieces(state, settings, 6)
-    again = state_of(tensors, values, settings)
+    tensors, values = state_pieces(state, keys, 6)
+    again = state_of(tensors, values, keys)
     assert all(torch.equal(again[k], state[k]) for k in state)

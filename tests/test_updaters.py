@@ -205,3 +205,22 @@ def test_param_groups_cut_across_slices_equal_torchs_groups():
 def test_groups_must_cover_the_slice_in_order():
     with pytest.raises(ValueError, match="do not cover"):
         TorchUpdater(torch.zeros(10), torch.optim.Adam, [(0, 4, {}), (5, 10, {})])
+
+
+@pytest.mark.parametrize(("name", "hyper"), [
+    *HYPER.items(), ("Adam", {"amsgrad": True}), ("RMSprop", {"centered": True}),
+    ("SGD", {})])
+def test_the_kept_state_keys_name_what_a_stepped_updater_holds(name, hyper):
+    # Read off a probe: settings that add state (AMSGrad's maximum, RMSprop's momentum and
+    # centring) are named; SGD without momentum keeps none.
+    weights = flat_weights()
+    u = TorchUpdater(weights, ELEMENTWISE[name], lr=lr(0), **hyper)
+    run([u], [0, SIZE], gradients(2, SIZE))
+    elementwise, scalars = u.state_keys
+    state = u.state_dict()
+    assert set(state) == {*elementwise, *scalars}
+    assert all(state[k].shape == weights.shape for k in elementwise)
+    assert all(torch.as_tensor(state[k]).dim() == 0 for k in scalars)
+    assert ("max_exp_avg_sq" in elementwise) == hyper.get("amsgrad", False)
+    assert (elementwise, scalars) != ((), ()) or name == "SGD" and not hyper
+

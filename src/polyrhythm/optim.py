@@ -18,11 +18,17 @@ import torch
 
 from polyrhythm.errors import ConfigError
 
+# An optimizer's flat state's keys: its per-element entries, then its scalars (a step count).
+StateKeys = tuple[tuple[str, ...], tuple[str, ...]]
+
 
 class Updater(Protocol):
     """An optimizer stepping `weights` (a flat tensor it updates in place) by an update."""
 
     weights: torch.Tensor
+    # The state it keeps, as its flat state holds it: (per-element keys, scalar keys); what a
+    # Strategy-Switch's handover packs (state_pieces).
+    state_keys: StateKeys
     # Its step is linear in the gradient (SGD): a gradient weighted by a batch share makes a
     # step of that share. Adam, RMSprop and Adagrad normalise a gradient's scale away, so a
     # server hands them the mean gradient and scales the learning rate instead.
@@ -31,10 +37,15 @@ class Updater(Protocol):
     def step(self, grad: torch.Tensor, lr: float) -> None: ...
 
     def state_dict(self) -> dict:
-        """Its flat state (module docstring): copies, not views of its own tensors."""
+        """Its state as a checkpoint keeps it: copies, not views of its own tensors (ours:
+        the flat state; a user's optimizer: torch's own form, runtime/optimizers.py)."""
         ...
 
     def load_state_dict(self, state: dict) -> None: ...
+
+    def flat_state(self) -> dict:
+        """Its flat state (module docstring), as a Strategy-Switch's handover carries it."""
+        ...
 
 
 def effective_momentum(optimizer, concurrency: float = 1.0) -> float:
@@ -64,6 +75,8 @@ class FlatSGD:
     tensor, without the per-call overhead of an Optimizer: servers step many small buckets."""
 
     linear = True
+    # torch's SGD's key; without momentum the buffer travels as zeros, which it never reads.
+    state_keys: StateKeys = (("momentum_buffer",), ())
 
     def __init__(self, weights: torch.Tensor, optimizer, concurrency: float = 1.0) -> None:
         self.weights = weights
@@ -93,6 +106,9 @@ class FlatSGD:
             self.buffer.zero_()
         else:
             self.buffer.copy_(saved)
+
+    def flat_state(self) -> dict:
+        return self.state_dict()  # flat already
 
 
 # Classes whose update of an element reads only that element's gradient, weight and state
@@ -138,9 +154,14 @@ class TorchUpdater:
                               for p, (_, _, over) in zip(self.params, groups, strict=True)],
                              **hyper)
         self.optimizer.polyrhythm_internal = True  # not a user's: stepping it is ours
+        self.hyper = hyper
         base = hyper.get("lr", self.optimizer.defaults["lr"])
         self.ratios = [over["lr"] / base if "lr" in over and base else 1.0
                        for _, _, over in groups]
+
+    @property
+    def state_keys(self) -> StateKeys:
+        return kept_state(type(self.optimizer), self.hyper)
 
     @torch.no_grad()
     def step(self, grad: torch.Tensor, lr: float) -> None:
@@ -162,6 +183,9 @@ class TorchUpdater:
         for p, (a, b) in zip(self.params, self.ranges, strict=True):
             self.optimizer.state[p] = cut(state, a, b)
 
+    def flat_state(self) -> dict:
+        return self.state_dict()  # flat already
+
 
 class OptimizerSpec(NamedTuple):
     """A user's torch.optim optimizer as servers rebuild it on their slices of the flat
@@ -176,6 +200,10 @@ class OptimizerSpec(NamedTuple):
         """The optimizer on `weights`, elements [start, stop) of the flat model."""
         return TorchUpdater(weights, ELEMENTWISE[self.name],
                             slice_groups(self.groups, start, stop), **self.hyper)
+
+    def state_keys(self) -> StateKeys:
+        """The keys of its flat state (a handover's, for the servers it describes)."""
+        return kept_state(ELEMENTWISE[self.name], self.hyper)
 
 
 def slice_groups(groups: list[tuple[int, int, dict]], start: int,
@@ -203,43 +231,58 @@ def updater(weights: torch.Tensor, optimizer, concurrency: float = 1.0) -> Updat
     name = optimizer_name(optimizer)
     if name == "sgd":
         return FlatSGD(weights, optimizer, concurrency)
+    return TorchUpdater(weights, TORCH_OPTIMIZERS[name], **_torch_hyper(optimizer))
+
+
+def _torch_hyper(optimizer) -> dict:
     hyper = {"lr": optimizer.lr, "weight_decay": optimizer.weight_decay}
     if optimizer.betas is not None:
         hyper["betas"] = tuple(optimizer.betas)
     if optimizer.eps is not None:
         hyper["eps"] = optimizer.eps
-    return TorchUpdater(weights, TORCH_OPTIMIZERS[name], **hyper)
+    return hyper
 
 
-# The flat state each of the run's optimizers keeps once it has stepped, as the handover
-# carries it: its per-element tensors, then its scalars (with the settings a run can give:
-# no RMSprop momentum or centring, no AMSGrad). Zeros and a step count of 0 are what a fresh
-# optimizer starts from, so a state not made yet travels as those.
-STATE_KEYS = {"sgd": (("momentum_buffer",), ()),
-              "adam": (("exp_avg", "exp_avg_sq"), ("step",)),
-              "adamw": (("exp_avg", "exp_avg_sq"), ("step",)),
-              "rmsprop": (("square_avg",), ("step",)),
-              "adagrad": (("sum",), ("step",))}
+def state_keys(optimizer) -> StateKeys:
+    """The run's optimizer's flat state's keys (those its updater keeps)."""
+    name = optimizer_name(optimizer)
+    if name == "sgd":
+        return FlatSGD.state_keys
+    return kept_state(TORCH_OPTIMIZERS[name], _torch_hyper(optimizer))
 
 
-def state_keys(optimizer) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The run's optimizer's (per-element, scalar) state keys (STATE_KEYS)."""
-    return STATE_KEYS[optimizer_name(optimizer)]
+def kept_state(cls: type, hyper: dict) -> StateKeys:
+    """The keys of the state an elementwise torch.optim class keeps per parameter with these
+    hyperparameters: those shaped like the parameter, then the rest (Adam's step count).
+    Read off one step of a two-element probe rather than listed, so what a setting adds
+    (AMSGrad's max_exp_avg_sq, RMSprop's momentum_buffer) or a torch release renames is
+    carried too."""
+    probe = torch.nn.Parameter(torch.zeros(2))
+    optimizer = cls([probe], **hyper)
+    optimizer.polyrhythm_internal = True  # ours, not a user's (runtime/script_hooks.py)
+    probe.grad = torch.ones(2)
+    optimizer.step()
+    state = optimizer.state[probe]
+    elementwise = tuple(k for k, v in state.items()
+                        if isinstance(v, torch.Tensor) and v.shape == probe.shape)
+    return elementwise, tuple(k for k in state if k not in elementwise)
 
 
-def state_pieces(state: dict, optimizer, length: int) -> tuple[list[torch.Tensor], list[float]]:
-    """A flat state of `length` elements as its per-element tensors and its scalars in
-    STATE_KEYS order; zeros (and 0) for what it does not hold yet (FlatSGD without momentum
-    holds None)."""
-    elementwise, scalars = state_keys(optimizer)
+def state_pieces(state: dict, keys: StateKeys,
+                 length: int) -> tuple[list[torch.Tensor], list[float]]:
+    """A flat state of `length` elements as a Strategy-Switch's handover carries it: its
+    per-element tensors and its scalars in the order of `keys`; zeros (and 0) for what it
+    does not hold yet (FlatSGD without momentum holds None), which is what a fresh optimizer
+    starts from."""
+    elementwise, scalars = keys
     tensors = [state[k] if state.get(k) is not None else torch.zeros(length)
                for k in elementwise]
     return tensors, [float(state.get(k, 0)) for k in scalars]
 
 
-def state_of(pieces: list[torch.Tensor], values: list[float], optimizer) -> dict:
+def state_of(pieces: list[torch.Tensor], values: list[float], keys: StateKeys) -> dict:
     """The flat state whose pieces `state_pieces` gave (a step count as torch keeps it)."""
-    elementwise, scalars = state_keys(optimizer)
+    elementwise, scalars = keys
     return {**dict(zip(elementwise, pieces, strict=True)),
             **{k: torch.tensor(v) for k, v in zip(scalars, values, strict=True)}}
 

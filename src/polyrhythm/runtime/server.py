@@ -256,8 +256,8 @@ class ParameterServerShard:
         """Wait for worker 0's handover (comm/messages.py) and start every bucket from it.
         No push can come before it: the workers push only once the switch is made."""
         sizes = [b.stop - b.start for b in self.buckets.values()]
-        optimizer = self.ctx.config.optimizer
-        elementwise, scalars = state_keys(optimizer)
+        keys = state_keys(self.ctx.config.optimizer)
+        elementwise, scalars = keys
         total = sum(sizes)
         box = torch.empty(HANDOVER_HEADER + (1 + len(elementwise)) * total + len(scalars))
         self.ctx.transport.irecv(box, self.ctx.topology.worker_ranks[0], tag=HANDOVER).wait()
@@ -266,7 +266,7 @@ class ParameterServerShard:
         values = box[box.numel() - len(scalars):].tolist()
         by_bucket = zip(weights.split(sizes), *(t.split(sizes) for t in tensors), strict=True)
         for bucket, (w, *pieces) in zip(self.buckets.values(), by_bucket, strict=True):
-            bucket.take_over(w, state_of(pieces, values, optimizer), int(steps))
+            bucket.take_over(w, state_of(pieces, values, keys), int(steps))
         self.switched = bool(switched)
         # The workers checkpointed the epochs before the switch themselves. Their checkpoint
         # of the epoch the switch followed holds their switched state: it is complete with

@@ -97,9 +97,9 @@ class SwitchWorker(Strategy):
         optimizer copies of all workers are the same after a collective step)."""
         if self.ctx.worker_index != 0:
             return
-        weights = self.flat.data
-        tensors, values = state_pieces(self.first.optimizer.state_dict(),
-                                       self.ctx.config.optimizer, len(weights))
+        weights, optimizer = self.flat.data, self.first.optimizer
+        tensors, values = state_pieces(optimizer.flat_state(), optimizer.state_keys,
+                                       len(weights))
         sends = []
         for server, rank in enumerate(self.ctx.topology.server_ranks):
             ranges = [(a, b) for s, a, b in self.second.link.buckets if s == server]
