@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from polyrhythm.errors import ConfigError
+from polyrhythm.flat import FlatParameters
 from polyrhythm.optim import ELEMENTWISE, FlatSGD, TorchUpdater, cut, joined, slice_groups
+from polyrhythm.runtime.optimizers import UserOptimizer, optimizer_spec
 
 HYPER = {  # away from the defaults, so each hyperparameter is exercised
     "SGD": {"momentum": 0.9, "weight_decay": 1e-2},
@@ -224,3 +226,51 @@ def test_the_kept_state_keys_name_what_a_stepped_updater_holds(name, hyper):
     assert ("max_exp_avg_sq" in elementwise) == hyper.get("amsgrad", False)
     assert (elementwise, scalars) != ((), ()) or name == "SGD" and not hyper
 
+
+def grouped_user_optimizer() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """A user's AdamW, its biases in a group of their own without decay at half the rate."""
+    net = model()
+    return net, torch.optim.AdamW([{"params": list(net.parameters())[0::2]},
+                                   {"params": list(net.parameters())[1::2], "lr": 0.005,
+                                    "weight_decay": 0.0}], lr=0.01, weight_decay=0.1)
+
+
+def steps(updaters, cuts: list[int], grads: list[torch.Tensor]) -> None:
+    """Step at the user's group 0 rate, as a push carries it (a user's optimizer keeps its
+    own rates whatever it is given)."""
+    for g in grads:
+        for u, (a, b) in zip(updaters, pairwise(cuts), strict=True):
+            u.step(g[a:b].clone(), 0.01)
+
+
+def test_a_users_optimizers_flat_state_is_what_the_servers_take_over():
+    # A Strategy-Switch's handover from a script: the user's per-parameter state as one
+    # flat state, which the servers' slices of its OptimizerSpec take over exactly (they
+    # go on as the user's own optimizer does).
+    net, user = grouped_user_optimizer()
+    flat = FlatParameters(net)
+    spec = optimizer_spec(user, flat, "switch")
+    mine = UserOptimizer(user, flat)
+    assert mine.flat_state() == {} and mine.state_keys == spec.state_keys()
+    grads = gradients(20, SIZE)
+    steps([mine], [0, SIZE], grads[:10])
+    whole = mine.flat_state()
+    assert float(whole["step"]) == 10 and whole["exp_avg"].shape == (SIZE,)
+    assert set(whole) == {*sum(spec.state_keys(), ())}
+    on_servers = flat.data.clone()
+    servers = [spec.updater(on_servers[a:b], a, b) for a, b in pairwise(CUTS)]
+    for u, (a, b) in zip(servers, pairwise(CUTS), strict=True):
+        u.load_state_dict(cut(whole, a, b))
+    steps(servers, CUTS, grads[10:])
+    steps([mine], [0, SIZE], grads[10:])  # the user's own, never interrupted
+    assert torch.equal(on_servers, flat.data)
+
+
+def test_a_users_optimizer_with_a_per_tensor_state_has_no_flat_state():
+    net = model()
+    adafactor = torch.optim.Adafactor(net.parameters(), lr=0.01)
+    mine = UserOptimizer(adafactor, FlatParameters(net))
+    steps([mine], [0, SIZE], gradients(1, SIZE))
+    with pytest.raises(ConfigError, match="^Adafactor keeps its state per whole tensor, "
+                                          "which has no flat form$"):
+        mine.flat_state()

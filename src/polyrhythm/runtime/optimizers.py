@@ -11,7 +11,7 @@ import torch
 
 from polyrhythm.errors import ConfigError
 from polyrhythm.flat import FlatParameters
-from polyrhythm.optim import ELEMENTWISE, OptimizerSpec
+from polyrhythm.optim import ELEMENTWISE, OptimizerSpec, StateKeys, joined, kept_state
 
 # Entries of a param group that are not hyperparameters, or that torch adds itself (a
 # scheduler's initial_lr).
@@ -35,11 +35,35 @@ class UserOptimizer:
             p.grad = grad[a:b].view_as(p)
         type(self.optimizer).step(self.optimizer)
 
+    @property
+    def state_keys(self) -> StateKeys:
+        """Those of the OptimizerSpec servers rebuild it as (the same class and
+        hyperparameters, so a handover's two ends agree); elementwise classes only: one
+        whose state is per whole tensor (Adafactor's factors) has no flat form."""
+        cls = type(self.optimizer)
+        if ELEMENTWISE.get(cls.__name__) is not cls:
+            raise ConfigError(f"{cls.__name__} keeps its state per whole tensor, which has "
+                              "no flat form")
+        return kept_state(cls, constructor_hyper(self.optimizer))
+
     def state_dict(self) -> dict:
+        """torch's own state of it (any class: what a checkpoint keeps)."""
         return self.optimizer.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state)
+
+    def flat_state(self) -> dict:
+        """Its flat state (optim.py), as TorchUpdater's: each per-element entry of its
+        parameters' states flattened and joined in flat order, its scalars (Adam's step)
+        once ({} before any step). `step` hands every parameter its gradient, so they all
+        step together and their scalars agree."""
+        states = [self.optimizer.state.get(p, {}) for p in self.flat.params]
+        if not states[0]:
+            return {}
+        elementwise, _ = self.state_keys
+        return joined([{k: v.reshape(-1) if k in elementwise else v for k, v in s.items()}
+                       for s in states])
 
 
 def trained_parameters(optimizer: torch.optim.Optimizer, flat: FlatParameters) -> list[int]:
@@ -65,6 +89,14 @@ def rates(optimizer: torch.optim.Optimizer) -> list[float]:
     return [float(group["lr"]) for group in optimizer.param_groups]
 
 
+def constructor_hyper(optimizer: torch.optim.Optimizer) -> dict:
+    """Group 0's hyperparameters that its class's constructor takes (a group may hold
+    more: AdamW's decoupled_weight_decay)."""
+    accepted = inspect.signature(type(optimizer).__init__).parameters
+    return {k: v for k, v in optimizer.param_groups[0].items()
+            if k in accepted and k not in _NOT_HYPER}
+
+
 def optimizer_spec(optimizer: torch.optim.Optimizer, flat: FlatParameters,
                    strategy: str) -> OptimizerSpec:
     """The user's optimizer as servers rebuild it: its class (one whose update of an element
@@ -79,9 +111,7 @@ def optimizer_spec(optimizer: torch.optim.Optimizer, flat: FlatParameters,
                           "strategy without servers (allreduce, localsgd, ...)")
     groups = [{k: v for k, v in g.items() if k not in _NOT_HYPER}
               for g in optimizer.param_groups]
-    # Its constructor's arguments (a group may hold more: AdamW's decoupled_weight_decay).
-    accepted = inspect.signature(cls.__init__).parameters
-    hyper = {k: v for k, v in groups[0].items() if k in accepted}
+    hyper = constructor_hyper(optimizer)
     owner = trained_parameters(optimizer, flat)
     spans: list[tuple[int, int, dict]] = []
     for g, (a, b) in zip(owner, flat.ranges, strict=True):
