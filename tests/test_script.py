@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from helpers import HANG_GUARD_S
 from polyrhythm import api
-from polyrhythm.errors import ConfigError, RunFailed
+from polyrhythm.errors import RunFailed
 from polyrhythm.metrics.records import RunRecord
 from polyrhythm.runtime.script_data import ShardSampler
 
@@ -124,10 +124,62 @@ def test_misuse_is_one_line_naming_the_worker(tmp_path: Path, fault: str, config
     assert left.stdout == ""
 
 
-def test_a_strategy_scripts_cannot_run_yet_is_one_line_before_any_run(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="switch does not run from a script yet"):
-        run(tmp_path, strategy="switch", workers=2)
-    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").glob("2*"))
+# Strategy-Switch from the script: all-reduce for ⌊0.5 · 4⌋ = 2 of the script's 4 epochs
+# (its job.epochs(4); the config's default 3 would switch after 1), then the servers'.
+SWITCH = {"strategy": "switch", "at": 0.5, "workers": 2}
+
+
+def phases(summary: dict) -> list[str]:
+    return [e["phase"] for e in summary["epoch_metrics"]]
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_switch_to_bsp_hands_the_scripts_optimizer_over_exactly(tmp_path: Path,
+                                                               optimizer: str) -> None:
+    """bsp is synchronous: the run is one process on the union batch only if the servers
+    take over the script's optimizer whole: SGD's momentum buffers; AdamW's moments and
+    step count, its two groups' weight decays and rates, at the cosine schedule's rate."""
+    summary = run(tmp_path, "--optimizer", optimizer, to="bsp", servers=2, **SWITCH)
+    assert summary["switch_epoch"] == 2 and phases(summary) == ["allreduce"] * 2 + ["bsp"] * 2
+    assert summary["weight_updates"] == 5 * EPOCHS  # the servers' versions carry on from 10
+    model = torch.load(RunRecord(tmp_path / "runs", summary["run_id"]).model_path)
+    assert farthest(model, one_process(workers=2, optimizer=optimizer)) <= 1e-5
+    losses = [e["val_loss"] for e in summary["epoch_metrics"]]
+    assert losses[3] < losses[1] < losses[0]
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_switch_to_asp_trains_on_after_the_switch(tmp_path: Path, optimizer: str) -> None:
+    summary = run(tmp_path, "--optimizer", optimizer, to="asp", servers=1, **SWITCH)
+    assert summary["switch_epoch"] == 2 and phases(summary) == ["allreduce"] * 2 + ["asp"] * 2
+    # Every push after the switch is an update of its own: 2 workers' 10 steps each.
+    assert summary["weight_updates"] == 10 + 2 * 10
+    # Asynchronous steps differ from run to run, and this small model levels off by the
+    # switch (all-reduce's 4 epochs too): each epoch after it stays below the first
+    # (validation 0.29 with SGD, 0.25 with AdamW; about 0.25 and 0.235 after the switch).
+    for metric in ("val_loss", "train_loss"):
+        first, *_, third, fourth = (e[metric] for e in summary["epoch_metrics"])
+        assert third < 0.97 * first and fourth < 0.97 * first
+
+
+def test_the_loss_rule_reads_worker_0s_logged_loss_on_every_worker(tmp_path: Path) -> None:
+    """Worker 1 logs a flat 1.0, which alone would fire the rule after epoch 2; worker 0's
+    loss (AdamW's, changing 4.2 % then 3.2 %) fires it after epoch 3, on both workers (a
+    worker switching alone would leave the other waiting until the timeout)."""
+    summary = run(tmp_path, "--fault", "uneven-val-loss", strategy="switch",
+                  rule="empirical", window=1, loss_threshold=3.5, to="bsp", servers=1,
+                  workers=2, timeout=60)
+    assert summary["switch_epoch"] == 3 and phases(summary) == ["allreduce"] * 3 + ["bsp"]
+
+
+def test_a_loss_rule_without_a_logged_val_loss_is_one_line(tmp_path: Path) -> None:
+    with pytest.raises(RunFailed) as failed:
+        run(tmp_path, "--fault", "no-val-loss", strategy="switch", rule="empirical",
+            to="asp", servers=1, workers=2)
+    message = str(failed.value)
+    assert "\n" not in message and ("ConfigError: switch's rule empirical reads each "
+                                    "epoch's validation loss, and epoch 1 has none: log it "
+                                    "with job.log(val_loss=...) every epoch") in message
 
 
 def test_non_elementwise_optimizer_runs_whole_on_workers_refused_on_servers(

@@ -15,7 +15,6 @@ from polyrhythm.launch.cluster import can_emulate
 from polyrhythm.launch.emulated import launch_emulated
 from polyrhythm.launch.local import launch_local
 from polyrhythm.launch.progress import ProgressBoard
-from polyrhythm.launch.script import check_scriptable
 from polyrhythm.launch.scripts import launch_script
 from polyrhythm.losses import LOSSES
 from polyrhythm.metrics.records import (
@@ -81,7 +80,6 @@ def run_script(script: str | Path, args: list[str] | None = None,
     if config.cluster.hosts:
         raise ConfigError("a script on an emulated cluster is not supported yet: run it on "
                           "loopback (no --hosts)")
-    check_scriptable(config)
     return launch_script(config, start_run(config), str(path), list(args or []))
 
 

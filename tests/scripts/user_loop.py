@@ -1,7 +1,8 @@
 """A user's training script, as tests run it (tests/test_script.py): a small regression
-with AdamW over two param groups (weight decay on weights only) and a cosine schedule, or
-plain SGD; `--ddp` trains the same under torch's DistributedDataParallel instead (torchrun),
-`--fault` breaks it one way. The final parameters are saved by worker 0 to --save."""
+with AdamW over two param groups (weight decay on weights only, the biases at half the
+rate) and a cosine schedule, or SGD with momentum; `--ddp` trains the same under torch's
+DistributedDataParallel instead (torchrun), `--fault` breaks it one way. The final
+parameters are saved by worker 0 to --save."""
 
 import argparse
 import os
@@ -19,7 +20,8 @@ parser.add_argument("--save")
 parser.add_argument("--ddp", action="store_true")
 parser.add_argument("--plain-epochs", action="store_true",
                     help="range(epochs), not job.epochs: each pass of the loader is an epoch")
-parser.add_argument("--fault", choices=["wrap-twice", "unwrapped", "seed", "raise"])
+parser.add_argument("--fault", choices=["wrap-twice", "unwrapped", "seed", "raise",
+                                        "no-val-loss", "uneven-val-loss"])
 EXAMPLES, BATCH = 160, 16  # 2 workers: 5 steps an epoch
 
 
@@ -39,7 +41,7 @@ def make_optimizer(model, optimizer: str):
     decay = [p for n, p in model.named_parameters() if n.endswith("weight")]
     rest = [p for n, p in model.named_parameters() if not n.endswith("weight")]
     return torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                              {"params": rest, "weight_decay": 0.0}], lr=0.02)
+                              {"params": rest, "weight_decay": 0.0, "lr": 0.01}], lr=0.02)
 
 
 def data() -> torch.utils.data.TensorDataset:
@@ -93,7 +95,10 @@ def main(args) -> None:
             sched.step()
         with torch.no_grad():
             x, y = data().tensors
-            job.log(val_loss=F.mse_loss(model(x), y))
+            if args.fault == "uneven-val-loss" and job.worker > 0:
+                job.log(val_loss=1.0)  # a figure of its own, unlike worker 0's
+            elif args.fault != "no-val-loss":
+                job.log(val_loss=F.mse_loss(model(x), y))
     if args.save and job.worker == 0:
         torch.save(model.state_dict(), args.save)
     job.finish()

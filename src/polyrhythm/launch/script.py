@@ -41,8 +41,6 @@ from polyrhythm.runtime.script import Job
 from polyrhythm.runtime.script_hooks import recording_backward, stepping_unwrapped
 from polyrhythm.runtime.summary import combine
 from polyrhythm.runtime.survivors import agree_on_lost
-from polyrhythm.strategies import STRATEGIES
-from polyrhythm.strategies.spec import SWITCHING
 
 ENV_CONFIG, ENV_RUN_ID = "POLYRHYTHM_CONFIG", "POLYRHYTHM_RUN_ID"
 ENV_RENDEZVOUS = "POLYRHYTHM_RENDEZVOUS"  # a file store (polyrhythm run); else env:// (torchrun)
@@ -65,7 +63,6 @@ def init() -> Job:
         raise ConfigError(f"the launcher started {world} processes but the run needs "
                           f"{config.world_size} ({config.servers} servers + {config.workers} "
                           "workers)")
-    check_scriptable(config)
     record, run_dir = job_record(config, rank, os.environ.get(ENV_RUN_ID))
     sys.excepthook = _failing(rank, config, record, run_dir)
     rendezvous = os.environ.get(ENV_RENDEZVOUS)
@@ -85,14 +82,6 @@ def init() -> Job:
         _leave(0)
     return Job(ctx, describe_servers=_describe if topology.servers else None,
                finish=lambda job: _finish_worker(job, record))
-
-
-def check_scriptable(config) -> None:
-    """One line for a run a script cannot be yet (before any process starts, where a
-    launcher asks)."""
-    if STRATEGIES[config.strategy.name].family == SWITCHING:
-        raise ConfigError(f"{config.strategy.name} does not run from a script yet: use "
-                          "polyrhythm train, or another strategy")
 
 
 def job_config() -> RunConfig:
@@ -151,7 +140,8 @@ def _serve(ctx: RankContext) -> dict:
         config = ctx.config = RunConfig(**{**config.given, "epochs": described["epochs"]})
     optimizer = described["optimizer"]
     shard = server_shard(ctx, initial, steps, make_updater=lambda weights, a, b, concurrency:
-                         optimizer.updater(weights, a, b))
+                         optimizer.updater(weights, a, b),
+                         handover_keys=optimizer.state_keys())
     ctx.transport.barrier()  # the workers' first step starts the clock
     ctx.started = time.perf_counter()
     return play(ctx, shard)

@@ -20,6 +20,7 @@ from polyrhythm.flat import FlatParameters
 from polyrhythm.layout import BucketLayout
 from polyrhythm.metrics.sampler import ResourceSampler
 from polyrhythm.models.build import build_model
+from polyrhythm.optim import StateKeys
 from polyrhythm.runtime.builtin import BuiltinWorker
 from polyrhythm.runtime.server import MakeUpdater, ParameterServerShard
 from polyrhythm.runtime.summary import RunResult, summarise
@@ -88,17 +89,20 @@ def build_role(ctx: RankContext, plan: DataPlan,
 
 
 def server_shard(ctx: RankContext, initial: torch.Tensor, steps: int,
-                 make_updater: MakeUpdater | None = None) -> ParameterServerShard:
+                 make_updater: MakeUpdater | None = None,
+                 handover_keys: StateKeys | None = None) -> ParameterServerShard:
     """This rank's parameter-server shard of the flat model `initial` (its buckets, as the
     layout gives them), under the run's strategy, with epochs of `steps` global batches;
-    `make_updater`: its buckets' optimizer (the run's by default)."""
+    `make_updater`: its buckets' optimizer and `handover_keys` the state a Strategy-Switch
+    hands it (the run's optimizer's by default)."""
     config = ctx.config
     layout = BucketLayout(len(initial), config.servers, config.bucket_kb)
     spec, workers = STRATEGIES[config.strategy.name], config.workers
     return ParameterServerShard(ctx, initial, layout.of_server(ctx.rank),
                                 layout.capacity(ctx.rank),
                                 lambda: spec.policy(config.strategy, workers), steps,
-                                handover=spec.family == SWITCHING, make_updater=make_updater)
+                                handover=spec.family == SWITCHING, make_updater=make_updater,
+                                handover_keys=handover_keys)
 
 
 def play(ctx: RankContext, role: BuiltinWorker | ParameterServerShard) -> dict:

@@ -25,6 +25,7 @@ from collections.abc import Iterable, Iterator
 import torch
 from torch import nn
 
+from polyrhythm.config import RunConfig
 from polyrhythm.context import RankContext
 from polyrhythm.errors import ConfigError
 from polyrhythm.flat import FlatParameters
@@ -89,8 +90,11 @@ class Job(WorkerEngine):
 
     def epochs(self, n: int) -> Iterator[int]:
         """The epochs to train, from the first not done (a resumed run's); each ends when
-        the script moves on to the next."""
+        the script moves on to the next. `n` is the run's length from then on, in place of
+        the config's (a Strategy-Switch rule at a share of the epochs reads it)."""
         self.total_epochs = n
+        if self.ctx is not None and n != self.ctx.config.epochs:
+            self.ctx.config = RunConfig(**{**self.ctx.config.given, "epochs": n})
         for epoch in range(len(self.epochs_done), n):
             self.begin_epoch(epoch)
             yield epoch

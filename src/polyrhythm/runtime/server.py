@@ -29,7 +29,16 @@ from polyrhythm.comm.transport import PeerLost
 from polyrhythm.config.servers import CONTINUE
 from polyrhythm.context import RankContext
 from polyrhythm.metrics.recorder import StalenessLog
-from polyrhythm.optim import Updater, cut, joined, lr_at, state_keys, state_of, updater
+from polyrhythm.optim import (
+    StateKeys,
+    Updater,
+    cut,
+    joined,
+    lr_at,
+    state_keys,
+    state_of,
+    updater,
+)
 from polyrhythm.runtime import checkpoint
 from polyrhythm.strategies.consistency import ConsistencyPolicy
 from polyrhythm.strategies.serving import DONE, Course, Served, serve
@@ -165,12 +174,16 @@ class ParameterServerShard:
     def __init__(self, ctx: RankContext, initial: torch.Tensor,
                  buckets: dict[int, tuple[int, int]], capacity: int, make_policy,
                  steps_per_epoch: int, handover: bool = False,
-                 make_updater: MakeUpdater | None = None) -> None:
+                 make_updater: MakeUpdater | None = None,
+                 handover_keys: StateKeys | None = None) -> None:
         """`make_updater(weights, start, stop, concurrency)`: a bucket's optimizer (the
-        run's, by default; a script's user optimizer: optim.OptimizerSpec)."""
+        run's, by default; a script's user optimizer: optim.OptimizerSpec).
+        `handover_keys`: the optimizer state a Strategy-Switch's handover carries, the keys
+        of the workers' optimizer (the run's by default; a script's: its spec's)."""
         self.ctx = ctx
         # Strategy-Switch: idle until worker 0 hands over the synchronous phase's state.
         self.handover = handover
+        self.handover_keys = handover_keys
         self.switched: bool | None = None
         make_updater = make_updater or partial(run_updater, ctx.config.optimizer)
         self.buckets = {k: Bucket(initial, a, b, make_policy(), make_updater)
@@ -256,7 +269,7 @@ class ParameterServerShard:
         """Wait for worker 0's handover (comm/messages.py) and start every bucket from it.
         No push can come before it: the workers push only once the switch is made."""
         sizes = [b.stop - b.start for b in self.buckets.values()]
-        keys = state_keys(self.ctx.config.optimizer)
+        keys = self.handover_keys or state_keys(self.ctx.config.optimizer)
         elementwise, scalars = keys
         total = sum(sizes)
         box = torch.empty(HANDOVER_HEADER + (1 + len(elementwise)) * total + len(scalars))

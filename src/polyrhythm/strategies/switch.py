@@ -4,14 +4,17 @@ inside the running job.
 
 The servers exist from the start and wait, idle, for the switch; the first phase's
 collectives run among the workers only. The rule (strategies/switching.py) is asked before
-training and after every epoch but the last, on figures every worker holds alike (the
-validation loss or the idleness, added up through one exact all-reduce), so all workers
-decide the same. At the switch worker 0 hands each server its slices of the parameters and of
-the optimizer's state (SGD's momentum buffer, Adam's moments and step count), and the global
-step count, which the servers' versions and learning-rate
-schedule carry on from (comm/messages.py, runtime/server.py). Buffers (BatchNorm statistics)
-stay in each worker's model, as in every parameter-server strategy. Sync-Switch (Li et al.,
-ICDCS 2021) switches instead by checkpointing and relaunching the cluster.
+training (once the run's length is known: a script tells it at its first step) and after
+every epoch but the last, on figures every worker holds alike (worker 0's validation loss,
+which a script logs, or the idleness, through one exact all-reduce), so all workers decide
+the same. At the switch worker 0 hands each server its slices of the parameters and of the
+optimizer's flat state (SGD's momentum buffer, Adam's moments and step count; a script's own
+optimizer's as runtime/optimizers.py flattens it), and the global step count, which the
+servers' versions and learning-rate schedule carry on from (comm/messages.py,
+runtime/server.py). From a script, the pushes after the switch carry its scheduler's rate, as
+any parameter server's do. Buffers (BatchNorm statistics) stay in each worker's model, as in
+every parameter-server strategy. Sync-Switch (Li et al., ICDCS 2021) switches instead by
+checkpointing and relaunching the cluster.
 """
 
 from __future__ import annotations
@@ -19,10 +22,11 @@ from __future__ import annotations
 import torch
 
 from polyrhythm.comm.messages import HANDOVER
+from polyrhythm.errors import ConfigError
 from polyrhythm.optim import state_pieces
 from polyrhythm.strategies.base import EpochEnd, Strategy
 from polyrhythm.strategies.spec import STRATEGIES
-from polyrhythm.strategies.switching import rule_of
+from polyrhythm.strategies.switching import AtRule, EmpiricalRule, StragglerRule, rule_of
 
 
 class SwitchWorker(Strategy):
@@ -35,7 +39,8 @@ class SwitchWorker(Strategy):
             STRATEGIES[half.name].build_worker(ctx, self.flat, self.batch_weight, half)
             for half in (s["from"], s.to))
         self.current = self.first
-        self.rule = rule_of(s, ctx.config.epochs)
+        # Built at the first step (start): a script tells the run's length only then.
+        self.rule: AtRule | EmpiricalRule | StragglerRule | None = None
         self.steps = 0  # synchronous steps taken (each one update of a global batch)
         self.losses: list[float] = []  # the validation losses the rule has seen
         self.switch_epoch: int | None = None  # epochs done when the rule fired
@@ -49,6 +54,9 @@ class SwitchWorker(Strategy):
         return self.settings["from"].name, self.settings.to.name
 
     def start(self) -> None:
+        """Before the first step: the rule, for the run's epochs as they are known now (a
+        script's job.epochs(n) has set them), and the switch if it fires before training."""
+        self.rule = rule_of(self.settings, self.ctx.config.epochs)
         self.first.start()
         decision = self.rule.decide(0)
         if decision.switch:  # rule at with ⌊α·epochs⌋ = 0
@@ -56,7 +64,11 @@ class SwitchWorker(Strategy):
             self._switch(0)
 
     def begin_step(self, epoch: int) -> None:
+        self.current.rate = self.rate  # a script's scheduler's rate, which pushes carry
         self.current.begin_step(epoch)
+
+    def gradients_ready(self) -> None:
+        self.current.gradients_ready()
 
     def step(self, epoch: int) -> None:
         self.current.step(epoch)
@@ -66,12 +78,15 @@ class SwitchWorker(Strategy):
 
     def end_epoch(self, end: EpochEnd) -> dict:
         fields = {"phase": self.names[self.current is self.second]}
-        if self.current is self.second or end.epochs_done >= self.ctx.config.epochs:
-            return fields  # one-way; and after the last epoch nothing is left to switch
+        if (self.current is self.second or end.epochs_done >= self.ctx.config.epochs
+                or self.rule is None):
+            # One-way; after the last epoch nothing is left to switch; and an epoch that
+            # ended before any step (a script's) has nothing to decide on.
+            return fields
         idleness = None
         if self.rule.needs == "validation loss":
             fields |= end.validate()
-            self.losses.append(fields["val_loss"])
+            self.losses.append(self._agreed_loss(fields, end.epochs_done))
         elif self.rule.needs == "idleness":
             rows = self.ctx.transport.rows_of_members(
                 torch.tensor([end.wait_s, end.iteration_s], dtype=torch.float64))
@@ -84,6 +99,16 @@ class SwitchWorker(Strategy):
         if decision.switch:
             self._switch(end.epochs_done)
         return fields
+
+    def _agreed_loss(self, fields: dict, epochs_done: int) -> float:
+        """The epoch's validation loss as every worker's rule reads it: worker 0's, so all
+        decide alike even where a script logs another figure on each worker."""
+        if "val_loss" not in fields:  # a script's epoch: what it logged
+            raise ConfigError(f"switch's rule {self.settings.rule} reads each epoch's "
+                              f"validation loss, and epoch {epochs_done} has none: log it "
+                              "with job.log(val_loss=...) every epoch")
+        row = torch.tensor([fields["val_loss"]], dtype=torch.float64)
+        return float(self.ctx.transport.rows_of_members(row)[0, 0])
 
     def _switch(self, epochs_done: int) -> None:
         self._hand_over(switched=True)
