@@ -1,0 +1,264 @@
+"""A character-level causal transformer language model, trained as a polyrhythm job.
+
+It shows an ordinary PyTorch training loop (AdamW with two param groups, a warm-up then
+cosine schedule, gradient clipping, a held-out validation loss) made distributed by five
+polyrhythm lines: `pr.init()`, `job.wrap(model, opt)`, `job.epochs`, `job.loader` and
+`job.finish()`. The text ships with Python: the help texts of `pydoc_data.topics` (what
+`help("topics")` shows), about 460 KB, so nothing is downloaded.
+
+    python examples/char_lm.py --steps 100                  # alone, as a plain script
+    polyrhythm run --strategy allreduce --workers 2 examples/char_lm.py -- --steps 100
+    polyrhythm run --strategy ssp --workers 2 examples/char_lm.py -- --steps 40
+    polyrhythm run --strategy bsp --servers 2 --workers 2 examples/char_lm.py -- --steps 40
+    torchrun --standalone --nproc-per-node 2 examples/char_lm.py --ddp --steps 100
+
+`--ddp` trains the same model under torch's own DistributedDataParallel (started by torchrun),
+on the very batches polyrhythm's all-reduce takes, to compare the two. With `--clip 0` both end
+with the same parameters; with clipping they differ a little, by design: polyrhythm clips each
+worker's own gradient before the exchange, DDP clips the averaged one after it.
+
+`--steps` counts each worker's optimizer steps (the loop stops there); an epoch is one pass
+over this worker's share of the training windows, and the validation loss is logged after
+each (and after the last, partial one). `--seed` seeds the model's initialisation; which
+windows each worker reads, and in which order, is the job's (`polyrhythm run --seed`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from pydoc_data.topics import topics
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import polyrhythm as pr
+
+VALIDATION_FRACTION = 0.1  # the tail of the text, never trained on
+
+
+def arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=200, help="optimizer steps per worker")
+    parser.add_argument("--batch", type=int, default=16, help="windows per worker and step")
+    parser.add_argument("--context", type=int, default=64, help="characters per window")
+    parser.add_argument("--width", type=int, default=64, help="embedding width")
+    parser.add_argument("--layers", type=int, default=2, help="transformer blocks")
+    parser.add_argument("--heads", type=int, default=4, help="attention heads per block")
+    parser.add_argument("--lr", type=float, default=3e-3, help="peak learning rate")
+    parser.add_argument("--clip", type=float, default=1.0,
+                        help="clip each step's gradient to this norm (0: no clipping)")
+    parser.add_argument("--chars", type=int, default=None,
+                        help="use only the first CHARS characters of the text (quick tries)")
+    parser.add_argument("--save", help="worker 0 saves the model's state_dict here at the end")
+    parser.add_argument("--ddp", action="store_true",
+                        help="train under torch's DistributedDataParallel (torchrun) instead")
+    parser.add_argument("--log-every", type=int, default=20,
+                        help="print the step and its loss every K steps (worker 0; 0: never)")
+    parser.add_argument("--seed", type=int, default=0, help="seeds the model's initialisation")
+    args = parser.parse_args(argv)
+    for name in ("steps", "batch", "context", "width", "layers", "heads"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1, not {getattr(args, name)}")
+    if args.width % args.heads:
+        parser.error(f"--width {args.width} must be a multiple of --heads {args.heads}")
+    if args.lr <= 0:
+        parser.error(f"--lr must be positive, not {args.lr}")
+    return args
+
+
+# -- the data ----------------------------------------------------------------------------
+
+def corpus(chars: int | None) -> str:
+    """Python's help texts, in the order of their topic names (the same text everywhere)."""
+    return "\n".join(topics[name] for name in sorted(topics))[:chars]
+
+
+class CharWindows(torch.utils.data.Dataset):
+    """Non-overlapping windows of `context` characters, each with the characters that follow
+    every one of its positions (the inputs shifted by one)."""
+
+    def __init__(self, codes: torch.Tensor, context: int) -> None:
+        self.codes, self.context = codes, context
+
+    def __len__(self) -> int:
+        return (len(self.codes) - 1) // self.context
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        start = index * self.context
+        window = self.codes[start:start + self.context + 1]
+        return window[:-1], window[1:]
+
+
+def datasets(text: str, context: int) -> tuple[CharWindows, CharWindows, int]:
+    """Training windows, validation windows (the text's tail) and the vocabulary's size."""
+    vocabulary = sorted(set(text))
+    lookup = {char: code for code, char in enumerate(vocabulary)}
+    encoded = torch.tensor([lookup[c] for c in text], dtype=torch.long)
+    split = int(len(encoded) * (1 - VALIDATION_FRACTION))
+    train, validation = CharWindows(encoded[:split], context), CharWindows(encoded[split:],
+                                                                            context)
+    if len(validation) < 1:
+        raise SystemExit(f"char_lm: error: --context {context} is longer than the validation "
+                         f"text ({len(encoded) - split} characters): use more --chars")
+    return train, validation, len(vocabulary)
+
+
+# -- the model ---------------------------------------------------------------------------
+
+class CharTransformer(nn.Module):
+    """Token and position embeddings, pre-norm transformer blocks under a causal mask (each
+    position attends to itself and the positions before it), a final norm and an untied
+    linear head over the vocabulary."""
+
+    def __init__(self, vocabulary: int, context: int, width: int, layers: int,
+                 heads: int) -> None:
+        super().__init__()
+        self.token = nn.Embedding(vocabulary, width)
+        self.position = nn.Embedding(context, width)
+        # No dropout: a small model trained for a few hundred steps does not overfit, and
+        # without it a run is a function of its seed alone (DDP and polyrhythm compare).
+        self.blocks = nn.ModuleList(
+            nn.TransformerEncoderLayer(width, heads, dim_feedforward=4 * width, dropout=0.0,
+                                       activation="gelu", batch_first=True, norm_first=True)
+            for _ in range(layers))
+        self.norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, vocabulary)
+
+    def forward(self, codes: torch.Tensor) -> torch.Tensor:
+        length = codes.shape[1]
+        positions = torch.arange(length, device=codes.device)
+        hidden = self.token(codes) + self.position(positions)
+        mask = nn.Transformer.generate_square_subsequent_mask(length, device=codes.device)
+        for block in self.blocks:
+            hidden = block(hidden, src_mask=mask, is_causal=True)
+        return self.head(self.norm(hidden))
+
+
+def build(args: argparse.Namespace, vocabulary: int):
+    """The model (the same on every worker: seeded), AdamW and its schedule."""
+    torch.manual_seed(args.seed)
+    model = CharTransformer(vocabulary, args.context, args.width, args.layers, args.heads)
+    # Weight decay shrinks the linear layers' weight matrices (attention's projections, the
+    # feed-forward layers, the head); biases, the norms' gains and shifts and the two
+    # embeddings are left alone: decaying them only pulls them toward zero for no gain.
+    embeddings = {id(model.token.weight), id(model.position.weight)}
+    decayed = [p for p in model.parameters() if p.dim() >= 2 and id(p) not in embeddings]
+    kept = [p for p in model.parameters() if p.dim() < 2 or id(p) in embeddings]
+    opt = torch.optim.AdamW([{"params": decayed, "weight_decay": 0.1},
+                             {"params": kept, "weight_decay": 0.0}],
+                            lr=args.lr, betas=(0.9, 0.95))
+    schedule = torch.optim.lr_scheduler.LambdaLR(opt, warmup_then_cosine(args.steps))
+    return model, opt, schedule
+
+
+def warmup_then_cosine(steps: int):
+    """The rate's factor at each step: a linear rise over the first tenth of the steps,
+    then a cosine down to a tenth of the peak at the last step."""
+    warmup = max(1, steps // 10)
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, steps - warmup))
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+    return factor
+
+
+# -- training ----------------------------------------------------------------------------
+
+def next_char_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+@torch.no_grad()
+def validation_loss(model: nn.Module, validation: CharWindows) -> float:
+    """The mean loss per character over every validation window."""
+    model.eval()
+    total, count = 0.0, 0
+    for x, y in torch.utils.data.DataLoader(validation, batch_size=64):
+        total += float(next_char_loss(model(x), y)) * y.numel()
+        count += y.numel()
+    model.train()
+    return total / count
+
+
+def train(args, model, opt, schedule, batches, epochs, validation, log, talk: bool) -> None:
+    """The loop, as a single-process script has it: stops after `args.steps` steps."""
+    step = 0
+    for _ in epochs:
+        for x, y in batches:
+            loss = next_char_loss(model(x), y)
+            loss.backward()
+            if args.clip:
+                nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            schedule.step()
+            step += 1
+            if talk and args.log_every and step % args.log_every == 0:
+                print(f"step {step} loss {loss.item():.4f}", flush=True)
+            if step == args.steps:
+                break
+        log(validation_loss(model, validation))
+
+
+def main(args: argparse.Namespace) -> None:
+    train_set, validation, vocabulary = datasets(corpus(args.chars), args.context)
+    job = pr.init()
+    model, opt, schedule = build(args, vocabulary)
+    model, opt = job.wrap(model, opt)
+    batches = job.loader(train_set, batch_size=args.batch)
+    if len(batches) < 1:
+        raise SystemExit(f"char_lm: error: {len(train_set)} training windows make no batch of "
+                         f"{args.batch} per worker: use more --chars or a smaller --batch")
+    epochs = job.epochs(math.ceil(args.steps / len(batches)))
+
+    def log(val_loss: float) -> None:
+        job.log(val_loss=val_loss)
+        if job.worker == 0:
+            print(f"val_loss {val_loss:.4f}", flush=True)
+
+    train(args, model, opt, schedule, batches, epochs, validation, log, job.worker == 0)
+    if args.save and job.worker == 0:
+        torch.save(model.state_dict(), args.save)
+    job.finish()
+
+
+def ddp(args: argparse.Namespace) -> None:
+    """The same training under torch's DistributedDataParallel, on the batches polyrhythm's
+    loader gives each worker (its ShardSampler with the job's default seed, 0)."""
+    import torch.distributed as dist
+
+    from polyrhythm.runtime.script_data import ShardSampler
+
+    train_set, validation, vocabulary = datasets(corpus(args.chars), args.context)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    model, opt, schedule = build(args, vocabulary)
+    sampler = ShardSampler(len(train_set), rank, dist.get_world_size(), seed=0)
+    batches = torch.utils.data.DataLoader(train_set, batch_size=args.batch, sampler=sampler)
+    epochs = range(math.ceil(args.steps / len(batches)))
+
+    def log(val_loss: float) -> None:
+        if rank == 0:
+            print(f"val_loss {val_loss:.4f}", flush=True)
+
+    train(args, torch.nn.parallel.DistributedDataParallel(model), opt, schedule, batches,
+          epochs, validation, log, rank == 0)
+    if args.save and rank == 0:
+        torch.save(model.state_dict(), args.save)
+    dist.barrier()
+    # Leave without DDP's teardown at interpreter exit, which now and then aborts the
+    # process (SIGABRT, "terminate called without an active exception") after the work is
+    # done; every rank's output is saved and flushed by now.
+    sys.stdout.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    options = arguments()
+    ddp(options) if options.ddp else main(options)
