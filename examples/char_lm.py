@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import polyrhythm as pr
+from polyrhythm.errors import ConfigError, PolyrhythmError
 
 VALIDATION_FRACTION = 0.1  # the tail of the text, never trained on
 
@@ -102,8 +103,8 @@ def datasets(text: str, context: int) -> tuple[CharWindows, CharWindows, int]:
     train, validation = CharWindows(encoded[:split], context), CharWindows(encoded[split:],
                                                                             context)
     if len(validation) < 1:
-        raise SystemExit(f"char_lm: error: --context {context} is longer than the validation "
-                         f"text ({len(encoded) - split} characters): use more --chars")
+        raise ConfigError(f"--context {context} is longer than the validation text "
+                          f"({len(encoded) - split} characters): use more --chars")
     return train, validation, len(vocabulary)
 
 
@@ -213,8 +214,8 @@ def main(args: argparse.Namespace) -> None:
     model, opt = job.wrap(model, opt)
     batches = job.loader(train_set, batch_size=args.batch)
     if len(batches) < 1:
-        raise SystemExit(f"char_lm: error: {len(train_set)} training windows make no batch of "
-                         f"{args.batch} per worker: use more --chars or a smaller --batch")
+        raise ConfigError(f"{len(train_set)} training windows make no batch of {args.batch} "
+                          "per worker: use more --chars or a smaller --batch")
     epochs = job.epochs(math.ceil(args.steps / len(batches)))
 
     def log(val_loss: float) -> None:
@@ -261,4 +262,7 @@ def ddp(args: argparse.Namespace) -> None:
 
 if __name__ == "__main__":
     options = arguments()
-    ddp(options) if options.ddp else main(options)
+    try:
+        ddp(options) if options.ddp else main(options)
+    except PolyrhythmError as error:
+        sys.exit(f"char_lm: error: {error}")
