@@ -31,7 +31,7 @@ SOURCE = Path(__file__).resolve().parents[1] / "src"
 # steps of 8 windows an epoch for each of 2 workers, so 21 steps are 3 epochs; the training
 # itself takes a fraction of a second, the rest of a run is starting its processes.
 TINY_LM = ["--chars", "2000", "--context", "16", "--batch", "8", "--width", "16",
-           "--layers", "1", "--heads", "2", "--lr", "1e-2", "--steps", "21", "--log-every", "0"]
+           "--layers", "1", "--heads", "2", "--lr", "2e-2", "--steps", "21", "--log-every", "0"]
 LM_BLOCK_KEYS = {f"blocks.0.{name}" for name in (
     "self_attn.in_proj_weight", "self_attn.in_proj_bias", "self_attn.out_proj.weight",
     "self_attn.out_proj.bias", "linear1.weight", "linear1.bias", "linear2.weight",
@@ -69,9 +69,25 @@ def assert_learned(summary: dict) -> None:
     assert summary["final_val_loss"] == recorded(summary, "val_loss")[-1]
 
 
-def assert_validation_falls(summary: dict) -> None:
-    val = recorded(summary, "val_loss")
-    assert val[-1] < 0.95 * val[0], val
+def lm_validation_loss(state: dict[str, torch.Tensor] | None) -> float:
+    """The tiny language model's validation loss with these parameters (None: untrained),
+    from the example's own data, model and measure."""
+    char_lm = example("char_lm")
+    args = char_lm.arguments(TINY_LM)
+    _, validation, vocabulary = char_lm.datasets(char_lm.corpus(args.chars), args.context)
+    model, _, _ = char_lm.build(args, vocabulary)
+    if state is not None:
+        model.load_state_dict(state)
+    return char_lm.validation_loss(model, validation)
+
+
+def assert_lm_trained(summary: dict) -> None:
+    """The run's stored model (the servers' or the workers', whatever the strategy) is well
+    better than the untrained one on the validation text. Not worker 0's logged figures: in
+    a quorum strategy the fastest worker may close every round, and worker 0's model then
+    stays as it last pulled it."""
+    stored = torch.load(RunRecord(Path(summary["run_dir"]).parent, summary["run_id"]).model_path)
+    assert lm_validation_loss(stored) < 0.85 * lm_validation_loss(None)
 
 
 def plain_python(tmp_path: Path, *command: str) -> subprocess.CompletedProcess:
@@ -90,7 +106,7 @@ def test_char_lm_under_ssp_with_a_server_learns_and_saves_its_model(tmp_path: Pa
     summary = run(tmp_path, "char_lm", [*TINY_LM, "--save", str(saved)], strategy="ssp",
                   servers=1)
     assert_learned(summary)
-    assert_validation_falls(summary)
+    assert_lm_trained(summary)
     assert summary["epochs"] == 3 and summary["servers"] == 1
     assert summary["weight_updates"] == 2 * 21  # every push its own update
     model, stored = torch.load(saved), torch.load(RunRecord(tmp_path / "runs",
@@ -190,11 +206,13 @@ def test_tabular_bad_data_through_polyrhythm_run_is_one_line_and_fails(tmp_path:
          "--data", str(tmp_path / "missing.csv")],
         cwd=tmp_path, capture_output=True, text=True, timeout=HANG_GUARD_S,
         env={**os.environ, "PYTHONPATH": str(SOURCE)})
-    output = done.stdout + done.stderr
-    assert done.returncode != 0
-    assert f"tabular: error: no data file '{tmp_path / 'missing.csv'}'" in output
-    assert "failed: rank 0 (worker 0) failed: exit code 1" in output
-    assert "Traceback" not in output
+    assert done.returncode != 0 and "Traceback" not in done.stdout + done.stderr
+    # Both workers fail alike; the launcher names the first to end, whose log has its line.
+    failed = re.fullmatch(r"polyrhythm: error: run (\S+) failed: rank (\d) \(worker \d\) "
+                          r"failed: exit code 1\n", done.stderr)
+    assert failed, done.stderr
+    log = RunRecord(tmp_path / "runs", failed[1]).log_path(int(failed[2])).read_text()
+    assert log == f"tabular: error: no data file '{tmp_path / 'missing.csv'}'\n"
 
 
 # -- the CNN -----------------------------------------------------------------------------
@@ -234,9 +252,12 @@ def survey_case(name: str):
 @pytest.mark.parametrize("strategy", [survey_case(name) for name in STRATEGIES])
 def test_every_strategy_trains_the_lm(tmp_path: Path, strategy: str) -> None:
     """Each strategy with its defaults (a parameter-server strategy gets its one server):
-    2 workers, 21 steps of the tiny language model, and the loss falls."""
+    2 workers, 21 steps of the tiny language model, and the loss falls: the stored model's
+    on the validation text, and the training loss the workers recorded."""
     summary = run(tmp_path, "char_lm", TINY_LM, strategy=strategy)
-    assert_learned(summary)
-    assert_validation_falls(summary)
-    assert summary["epochs"] == 3
-    assert [w["steps"] for w in summary["per_worker"]] == [21, 21]
+    assert summary["status"] == "completed" and summary["epochs"] == 3
+    assert RunStore(tmp_path / "runs" / STORE_NAME).run(summary["run_id"])["status"] == (
+        "completed")
+    assert_lm_trained(summary)
+    train = recorded(summary, "train_loss")  # the workers' mean: each computed on its model
+    assert train[-1] < train[0], train
