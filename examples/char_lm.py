@@ -213,9 +213,6 @@ def main(args: argparse.Namespace) -> None:
     model, opt, schedule = build(args, vocabulary)
     model, opt = job.wrap(model, opt)
     batches = job.loader(train_set, batch_size=args.batch)
-    if len(batches) < 1:
-        raise ConfigError(f"{len(train_set)} training windows make no batch of {args.batch} "
-                          "per worker: use more --chars or a smaller --batch")
     epochs = job.epochs(math.ceil(args.steps / len(batches)))
 
     def log(val_loss: float) -> None:

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import polyrhythm as pr
-from polyrhythm.errors import ConfigError, DataError, PolyrhythmError
+from polyrhythm.errors import DataError, PolyrhythmError
 
 LAYOUTS = {"higgs": 28, "msd": 90}  # features after the target column
 VALIDATION_FRACTION = 0.1
@@ -166,9 +166,6 @@ def main(args: argparse.Namespace) -> None:
     model, opt = build(args, train_set.tensors[0].shape[1])
     model, opt = job.wrap(model, opt)
     batches = job.loader(train_set, batch_size=args.batch)
-    if len(batches) < 1:
-        raise ConfigError(f"{len(train_set)} training rows make no batch of {args.batch} per "
-                          "worker: use more --rows or a smaller --batch")
     for epoch in job.epochs(args.epochs):
         for x, y in batches:
             loss_of(args.model, model(x), y).backward()
