@@ -19,7 +19,7 @@ import torch
 
 from helpers import HANG_GUARD_S
 from polyrhythm import api
-from polyrhythm.errors import ConfigError, DataError
+from polyrhythm.errors import DataError
 from polyrhythm.metrics.records import STORE_NAME, RunRecord
 from polyrhythm.metrics.store import RunStore
 from polyrhythm.strategies import STRATEGIES
@@ -233,23 +233,7 @@ def test_mnist_cnn_learns_and_its_saved_model_is_the_runs(tmp_path: Path) -> Non
 
 # -- the strategy survey -----------------------------------------------------------------
 
-# Strategies that do not run from a script today, and why (the error each raises).
-NOT_FROM_A_SCRIPT = {
-    "switch": (ConfigError, "refused on purpose: 'switch does not run from a script yet: use "
-                            "polyrhythm train, or another strategy' (launch/script.py "
-                            "check_scriptable, raised by api.run_script before any run)"),
-}
-
-
-def survey_case(name: str):
-    if name not in NOT_FROM_A_SCRIPT:
-        return name
-    raises, reason = NOT_FROM_A_SCRIPT[name]
-    return pytest.param(name, marks=pytest.mark.xfail(strict=True, raises=raises,
-                                                      reason=reason))
-
-
-@pytest.mark.parametrize("strategy", [survey_case(name) for name in STRATEGIES])
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
 def test_every_strategy_trains_the_lm(tmp_path: Path, strategy: str) -> None:
     """Each strategy with its defaults (a parameter-server strategy gets its one server):
     2 workers, 21 steps of the tiny language model, and the loss falls: the stored model's
