@@ -117,8 +117,9 @@ class Job(WorkerEngine):
         return EpochOfBatches(self, loader)
 
     def log(self, **metrics: float) -> None:
-        """Figures of the epoch now (val_loss, val_accuracy, anything): stored with it; a
-        Strategy-Switch rule reads val_loss."""
+        """Figures of the epoch now: val_loss and val_accuracy are stored with the epoch (what
+        report and compare read) and a Strategy-Switch rule reads val_loss; other names are
+        kept in the worker's epoch record only, not in the store's epoch rows (yet)."""
         for name, value in metrics.items():
             value = float(value.item() if isinstance(value, torch.Tensor) else value)
             self.logged[name] = value
