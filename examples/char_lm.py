@@ -29,6 +29,7 @@ import argparse
 import math
 import os
 import sys
+import time
 from pydoc_data.topics import topics
 
 import torch
@@ -60,6 +61,9 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--log-every", type=int, default=20,
                         help="print the step and its loss every K steps (worker 0; 0: never)")
     parser.add_argument("--seed", type=int, default=0, help="seeds the model's initialisation")
+    parser.add_argument("--measure-after", type=int, metavar="K",
+                        help="worker 0 prints the job's samples/s over the steps after the "
+                             "first K (benchmarks/script.py compares runs by it)")
     args = parser.parse_args(argv)
     for name in ("steps", "batch", "context", "width", "layers", "heads"):
         if getattr(args, name) < 1:
@@ -68,6 +72,9 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--width {args.width} must be a multiple of --heads {args.heads}")
     if args.lr <= 0:
         parser.error(f"--lr must be positive, not {args.lr}")
+    if args.measure_after is not None and not 0 <= args.measure_after < args.steps:
+        parser.error(f"--measure-after must be from 0 to --steps - 1 ({args.steps - 1}), "
+                     f"not {args.measure_after}")
     return args
 
 
@@ -171,6 +178,32 @@ def warmup_then_cosine(steps: int):
 
 # -- training ----------------------------------------------------------------------------
 
+class StepClock:
+    """Samples/s over the intervals from one step's end to the next's, after the first
+    `skip` steps (they pay for lazy set-up) and within epochs (the validation between them
+    is left out): one measure for the script alone, under polyrhythm and under DDP."""
+
+    def __init__(self, skip: int, samples_per_step: int) -> None:
+        self.skip, self.samples_per_step = skip, samples_per_step
+        self.steps, self.intervals, self.seconds = 0, 0, 0.0
+        self.last: float | None = None
+
+    def new_epoch(self) -> None:
+        self.last = None
+
+    def stepped(self) -> None:
+        now = time.perf_counter()
+        self.steps += 1
+        if self.last is not None and self.steps > self.skip:
+            self.intervals, self.seconds = self.intervals + 1, self.seconds + now - self.last
+        self.last = now
+
+    def line(self) -> str:
+        rate = self.intervals * self.samples_per_step / self.seconds if self.seconds else 0.0
+        return (f"samples/s {rate:.1f} over {self.intervals} steps of {self.samples_per_step} "
+                f"samples ({self.seconds:.3f} s)")
+
+
 def next_char_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
@@ -187,10 +220,12 @@ def validation_loss(model: nn.Module, validation: CharWindows) -> float:
     return total / count
 
 
-def train(args, model, opt, schedule, batches, epochs, validation, log, talk: bool) -> None:
+def train(args, model, opt, schedule, batches, epochs, validation, log, talk: bool,
+          clock: StepClock) -> None:
     """The loop, as a single-process script has it: stops after `args.steps` steps."""
     step = 0
     for _ in epochs:
+        clock.new_epoch()
         for x, y in batches:
             loss = next_char_loss(model(x), y)
             loss.backward()
@@ -199,12 +234,15 @@ def train(args, model, opt, schedule, batches, epochs, validation, log, talk: bo
             opt.step()
             opt.zero_grad(set_to_none=True)
             schedule.step()
+            clock.stepped()
             step += 1
             if talk and args.log_every and step % args.log_every == 0:
                 print(f"step {step} loss {loss.item():.4f}", flush=True)
             if step == args.steps:
                 break
         log(validation_loss(model, validation))
+    if talk and args.measure_after is not None:
+        print(clock.line(), flush=True)
 
 
 def main(args: argparse.Namespace) -> None:
@@ -220,7 +258,8 @@ def main(args: argparse.Namespace) -> None:
         if job.worker == 0:
             print(f"val_loss {val_loss:.4f}", flush=True)
 
-    train(args, model, opt, schedule, batches, epochs, validation, log, job.worker == 0)
+    clock = StepClock(args.measure_after or 0, args.batch * job.workers)
+    train(args, model, opt, schedule, batches, epochs, validation, log, job.worker == 0, clock)
     if args.save and job.worker == 0:
         torch.save(model.state_dict(), args.save)
     job.finish()
@@ -245,8 +284,9 @@ def ddp(args: argparse.Namespace) -> None:
         if rank == 0:
             print(f"val_loss {val_loss:.4f}", flush=True)
 
+    clock = StepClock(args.measure_after or 0, args.batch * dist.get_world_size())
     train(args, torch.nn.parallel.DistributedDataParallel(model), opt, schedule, batches,
-          epochs, validation, log, rank == 0)
+          epochs, validation, log, rank == 0, clock)
     if args.save and rank == 0:
         torch.save(model.state_dict(), args.save)
     dist.barrier()
