@@ -34,7 +34,6 @@ import argparse
 import multiprocessing as mp
 import os
 import queue
-import resource
 import socket
 import statistics
 import sys
@@ -51,6 +50,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 import polyrhythm
+from machine_load import OtherLoad, shared_warning  # benchmarks/, this script's folder
 from polyrhythm.config import RunConfig, make_config
 from polyrhythm.data.plan import DataPlan
 from polyrhythm.data.sharding import (
@@ -66,7 +66,6 @@ from polyrhythm.runtime.job import set_threads, whole_data
 HOST = "127.0.0.1"
 RESULT_TIMEOUT_S = 600.0
 QUICK_STEPS = 8  # steps per epoch in --quick mode
-OTHER_LOAD_WARNING = 0.2  # cores busy outside this script that make a result suspect
 
 # One epoch of one worker: (samples, seconds of its training loop).
 EpochTiming = tuple[int, float]
@@ -223,39 +222,6 @@ def run_polyrhythm(values: dict, out: str) -> list[float]:
     return [epoch["samples_per_s"] for epoch in summary["epoch_metrics"]]
 
 
-class OtherLoad:
-    """Cores kept busy by processes outside this script while a run goes on (Linux only).
-
-    Machine-wide busy time from /proc/stat (steal included: a shared VM's host counts too) minus
-    the CPU time of this process and its children. Anything well above zero means the run
-    shared the machine and its samples/s says more about the neighbours than about the code.
-    """
-
-    def __enter__(self) -> OtherLoad:
-        self.cores: float | None = None
-        self._start = self._sample()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        end = self._sample()
-        if self._start and end:
-            (wall0, busy0, own0), (wall1, busy1, own1) = self._start, end
-            self.cores = max(0.0, ((busy1 - busy0) - (own1 - own0)) / (wall1 - wall0))
-
-    @staticmethod
-    def _sample() -> tuple[float, float, float] | None:
-        try:
-            with open("/proc/stat") as f:
-                fields = [int(v) for v in f.readline().split()[1:9]]
-        except (OSError, ValueError):
-            return None
-        user, nice, system, _idle, _iowait, irq, softirq, steal = fields
-        busy = (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-        own = sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
-                                                     resource.getrusage(resource.RUSAGE_CHILDREN)))
-        return time.monotonic(), busy, own
-
-
 def steady_rate(rates: list[float], warmup: int) -> float:
     """A run's samples/s: the median epoch rate after warm-up (robust to bursts of other load)."""
     return statistics.median(rates[warmup:])
@@ -380,11 +346,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def warn_if_shared(comps: list[Comparison]) -> None:
-    loads = [x for c in comps for x in c.other_load]
-    if loads and max(loads) > OTHER_LOAD_WARNING:
-        print(f"warning: other processes kept up to {max(loads):.2f} of {os.cpu_count()} cores "
-              f"busy during the runs (median {statistics.median(loads):.2f}); the ratios are "
-              "only as good as the machine was quiet")
+    warning = shared_warning([x for c in comps for x in c.other_load])
+    if warning:
+        print(warning)
 
 
 if __name__ == "__main__":
