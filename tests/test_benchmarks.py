@@ -3,12 +3,15 @@ configured, that every ratio is the quotient of the figures it is printed with, 
 every verdict follows its figure against its printed target. How fast this machine is that
 day is never asserted: a quick run may print 0.00 s, or any verdict."""
 
+import importlib.util
 import os
 import re
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+
+import pytest
 
 from polyrhythm.layout import ALGORITHMS
 
@@ -201,3 +204,76 @@ def test_simulator_benchmark_smoke_prints_the_time_and_ratio():
     simulated, target, verdict, bare, ratio = row.groups()
     assert is_quotient(ratio, simulated, bare), row.group(0)
     assert follows(verdict, simulated, lambda s: s < float(target)), row.group(0)
+
+
+def test_script_benchmark_smoke_prints_both_ratios():
+    out = smoke("script.py")
+    assert re.search(r"^examples/char_lm\.py --steps 12 --measure-after 4 --log-every 0 .*: "
+                     r"1 repeats, (side by side, one core each|in turn on one core), 1 torch "
+                     r"thread a process$", out, re.MULTILINE), out
+    for label, baseline in (("allreduce under torchrun, 2 workers",
+                             "DDP under torchrun, 2 processes"),
+                            ("bsp, 1 worker + 1 server", "plain python, 1 process")):
+        repeats = re.findall(rf"^  repeat (\d+)/1  {re.escape(label)} ({NUMBER})/s  "
+                             rf"{re.escape(baseline)} ({NUMBER})/s  ratio (\d+\.\d{{3}})  "
+                             rf"other load (?:\d+\.\d\d|\?) cores$", out, re.MULTILINE)
+        assert [number for number, *_ in repeats] == ["1"], out  # --quick: one repeat
+        ((_, ours, base, paired),) = repeats
+        assert is_quotient(paired, ours, base), repeats
+        row = re.search(rf"^{re.escape(label)} / {re.escape(baseline)}: (\d+\.\d{{3}}) "
+                        rf"\(target >= (\d\.\d\d)\) (PASS|MISS)  \[repeats: (\d+\.\d{{3}})-"
+                        rf"(\d+\.\d{{3}}); median samples/s ({NUMBER}) and ({NUMBER})\]$", out,
+                        re.MULTILINE)
+        assert row, f"no result row for {label}:\n{out}"
+        ratio, target, verdict, least, most, median_ours, median_base = row.groups()
+        # One repeat: the medians are that repeat's figures.
+        assert ratio == least == most == paired, row.group(0)
+        assert (median_ours, median_base) == (ours, base), row.group(0)
+        assert follows(verdict, ratio, lambda r, t=float(target): r >= t), row.group(0)
+
+
+def script_benchmark(monkeypatch):
+    """benchmarks/script.py as a module (benchmarks are scripts, not a package), known to
+    sys.modules while the test runs, as its dataclass needs, and its folder on the path, as
+    when it runs."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    spec = importlib.util.spec_from_file_location("script_benchmark", BENCHMARKS / "script.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def finished(*lines: str, code: int) -> subprocess.Popen:
+    """A process that prints `lines` and exits with `code`, as a job would."""
+    echo = "import sys; print(*sys.argv[2:], sep='\\n'); sys.exit(int(sys.argv[1]))"
+    return subprocess.Popen([sys.executable, "-c", echo, str(code), *lines],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_script_benchmark_reads_a_jobs_figure_and_names_its_failure(capsys, monkeypatch):
+    bench = script_benchmark(monkeypatch)
+    figure = "samples/s 812.4 over 180 steps of 16 samples (3.545 s)"
+    assert bench.measured_rate("job", finished("val_loss 2.3", figure, code=0)) == 812.4
+    assert capsys.readouterr().out == ""
+    # A rank that failed before worker 0's figure: one line with the ranks' error line.
+    with pytest.raises(SystemExit) as failed:
+        bench.measured_rate("job", finished("Traceback (most recent call last):",
+                                            "RuntimeError: Connection reset by peer",
+                                            "=" * 20, code=1))
+    message = str(failed.value)
+    assert message.startswith("job failed (exit code 1): RuntimeError: Connection reset by "
+                              "peer (its output: "), message
+    assert "\n" not in message
+    log = Path(message.rpartition("its output: ")[2].rstrip(")"))
+    assert log.read_text().splitlines()[-1] == "=" * 20
+    log.unlink()
+    # One that failed as it ended, after the figure: the figure stands, a line says so.
+    rate = bench.measured_rate("job", finished(figure, "terminate called without an active "
+                                               "exception", code=1))
+    assert rate == 812.4
+    note = capsys.readouterr().out
+    assert re.fullmatch(r"  note: job failed after training, as it ended \(exit code 1\): "
+                        r"terminate called without an active exception \(its output: (\S+)\); "
+                        r"its figure stands\n", note), note
+    Path(re.search(r"its output: (\S+)\)", note).group(1)).unlink()
