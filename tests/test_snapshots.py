@@ -32,7 +32,9 @@ EXTRA_MODELS = 2
 def models_held(model_bytes: int) -> float:
     """How many models' worth of tensor memory Python objects hold in this process: the
     distinct storages of at least a model's size, whoever holds them (garbage collected
-    first, so only what is held counts)."""
+    first, so only what is held counts; the engine's frozen objects are unfrozen for it, as
+    gc.get_objects does not see the permanent generation)."""
+    gc.unfreeze()
     gc.collect()
     sizes = {}
     for o in gc.get_objects():
