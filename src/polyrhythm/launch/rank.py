@@ -44,13 +44,20 @@ def lifecycle(config, rank: int, join: JoinGroup, record: RunRecord | None,
     transport.open(rank, topology.world_size, topology.worker_ranks, latency(config, rank))
     ctx = RankContext(config, rank, topology, transport, progress=progress, run_dir=run_dir,
                       resume=resume)
-    result = run_rank(ctx, local_workers)
+    return leave_together(ctx, run_rank(ctx, local_workers), record)
+
+
+def leave_together(ctx: RankContext, result, record: RunRecord | None) -> dict | None:
+    """Rank 0 records the run's `result` (runtime/summary.py RunResult: its model and
+    summary) in `record` and returns the summary; then every rank leaves the job together,
+    rank 0 leaving only the last two checkpoints. A built-in job's ranks and a script's end
+    here alike."""
     summary = None
     if result is not None and record is not None:
         torch.save(result.state_dict, record.model_path)
         summary = complete_run(record, result.summary, result.epochs, result.series)
-    transport.barrier()  # leave together: a rank tearing down Gloo early can abort its peers
-    if rank == 0 and run_dir is not None:  # every rank is past its last checkpoint now
-        tidy(run_dir, config.workers, config.servers, completed=True)
+    ctx.transport.barrier()  # leave together: a rank tearing down Gloo early can abort its peers
+    if ctx.rank == 0 and ctx.run_dir is not None:  # every rank is past its last checkpoint
+        tidy(ctx.run_dir, ctx.config.workers, ctx.config.servers, completed=True)
     dist.destroy_process_group()
     return summary

@@ -33,11 +33,11 @@ from polyrhythm.config import RunConfig, load_config
 from polyrhythm.context import RankContext, Topology
 from polyrhythm.errors import ConfigError
 from polyrhythm.launch.failures import RankFailure, rank_ended
-from polyrhythm.launch.rank import latency
+from polyrhythm.launch.rank import latency, leave_together
 from polyrhythm.launch.torchrun import env_int, job_record
-from polyrhythm.metrics.records import RunRecord, complete_run
+from polyrhythm.metrics.records import RunRecord
 from polyrhythm.runtime.job import play, server_shard
-from polyrhythm.runtime.script import Job
+from polyrhythm.runtime.script import Job, lasting
 from polyrhythm.runtime.script_hooks import recording_backward, stepping_unwrapped
 from polyrhythm.runtime.summary import combine
 from polyrhythm.runtime.survivors import agree_on_lost
@@ -137,7 +137,7 @@ def _serve(ctx: RankContext) -> dict:
     initial = described["initial"]
     steps = described["steps_per_epoch"] or config.steps_per_epoch or UNKNOWN_STEPS
     if described["epochs"]:
-        config = ctx.config = RunConfig(**{**config.given, "epochs": described["epochs"]})
+        config = ctx.config = lasting(config, described["epochs"])
     optimizer = described["optimizer"]
     shard = server_shard(ctx, initial, steps, make_updater=lambda weights, a, b, concurrency:
                          optimizer.updater(weights, a, b),
@@ -157,12 +157,8 @@ def _finish_worker(job: Job, record: RunRecord | None) -> None:
 def _finish(ctx: RankContext, report: dict, record: RunRecord | None) -> None:
     """Gather every rank's report to rank 0, which records the run; leave together."""
     reports = ctx.transport.gather_object(report, dst=0)
-    if reports is not None and record is not None:
-        result = _result(ctx, reports)
-        torch.save(result.state_dict, record.model_path)
-        complete_run(record, result.summary, result.epochs, result.series)
-    ctx.transport.barrier()
-    dist.destroy_process_group()
+    result = _result(ctx, reports) if reports is not None and record is not None else None
+    leave_together(ctx, result, record)
     # The rest of the script runs on; when it ends, the process leaves without C++'s static
     # destructors, which abort now and then ("terminate called without an active
     # exception", SIGABRT) while Gloo's threads wind down: a completed run would read as a

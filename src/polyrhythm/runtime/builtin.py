@@ -38,15 +38,16 @@ class BuiltinWorker:
         self.ctx, self.train, self.val, self.steps = ctx, train, val, steps
         self.criterion = LOSSES[c.loss]
         self.batch = worker_batch_sizes(c.batch_size, c.workers)[i]
+        share = self.batch / c.batch_size  # of the global batch: its weight in means
         self.emulated = compute_times(c, i)  # None: real forward and backward
         self.position = DataPosition()
         self.job = job = Job(ctx)
         self.model = build_model(c.model, train.shape, train.classes, c.seed, c.loss)
-        job.wrap(self.model, batch_share=self.batch / c.batch_size)
+        job.wrap(self.model, batch_share=share)
         job.keep("position", self.position)
         job.steps_per_epoch, job.batch_size = steps, self.batch
         job.validation = EpochValidation(ctx, self.model, job.flat, val, self.criterion,
-                                         job.strategy, self.batch / c.batch_size)
+                                         job.strategy, share)
 
     def run(self) -> None:
         """Train for the configured epochs (those a checkpoint holds are done), then leave

@@ -24,17 +24,6 @@ from polyrhythm.strategies.base import EpochEnd
 PROGRESS_INTERVAL_S = 0.25
 
 
-def worker_report(ctx: RankContext, epochs: list[dict], steps: int, iterations: list[tuple],
-                  strategy) -> dict:
-    """What every worker reports (runtime/summary.py reads it): its epochs' records, steps
-    taken, spans, traffic, iterations and its strategy's figures."""
-    return {"role": "worker", "rank": ctx.rank, "worker": ctx.worker_index, "epochs": epochs,
-            "steps": steps, "spans": dict(ctx.spans.totals),
-            "traffic": ctx.transport.counters.snapshot(), "iterations": iterations,
-            "strategy": strategy.summary()}
-
-
-
 class WorkerEngine:
     """One worker's steps, epochs, state and report. `ctx` None: a script run alone (one
     worker, nothing exchanged or recorded). `scripted`: a user's script joined by
@@ -133,7 +122,7 @@ class WorkerEngine:
             self.strategy.begin_step(self.epoch)
             self.strategy.gradients_ready()
         self._begun = None
-        if self._measured_from is None and self._taken >= config.warmup_steps:
+        if self._measured_from is None and self._taken >= self._warmup:
             self._measured_from = began
         if self._delay:
             time.sleep(self._delay)  # emulated slower compute
@@ -310,8 +299,10 @@ class WorkerEngine:
         statistics = None
         if self.validation is not None:
             statistics = self.validation.after_training(self.epochs_done, lost, me == first)
-        report = worker_report(ctx, self.epochs_done, self._taken, self.iterations,
-                               self.strategy)
+        report = {"role": "worker", "rank": ctx.rank, "worker": me, "epochs": self.epochs_done,
+                  "steps": self._taken, "spans": dict(ctx.spans.totals),
+                  "traffic": ctx.transport.counters.snapshot(), "iterations": self.iterations,
+                  "strategy": self.strategy.summary()}
         if me != first:
             return report
         if self.scripted:

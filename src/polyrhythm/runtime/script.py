@@ -36,6 +36,13 @@ from polyrhythm.runtime.script_hooks import _ACTIVE, EpochOfBatches, wrapped_ste
 from polyrhythm.strategies import STRATEGIES
 
 
+def lasting(config: RunConfig, epochs: int) -> RunConfig:
+    """The run's config with the script's number of epochs (a worker's job.epochs(n), and
+    the servers once worker 0 tells them) in place of the config's."""
+    return config if epochs == config.epochs else RunConfig(**{**config.given,
+                                                                "epochs": epochs})
+
+
 class Job(WorkerEngine):
     """One worker's side of a job: what its script calls (the steps, epochs, state and
     report are its WorkerEngine's). `ctx` None: a plain `python script.py`, one worker and
@@ -93,8 +100,8 @@ class Job(WorkerEngine):
         the script moves on to the next. `n` is the run's length from then on, in place of
         the config's (a Strategy-Switch rule at a share of the epochs reads it)."""
         self.total_epochs = n
-        if self.ctx is not None and n != self.ctx.config.epochs:
-            self.ctx.config = RunConfig(**{**self.ctx.config.given, "epochs": n})
+        if self.ctx is not None:
+            self.ctx.config = lasting(self.ctx.config, n)
         for epoch in range(len(self.epochs_done), n):
             self.begin_epoch(epoch)
             yield epoch
