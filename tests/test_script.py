@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -122,6 +123,17 @@ def test_misuse_is_one_line_naming_the_worker(tmp_path: Path, fault: str, config
     assert says in str(failed.value) and "\n" not in str(failed.value)
     left = subprocess.run(["pgrep", "-f", str(SCRIPT)], capture_output=True, text=True)
     assert left.stdout == ""
+
+
+def test_a_worker_that_ends_itself_is_named_not_the_peers_it_left(tmp_path: Path) -> None:
+    """Both workers catch the switch rule's refusal at their first step (one epoch: never
+    all-reduce) and exit 3 on their own, without a report; the server sees the connection
+    go before they have ended. The launcher names a worker, not the server's lost peer."""
+    with pytest.raises(RunFailed) as failed:
+        run(tmp_path, "--fault", "exit", "--epochs", "1", strategy="switch", at=0.5,
+            servers=1, workers=2)
+    assert re.search(r"failed: rank [12] \(worker [01]\) failed: exit code 3$",
+                     str(failed.value)), failed.value
 
 
 # Strategy-Switch from the script: all-reduce for ⌊0.5 · 4⌋ = 2 of the script's 4 epochs

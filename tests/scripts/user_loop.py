@@ -20,7 +20,7 @@ parser.add_argument("--save")
 parser.add_argument("--ddp", action="store_true")
 parser.add_argument("--plain-epochs", action="store_true",
                     help="range(epochs), not job.epochs: each pass of the loader is an epoch")
-parser.add_argument("--fault", choices=["wrap-twice", "unwrapped", "seed", "raise",
+parser.add_argument("--fault", choices=["wrap-twice", "unwrapped", "seed", "raise", "exit",
                                         "no-val-loss", "uneven-val-loss"])
 EXAMPLES, BATCH = 160, 16  # 2 workers: 5 steps an epoch
 
@@ -106,4 +106,11 @@ def main(args) -> None:
 
 if __name__ == "__main__":
     arguments = parser.parse_args()
-    ddp(arguments) if arguments.ddp else main(arguments)
+    try:
+        ddp(arguments) if arguments.ddp else main(arguments)
+    except pr.ConfigError as error:
+        if arguments.fault != "exit":
+            raise
+        # A script that says a job's error its own way and ends itself, as argparse does.
+        print(f"user_loop: error: {error}", file=sys.stderr)
+        sys.exit(3)

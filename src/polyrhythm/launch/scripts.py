@@ -15,11 +15,19 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 from polyrhythm.context import Topology
 from polyrhythm.errors import RunFailed
-from polyrhythm.launch.failures import cause, rank_failed, read_reports, recorded_failure
+from polyrhythm.launch.failures import (
+    Kind,
+    RankFailure,
+    cause,
+    rank_failed,
+    read_reports,
+    recorded_failure,
+)
 from polyrhythm.launch.local import (
     CHILD_ENVIRONMENT,
     GRACE_S,
@@ -117,6 +125,8 @@ def _failure(procs: list[subprocess.Popen], rank: int, topology: Topology,
              record: RunRecord) -> RunFailed:
     """The rank that explains the run's end, among those that ended by themselves (not
     stopped here) or reported an error: launch/failures.py's `cause`."""
+    if _lost_a_peer(read_reports(record.dir).get(rank)):
+        _await_another_failure(procs, record)
     codes = {r: p.returncode for r, p in enumerate(procs)
              if p.poll() is not None and p.returncode != 0}
     _stop(procs)
@@ -124,6 +134,29 @@ def _failure(procs: list[subprocess.Popen], rank: int, topology: Topology,
     first = cause(sorted(set(codes) | set(reports)), codes, reports)
     return rank_failed(first, codes.get(first), reports.get(first), record.log_path(first),
                        topology)
+
+
+def _lost_a_peer(failure: RankFailure | None) -> bool:
+    """Whether a rank failed only because a peer's connection broke or fell silent: that
+    peer explains it."""
+    return failure is not None and failure.kind in (Kind.LOST, Kind.SILENT)
+
+
+def _await_another_failure(procs: list[subprocess.Popen], record: RunRecord) -> None:
+    """Give the ranks GRACE_S for one to end with an error of its own, not a lost peer (a
+    script that fails on a worker can take longer to end than its peers take to see its
+    connection go), so the cause is read from the rank that failed, not from its peers."""
+    deadline = time.monotonic() + GRACE_S
+    while time.monotonic() < deadline:
+        reports = read_reports(record.dir)
+        if any(p.poll() not in (None, 0) and not _lost_a_peer(reports.get(r))
+               for r, p in enumerate(procs)):
+            return
+        running = [p for p in procs if p.poll() is None]
+        if not running:
+            return
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            running[0].wait(timeout=0.1)  # the others are looked at again every 0.1 s
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
