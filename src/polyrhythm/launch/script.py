@@ -187,7 +187,8 @@ def _result(ctx: RankContext, reports: list[dict]):
         offset += n
     last = first["epochs"][-1] if first["epochs"] else {}
     final = {k: last[k] for k in ("val_loss", "val_accuracy") if k in last}
-    result = combine(ctx.config, reports, state, final, offset, ctx.now())
+    logged_accuracy = any("val_accuracy" in e for e in first["epochs"])
+    result = combine(ctx.config, reports, state, final, offset, ctx.now(), logged_accuracy)
     result.summary["script"] = os.path.abspath(sys.argv[0])
     result.summary["epochs"] = len(first["epochs"])  # the script's, whatever the config says
     return result

@@ -36,12 +36,15 @@ def summarise(config, reports: list[dict], val: Dataset, wall_s: float) -> RunRe
 
 
 def combine(config, reports: list[dict], state_dict: dict[str, torch.Tensor],
-            final: dict[str, float], parameters: int, wall_s: float) -> RunResult:
+            final: dict[str, float], parameters: int, wall_s: float,
+            classifies: bool | None = None) -> RunResult:
     """The run's result from per-rank reports, its final model (`state_dict`, of
     `parameters` trainable values) and that model's validation figures (`final`: val_loss,
     and val_accuracy where it has one). A run whose loss has no accuracy (mse) has None for
-    it; one whose loss has but which did not record it, NaN."""
-    accuracy = LOSSES[config.loss].classifies
+    it; one whose loss has but which did not record it, NaN. `classifies`: whether the run
+    has an accuracy at all, where not its config's loss says (a script's: whether it logged
+    one)."""
+    accuracy = LOSSES[config.loss].classifies if classifies is None else classifies
     workers = sorted((r for r in reports if r["role"] == "worker"), key=lambda r: r["worker"])
     servers = [r for r in reports if r["role"] == "server"]
     staleness = Counter()
