@@ -7,9 +7,11 @@ import math
 import os
 import threading
 import time
+from collections import namedtuple
 
 import pytest
 import torch
+from torch import nn
 
 import polyrhythm
 from helpers import small_config
@@ -20,7 +22,7 @@ from polyrhythm.errors import ConfigError
 from polyrhythm.launch.fidelity import FidelityGuard
 from polyrhythm.metrics.store import RunStore
 from polyrhythm.models.build import build_model
-from polyrhythm.runtime.compute import emulated_step
+from polyrhythm.runtime.compute import EmulatedForward, emulated_step
 from polyrhythm.units import Delay, duration, rate
 
 
@@ -149,6 +151,68 @@ def test_emulated_step_sleeps_and_leaves_zero_gradients_through_the_hooks():
     assert time.perf_counter() - began >= 0.05 and math.isnan(loss)
     assert sorted(fired) == sorted(p.numel() for p in model.parameters())
     assert all(torch.count_nonzero(p.grad) == 0 for p in model.parameters())
+
+
+def test_a_scripts_emulated_forward_learns_each_shape_once_and_leaves_no_trace():
+    """Three steps of two forwards each (gradient accumulation), on two input shapes: one
+    real forward per shape, whose BatchNorm statistics and dropout draws are put back; one
+    compute time drawn a step, none under no_grad; zero outputs, zero gradients."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3), nn.Dropout(0.5))
+    real = []
+    model[0].register_forward_hook(lambda module, inputs, out: real.append(inputs[0].shape))
+    statistics = [b.clone() for b in model.buffers()]
+    taken, drawn = [0], []
+    model.forward = EmulatedForward(model, lambda: drawn.append(taken[0]) or 0.0,
+                                    lambda: taken[0])
+    inputs = torch.randn(8, 4), torch.randn(5, 4)
+    random_state = torch.get_rng_state()
+    for _ in range(3):
+        for x in inputs:
+            out = model(x)
+            assert out.shape == (len(x), 3) and not out.any()
+            (out - 1).pow(2).sum().backward()  # a loss whose gradient at zero is not zero
+        taken[0] += 1
+    with torch.no_grad():
+        assert not model(inputs[0]).requires_grad
+    assert real == [(8, 4), (5, 4)] and drawn == [0, 1, 2]
+    assert torch.equal(torch.get_rng_state(), random_state)
+    buffers = zip(model.buffers(), statistics, strict=True)
+    assert all(torch.equal(b, before) for b, before in buffers)
+    assert all(p.grad.shape == p.shape and not p.grad.any() for p in model.parameters())
+
+
+Pair = namedtuple("Pair", "logits rest")
+
+
+class Heads(nn.Module):
+    """Logits, the classes they pick and an absent extra, in a dict of a namedtuple; or,
+    with `label`, a string beside them."""
+
+    def __init__(self, label: bool = False) -> None:
+        super().__init__()
+        self.linear, self.label = nn.Linear(4, 2), label
+
+    def forward(self, x):
+        logits = self.linear(x)
+        if self.label:
+            return logits, "two classes"
+        return {"pair": Pair(logits, [logits.argmax(1), None])}
+
+
+def test_emulated_forward_keeps_the_outputs_structure_and_names_what_it_cannot_make():
+    model = Heads()
+    model.forward = EmulatedForward(model, lambda: 0.0, lambda: 0)
+    out = model(torch.randn(3, 4))["pair"]
+    assert isinstance(out, Pair) and out.logits.shape == (3, 2) and out.logits.requires_grad
+    picked, absent = out.rest
+    assert picked.dtype == torch.int64 and picked.shape == (3,) and not picked.requires_grad
+    assert absent is None
+    labelled = Heads(label=True)
+    labelled.forward = EmulatedForward(labelled, lambda: 0.0, lambda: 0)
+    with pytest.raises(ConfigError, match=r"^emulated compute stands in for Heads's output "
+                       r".* not the str at output\[1\]: run this model with --compute real$"):
+        labelled(torch.randn(3, 4))
 
 
 def test_emulated_compute_moves_the_real_traffic_and_replays_a_stored_run(tmp_path):
