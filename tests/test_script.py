@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import math
 import os
 import re
 import signal
@@ -18,8 +19,9 @@ import torch.nn.functional as F
 
 from helpers import HANG_GUARD_S
 from polyrhythm import api
-from polyrhythm.errors import RunFailed
+from polyrhythm.errors import PolyrhythmError, RunFailed
 from polyrhythm.metrics.records import RunRecord
+from polyrhythm.metrics.store import RunStore
 from polyrhythm.runtime.script_data import ShardSampler
 
 SCRIPT = Path(__file__).parent / "scripts" / "user_loop.py"
@@ -116,6 +118,13 @@ def test_plain_python_runs_the_script_alone(tmp_path: Path) -> None:
     ("seed", {}, "worker 1's initial parameters differ from worker 0's"),
     ("raise", {}, "rank 2 (worker 1) raised ValueError: the user's own bug (user_loop.py, "
                   "line"),
+    ("counted-output", {"compute": "emulated", "compute_time": "10ms"},
+     "ConfigError: emulated compute stands in for Counted's output with zeros of its shapes, "
+     "so it takes tensors and tuples, lists or dicts of them, not the int at "
+     "output['examples']: run this model with --compute real"),
+    ("log-of-output", {"compute": "emulated", "compute_time": "10ms"},
+     "ConfigError: under emulated compute the model's output is zeros and the script's loss "
+     "on them is inf: emulated compute needs a loss that is finite on a zero output"),
 ])
 def test_misuse_is_one_line_naming_the_worker(tmp_path: Path, fault: str, config: dict,
                                               says: str) -> None:
@@ -201,3 +210,61 @@ def test_non_elementwise_optimizer_runs_whole_on_workers_refused_on_servers(
     assert summary["status"] == "completed"
     with pytest.raises(RunFailed, match="Adafactor is not an elementwise optimizer"):
         run(tmp_path, "--optimizer", "adafactor", strategy="bsp", servers=1, workers=2)
+
+
+# Emulated compute from a script: the wrapped model sleeps for each step's compute time and
+# returns zeros of its output's shapes, so the script's loss runs on zeros and its backward
+# leaves zero gradients of full size.
+
+def initial_model() -> dict[str, torch.Tensor]:
+    return user_loop.build("sgd")[0].state_dict()
+
+
+def compute_spans(tmp_path: Path, run_id: str) -> dict[tuple[int, int], float]:
+    """Each (worker, step)'s recorded compute seconds. A script's clock starts at its first
+    step, after that step's forward and backward: step 0's span leaves them out."""
+    rows = RunStore(tmp_path / "runs" / "polyrhythm.db").series("iterations", run_id)
+    return {(r["worker"], r["step"]): r["compute_s"] for r in rows if r["step"] > 0}
+
+
+def test_emulated_compute_replays_a_scripts_steps_with_its_full_traffic(tmp_path: Path) -> None:
+    """bsp, SGD with momentum and no weight decay: the replay of a real run sleeps each of
+    its compute times, sends every message the real run sent, byte for byte, and ends with
+    the initial parameters (every gradient was zero). The script's own validation loss ran
+    on the zero output: the targets' mean square; the training loss is unknown."""
+    job = {"strategy": "bsp", "servers": 1, "workers": 2}
+    real = run(tmp_path, "--optimizer", "sgd", **job)
+    emulated = run(tmp_path, "--optimizer", "sgd", compute="emulated",
+                   compute_from=real["run_id"], **job)
+    for key in ("bytes_sent", "messages_sent"):
+        assert ([r[key] for r in emulated["traffic_per_rank"]]
+                == [r[key] for r in real["traffic_per_rank"]])
+    measured, replayed = (compute_spans(tmp_path, r["run_id"]) for r in (real, emulated))
+    assert replayed.keys() == measured.keys() and len(replayed) == 2 * (5 * EPOCHS - 1)
+    assert all(replayed[k] >= measured[k] for k in measured)
+    model = torch.load(RunRecord(tmp_path / "runs", emulated["run_id"]).model_path)
+    assert farthest(model, initial_model()) == 0.0
+    targets = user_loop.data().tensors[1]
+    for epoch in emulated["epoch_metrics"]:
+        assert math.isnan(epoch["train_loss"])
+        assert epoch["val_loss"] == pytest.approx(float((targets ** 2).mean()), rel=1e-6)
+
+
+def test_eight_emulated_workers_of_a_script_sleep_each_steps_compute_time(
+        tmp_path: Path) -> None:
+    """Nine processes on this machine's cores: 8 workers at 20 ms a step and one server.
+    160 examples over 8 workers: 20 each, 2 steps an epoch of 16 and 4 examples."""
+    summary = run(tmp_path, "--optimizer", "sgd", "--epochs", "2", strategy="bsp", servers=1,
+                  workers=8, compute="emulated", compute_time="20ms")
+    assert summary["status"] == "completed" and summary["weight_updates"] == 2 * 2
+    spans = compute_spans(tmp_path, summary["run_id"])
+    assert sorted(spans) == [(w, s) for w in range(8) for s in (1, 2, 3)]
+    assert min(spans.values()) >= 0.020
+    model = torch.load(RunRecord(tmp_path / "runs", summary["run_id"]).model_path)
+    assert farthest(model, initial_model()) == 0.0
+
+
+def test_replaying_an_unknown_run_is_one_line_before_a_run_is_recorded(tmp_path: Path) -> None:
+    with pytest.raises(PolyrhythmError, match="no run 'nope'"):
+        run(tmp_path, compute="emulated", compute_from="nope", strategy="allreduce", workers=2)
+    assert not list((tmp_path / "runs").glob("*/config.toml"))

@@ -80,6 +80,8 @@ def run_script(script: str | Path, args: list[str] | None = None,
     if config.cluster.hosts:
         raise ConfigError("a script on an emulated cluster is not supported yet: run it on "
                           "loopback (no --hosts)")
+    if config.compute_from is not None:  # the run to replay, before this one is recorded
+        measured_compute(config.out, config.compute_from)
     return launch_script(config, start_run(config), str(path), list(args or []))
 
 

@@ -21,7 +21,8 @@ parser.add_argument("--ddp", action="store_true")
 parser.add_argument("--plain-epochs", action="store_true",
                     help="range(epochs), not job.epochs: each pass of the loader is an epoch")
 parser.add_argument("--fault", choices=["wrap-twice", "unwrapped", "seed", "raise", "exit",
-                                        "no-val-loss", "uneven-val-loss"])
+                                        "no-val-loss", "uneven-val-loss", "counted-output",
+                                        "log-of-output"])
 EXAMPLES, BATCH = 160, 16  # 2 workers: 5 steps an epoch
 
 
@@ -31,6 +32,17 @@ def build(optimizer: str, seed: int = 0):
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
     opt = make_optimizer(model, optimizer)
     return model, opt, torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=16)
+
+
+class Counted(torch.nn.Module):
+    """A model whose output also says how many examples it saw, as a plain int."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> dict:
+        return {"prediction": self.model(x), "examples": len(x)}
 
 
 def make_optimizer(model, optimizer: str):
@@ -79,12 +91,17 @@ def ddp(args) -> None:
 def main(args) -> None:
     job = pr.init()
     model, opt, sched = build(args.optimizer, seed=job.worker if args.fault == "seed" else 0)
+    if args.fault == "counted-output":
+        model = Counted(model)
     model, opt = job.wrap(model, opt)
     if args.fault == "wrap-twice":
         job.wrap(model, opt)
     for epoch in range(args.epochs) if args.plain_epochs else job.epochs(args.epochs):
         for x, y in job.loader(data(), batch_size=BATCH):
-            loss = F.mse_loss(model(x), y)
+            output = model(x)
+            loss = F.mse_loss(output["prediction"] if isinstance(output, dict) else output, y)
+            if args.fault == "log-of-output":  # finite on a real output, infinite on zeros
+                loss = loss - output.abs().log().mean()
             loss.backward()
             if args.fault == "raise" and job.worker == 1 and epoch == 1:
                 raise ValueError("the user's own bug")

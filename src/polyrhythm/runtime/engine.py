@@ -49,6 +49,7 @@ class WorkerEngine:
         self.total_epochs: int | None = None  # known once the epochs are
         self.batch_size = 0  # examples a step, known once a loader is made (for records)
         self.losses: list[torch.Tensor] = []  # this step's backward losses
+        self.compute_emulated = False  # a script's model computes through EmulatedForward
         self.epoch = 0
         self.kept: dict[str, object] = {}  # more state the checkpoints keep (Job.keep)
         self.logged: dict[str, float] = {}  # the figures logged for the epoch now
@@ -161,6 +162,17 @@ class WorkerEngine:
             return None
         loss = float(torch.stack([x.float() for x in self.losses]).sum())
         self.losses.clear()
+        if self.compute_emulated:
+            # The script's loss ran on the model's zero output: a figure of the targets, not
+            # of the model, which learns nothing. Recorded, it would read as a training
+            # curve in report and compare; the step's loss is unknown (NaN), as polyrhythm
+            # train's emulated steps record it. Unless it is not finite: its gradients
+            # would then be NaN, and the run diverge for want of a real output.
+            if not math.isfinite(loss):
+                raise ConfigError(f"under emulated compute the model's output is zeros and "
+                                  f"the script's loss on them is {loss}: emulated compute "
+                                  "needs a loss that is finite on a zero output")
+            return None
         return loss
 
     def _progress(self, loss: float | None, now: float) -> None:

@@ -13,7 +13,9 @@ themselves (all-reduce, local SGD, ...), it is the script's; where servers do, t
 it on their slices (runtime/optimizers.py) and step at the rate each push carries: the
 script's group 0 rate as its scheduler left it (the other groups keep their ratio to it).
 A script may also leave the optimizer to the run (`job.wrap(model)`, then `job.step()`): the
-[optimizer] settings and schedule, as polyrhythm train's job does.
+[optimizer] settings and schedule, as polyrhythm train's job does. Under emulated compute
+the wrapped model sleeps for each step's compute time instead of computing, and returns
+zeros of its output's shapes (runtime/compute.py): the rest of the loop runs as it is.
 """
 
 from __future__ import annotations
@@ -26,9 +28,11 @@ import torch
 from torch import nn
 
 from polyrhythm.config import RunConfig
+from polyrhythm.config.emulation import compute_times
 from polyrhythm.context import RankContext
 from polyrhythm.errors import ConfigError
 from polyrhythm.flat import FlatParameters
+from polyrhythm.runtime.compute import EmulatedForward
 from polyrhythm.runtime.engine import WorkerEngine
 from polyrhythm.runtime.optimizers import UserOptimizer, optimizer_spec, rates
 from polyrhythm.runtime.script_data import ShardSampler, shard_loader
@@ -92,6 +96,7 @@ class Job(WorkerEngine):
             optimizer.step = types.MethodType(wrapped_step, optimizer)
         share = 1.0 / self.workers if batch_share is None else batch_share
         self.strategy = spec.build_worker(ctx, self.flat, share, config.strategy)
+        self._emulate_compute(model)
         _ACTIVE[:] = [self]
         return model, optimizer
 
@@ -158,6 +163,17 @@ class Job(WorkerEngine):
         self.ended_pass = False
         self.end_epoch()
         return True
+
+    def _emulate_compute(self, model: nn.Module) -> None:
+        """Under emulated compute, a script's model sleeps for each step's compute time and
+        returns zeros of its output's shapes instead of computing (runtime/compute.py).
+        polyrhythm train's job emulates its steps itself, without data or a forward."""
+        if not self.scripted:
+            return
+        seconds = compute_times(self.ctx.config, self.worker)
+        if seconds is not None:
+            model.forward = EmulatedForward(model, seconds, lambda: self._taken)
+            self.compute_emulated = True
 
     def _check_same_start(self) -> None:
         """Every worker's initial parameters are worker 0's (one line naming the first that
