@@ -83,8 +83,11 @@ def test_bsp_with_two_servers_and_adamw_groups_gives_one_process(tmp_path: Path,
     job.epochs or, in a plain range, by each pass of the loader: the same."""
     summary = run(tmp_path, *epochs, strategy="bsp", servers=2, workers=2)
     assert summary["final_val_accuracy"] is None  # it logs a loss, no accuracy
-    model = torch.load(RunRecord(tmp_path / "runs", summary["run_id"]).model_path)
-    assert farthest(model, one_process(workers=2)) <= 1e-5
+    record = RunRecord(tmp_path / "runs", summary["run_id"])
+    assert farthest(torch.load(record.model_path), one_process(workers=2)) <= 1e-5
+    # The store names the script, not the config's default data and model it never read.
+    row = record.store.run(summary["run_id"])
+    assert (row["dataset"], row["model"]) == ("script", SCRIPT.name)
     assert summary["epochs"] == EPOCHS and summary["weight_updates"] == 5 * EPOCHS
     # What the script logged is stored with each epoch; the last is the final figure.
     losses = [e["val_loss"] for e in summary["epoch_metrics"]]
@@ -102,6 +105,10 @@ def test_allreduce_from_a_script_gives_ddps_parameters(tmp_path: Path) -> None:
                   "--nproc-per-node", "2", str(SCRIPT), "--optimizer", "sgd", "--save",
                   str(saved[name]), *extra], cwd=tmp_path, env={**os.environ, **env})
     assert farthest(torch.load(saved["ddp"]), torch.load(saved["polyrhythm"])) <= 1e-5
+    # Rank 0 recorded the polyrhythm side (torchrun names no run) in ./runs.
+    [row] = RunStore(tmp_path / "runs" / "polyrhythm.db").runs()
+    assert (row["strategy"], row["dataset"], row["model"]) == ("allreduce", "script",
+                                                                SCRIPT.name)
 
 
 def test_plain_python_runs_the_script_alone(tmp_path: Path) -> None:

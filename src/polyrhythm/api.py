@@ -82,7 +82,8 @@ def run_script(script: str | Path, args: list[str] | None = None,
                           "loopback (no --hosts)")
     if config.compute_from is not None:  # the run to replay, before this one is recorded
         measured_compute(config.out, config.compute_from)
-    return launch_script(config, start_run(config), str(path), list(args or []))
+    return launch_script(config, start_run(config, script=str(path)), str(path),
+                         list(args or []))
 
 
 # What a resumed run may change: the servers (the flat model is re-sliced), and how long and

@@ -63,7 +63,7 @@ def init() -> Job:
         raise ConfigError(f"the launcher started {world} processes but the run needs "
                           f"{config.world_size} ({config.servers} servers + {config.workers} "
                           "workers)")
-    record, run_dir = job_record(config, rank, os.environ.get(ENV_RUN_ID))
+    record, run_dir = job_record(config, rank, os.environ.get(ENV_RUN_ID), script=sys.argv[0])
     sys.excepthook = _failing(rank, config, record, run_dir)
     rendezvous = os.environ.get(ENV_RENDEZVOUS)
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}" if rendezvous

@@ -42,13 +42,15 @@ def env_int(name: str, start: str = "start this module with torchrun") -> int:
         raise ConfigError(f"{name} is not set: {start}") from None
 
 
-def job_record(config, rank: int, run_id: str | None) -> tuple[RunRecord | None, Path | None]:
+def job_record(config, rank: int, run_id: str | None,
+               script: str | None = None) -> tuple[RunRecord | None, Path | None]:
     """(the run record rank 0 completes: a new one, or `run_id`'s made by a launcher; the
     run's folder, where every rank writes its checkpoints and failure report, None where no
-    launcher named the run on a rank other than 0)."""
+    launcher named the run on a rank other than 0). `script`: a user's, the job's ranks."""
     record = None
     if rank == 0:
-        record = RunRecord(Path(config.out), run_id) if run_id else start_run(config)
+        record = (RunRecord(Path(config.out), run_id) if run_id
+                  else start_run(config, script=script))
     return record, (record.dir if record else (Path(config.out) / run_id if run_id else None))
 
 

@@ -45,15 +45,19 @@ class RunRecord:
         return self.dir / MODEL_NAME
 
 
-def start_run(config) -> RunRecord:
+def start_run(config, script: str | None = None) -> RunRecord:
     """Create the run's directory and its 'running' row, before any process starts. The row
     names this process as the run's launcher: should it die without recording the run's end
     (SIGKILL), the next listing of the store shows the run `failed` (`launcher gone`).
 
     `config` is the RunConfig: its `out`, `columns()` (the store's headline columns) and
-    `to_toml()` are what the record needs."""
+    `to_toml()` are what the record needs. A user's `script` brings its own data and model:
+    the row says "script" and the script's file name for them, not the config's defaults,
+    which the script never read."""
     now = datetime.now(UTC)
     columns = config.columns()
+    if script is not None:
+        columns |= {"dataset": "script", "model": Path(script).name}
     run_id = f"{now:%Y%m%d-%H%M%S}-{columns['strategy']}-{secrets.token_hex(3)}"
     record = RunRecord(Path(config.out), run_id)
     toml = config.to_toml()
