@@ -22,6 +22,8 @@ from polyrhythm.runtime.optimizers import rates
 from polyrhythm.strategies.base import EpochEnd
 
 PROGRESS_INTERVAL_S = 0.25
+# A worker's state's own entries (state_dict): what a script keeps (Job.keep) goes beside.
+OWN_STATE = ("model", "optimizer", "rng", "strategy", "taken")
 
 
 class WorkerEngine:
@@ -55,6 +57,7 @@ class WorkerEngine:
         self.logged: dict[str, float] = {}  # the figures logged for the epoch now
         self.rates: list[float] = []  # the optimizer's group rates when wrapped
         self._taken, self._started, self._begun = 0, False, None
+        self.resumed = False  # its state is a checkpoint's (ctx.resume), loaded
         self._measured_from: float | None = None
         self._last_progress = 0.0
         config, i = ctx.config if ctx else None, self.worker
@@ -75,6 +78,10 @@ class WorkerEngine:
         starts receiving and, in a script, the clock starts."""
         if self._started:
             return
+        if self.scripted and self.ctx.resume is not None and not self.resumed:
+            raise ConfigError("a resumed script run goes on from job.epochs(n): this script "
+                              "steps before calling it (or loops without it), so it cannot "
+                              "be resumed")
         self._started = True
         # Everything built so far (torch's modules, the model, the data) lives as long as
         # the job: out of the collector's sight, a full collection no longer walks it. One
@@ -276,6 +283,7 @@ class WorkerEngine:
         if self.validation is not None:
             self.validation.load_state_dict(state["validation"], len(self.epochs_done))
         self._reset_epoch()
+        self.resumed = True
 
     def _checkpoint(self, epochs_done: int) -> None:
         """This worker's files of the checkpoint after `epochs_done` epochs, if one is due

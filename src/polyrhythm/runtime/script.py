@@ -33,7 +33,7 @@ from polyrhythm.context import RankContext
 from polyrhythm.errors import ConfigError
 from polyrhythm.flat import FlatParameters
 from polyrhythm.runtime.compute import EmulatedForward
-from polyrhythm.runtime.engine import WorkerEngine
+from polyrhythm.runtime.engine import OWN_STATE, WorkerEngine
 from polyrhythm.runtime.optimizers import UserOptimizer, optimizer_spec, rates
 from polyrhythm.runtime.script_data import ShardSampler, shard_loader
 from polyrhythm.runtime.script_hooks import _ACTIVE, EpochOfBatches, wrapped_step
@@ -107,6 +107,8 @@ class Job(WorkerEngine):
         self.total_epochs = n
         if self.ctx is not None:
             self.ctx.config = lasting(self.ctx.config, n)
+            if self.ctx.resume is not None and not self.resumed:
+                self._resume_here()
         for epoch in range(len(self.epochs_done), n):
             self.begin_epoch(epoch)
             yield epoch
@@ -138,7 +140,15 @@ class Job(WorkerEngine):
 
     def keep(self, name: str, obj) -> None:
         """Keep `obj`'s state (its state_dict and load_state_dict: a scheduler, a data
-        position, ...) in this worker's checkpoints under `name`."""
+        position, ...) in this worker's checkpoints under `name`; a resumed run loads it at
+        job.epochs(n), so keep it before."""
+        if name in OWN_STATE:
+            raise ConfigError(f"job.keep cannot take the name {name!r}: the checkpoint keeps "
+                              f"its own {name} there (names taken: {', '.join(OWN_STATE)})")
+        if self.resumed and name not in self.kept:
+            raise ConfigError(f"job.keep({name!r}) came after job.epochs(n) loaded the "
+                              "resumed run's state: keep it before job.epochs, so that its "
+                              "state is loaded with the rest")
         self.kept[name] = obj
 
     def finish(self) -> None:
@@ -174,6 +184,15 @@ class Job(WorkerEngine):
         if seconds is not None:
             model.forward = EmulatedForward(model, seconds, lambda: self._taken)
             self.compute_emulated = True
+
+    def _resume_here(self) -> None:
+        """A resumed run's worker state (model, optimizer, what job.keep named, steps, epochs
+        done) from its checkpoint, loaded as the script's epochs begin: everything it keeps
+        exists by then."""
+        if self.model is None:
+            raise ConfigError("a resumed run loads its model at job.epochs(n): call "
+                              "job.wrap(model, opt) before it")
+        self.resume(self.ctx.resume)
 
     def _check_same_start(self) -> None:
         """Every worker's initial parameters are worker 0's (one line naming the first that
