@@ -15,7 +15,7 @@ from polyrhythm.launch.cluster import can_emulate
 from polyrhythm.launch.emulated import launch_emulated
 from polyrhythm.launch.local import launch_local
 from polyrhythm.launch.progress import ProgressBoard
-from polyrhythm.launch.scripts import launch_script
+from polyrhythm.launch.scripts import ScriptCall, launch_script
 from polyrhythm.losses import LOSSES
 from polyrhythm.metrics.records import (
     RunRecord,
@@ -25,7 +25,7 @@ from polyrhythm.metrics.records import (
     start_run,
 )
 from polyrhythm.models.build import check_model
-from polyrhythm.runtime.checkpoint import latest
+from polyrhythm.runtime.checkpoint import Resume, latest
 
 
 def resolve_config(config: RunConfig | dict | str | Path | None = None,
@@ -82,13 +82,15 @@ def run_script(script: str | Path, args: list[str] | None = None,
                           "loopback (no --hosts)")
     if config.compute_from is not None:  # the run to replay, before this one is recorded
         measured_compute(config.out, config.compute_from)
-    return launch_script(config, start_run(config, script=str(path)), str(path),
-                         list(args or []))
+    return launch_script(config, start_run(config, script=str(path)),
+                         ScriptCall.here(path, list(args or [])))
 
 
 # What a resumed run may change: the servers (the flat model is re-sliced), and how long and
-# how often it checkpoints. Anything else would make it another run.
+# how often it checkpoints. Anything else would make it another run. A script's epochs are
+# the script's own (job.epochs(n)).
 RESUMABLE = {"servers", "epochs", "checkpoint_every"}
+SCRIPT_RESUMABLE = RESUMABLE - {"epochs"}
 
 
 def resume(run_id: str, out: str | Path = "runs", *, show_progress: bool = False,
@@ -96,13 +98,53 @@ def resume(run_id: str, out: str | Path = "runs", *, show_progress: bool = False
     """Carry on a failed or interrupted run from its newest usable checkpoint, to its
     configured epochs, in the same run record; return its summary as `train` does. A run
     whose launcher died without recording its end (SIGKILL) counts as failed."""
+    record = _stored_run(run_id, out)
+    call = ScriptCall.recalled(record.dir)
+    if call is not None:
+        raise ConfigError(f"run {run_id} is a script run ({Path(call.script).name}): resume "
+                          f"it with `polyrhythm run --resume {run_id}`")
+    config, point, done = _reopened(record, out, overrides, RESUMABLE, say)
+    say(f"resuming run {run_id} after epoch {done} of {config.epochs}")
+    board = ProgressBoard(config.workers, enabled=True) if show_progress else None
+    return launch_local(config, record, board, resume=point)
+
+
+def resume_script(run_id: str, out: str | Path = "runs", *, say=print,
+                  **overrides: Any) -> dict:
+    """Carry on a failed or interrupted script run (`run_script`) as `resume` does a
+    built-in job's: its script, with its arguments, from the folder it ran in, started again
+    from the newest usable checkpoint; its workers load their state as the script's
+    `job.epochs(n)` begins and go on after the last epoch done."""
+    record = _stored_run(run_id, out)
+    call = ScriptCall.recalled(record.dir)
+    if call is None:
+        raise ConfigError(f"run {run_id} is not a script run: resume it with "
+                          f"`polyrhythm train --resume {run_id}`")
+    call.check(run_id)
+    config, point, done = _reopened(record, out, overrides, SCRIPT_RESUMABLE, say)
+    say(f"resuming run {run_id} after epoch {done}")
+    # The ranks run in the script's folder, maybe not this one: they find the store by an
+    # absolute path.
+    config = resolve_config(config, out=str(Path(out).resolve()))
+    return launch_script(config, record, call, resume=point)
+
+
+def _stored_run(run_id: str, out: str | Path) -> RunRecord:
     record = RunRecord(Path(out), run_id)
     if not (record.dir / "config.toml").is_file():
         raise ConfigError(f"no run {run_id!r} in {str(out)!r}")
-    changed = set(overrides) - RESUMABLE
+    return record
+
+
+def _reopened(record: RunRecord, out: str | Path, overrides: dict, resumable: set[str],
+              say) -> tuple[RunConfig, Resume, int]:
+    """A failed run reopened to go on (its config with `overrides`, which only `resumable`
+    settings may be; the newest usable checkpoint; its epochs done), once the processes of
+    an earlier launch are gone."""
+    changed = set(overrides) - resumable
     if changed:
         raise ConfigError(f"a resumed run keeps its config: {', '.join(sorted(changed))} "
-                          f"cannot change (only {', '.join(sorted(RESUMABLE))} can)")
+                          f"cannot change (only {', '.join(sorted(resumable))} can)")
     stored = load_config(record.dir / "config.toml", out=str(out))
     config = resolve_config(stored, **overrides)
     if config.cluster.hosts:
@@ -113,6 +155,4 @@ def resume(run_id: str, out: str | Path = "runs", *, show_progress: bool = False
     runlock.wait_until_free(record.dir)
     point, done = latest(record.dir, stored.workers, stored.servers, say=say)
     reopen_run(record)
-    say(f"resuming run {run_id} after epoch {done} of {config.epochs}")
-    board = ProgressBoard(config.workers, enabled=True) if show_progress else None
-    return launch_local(config, record, board, resume=point)
+    return config, point, done

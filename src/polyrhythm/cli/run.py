@@ -6,8 +6,9 @@ from __future__ import annotations
 import argparse
 
 from polyrhythm.cli.flags import add_config_flags, config_flags
-from polyrhythm.cli.train import format_summary
+from polyrhythm.cli.train import format_summary, resumed
 from polyrhythm.config import load_config
+from polyrhythm.errors import ConfigError
 from polyrhythm.metrics.records import summary_json_line
 
 
@@ -21,13 +22,27 @@ def add_parser(commands) -> None:
     run.add_argument("--config", metavar="FILE.toml", help="config file; flags override it")
     run.add_argument("--json", action="store_true",
                      help="print the summary as one JSON object on the last line")
-    run.add_argument("script", metavar="SCRIPT", help="the training script")
+    run.add_argument("--resume", metavar="RUN_ID", help="carry on this failed or "
+                     "interrupted script run (under --out) from its last checkpoint, in the "
+                     "same record: its script, with its arguments, from the folder it ran in "
+                     "(no SCRIPT here), its job.epochs(n) going on after the last epoch done; "
+                     "--servers and --checkpoint-every may change")
+    run.add_argument("script", metavar="SCRIPT", nargs="?", help="the training script")
     run.add_argument("script_args", nargs=argparse.REMAINDER, metavar="...",
                      help="arguments for the script")
     add_config_flags(run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.resume:
+        if args.script or args.script_args:
+            raise ConfigError("--resume starts the run's own script with its own arguments: "
+                              "drop SCRIPT and what follows it")
+        from polyrhythm.api import resume_script
+
+        return resumed(args, resume_script)
+    if args.script is None:
+        raise ConfigError("polyrhythm run needs SCRIPT (or --resume RUN_ID)")
     config = load_config(args.config, **config_flags(args))  # bad input fails before torch
     from polyrhythm.api import run_script
 

@@ -25,20 +25,26 @@ def add_parser(commands) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.resume:
-        flags = config_flags(args)
-        out = flags.pop("out", "runs")
-        if args.config:
-            raise ConfigError("--resume takes the run's own config: drop --config")
         from polyrhythm.api import resume
 
-        summary = resume(args.resume, out, show_progress=sys.stderr.isatty(),
-                         say=lambda line: print(line, file=sys.stderr), **flags)
-        print(summary_json_line(summary) if args.json else format_summary(summary))
-        return 0
+        return resumed(args, resume, show_progress=sys.stderr.isatty())
     config = load_config(args.config, **config_flags(args))  # bad input fails before torch
     from polyrhythm.api import train
 
     summary = train(config, show_progress=sys.stderr.isatty())
+    print(summary_json_line(summary) if args.json else format_summary(summary))
+    return 0
+
+
+def resumed(args: argparse.Namespace, resume, **options) -> int:
+    """`--resume RUN_ID` (of train, or of run: `resume` is the API's for its runs): the run
+    goes on with its own config, the flags given changing what they may; its summary."""
+    flags = config_flags(args)
+    out = flags.pop("out", "runs")
+    if args.config:
+        raise ConfigError("--resume takes the run's own config: drop --config")
+    summary = resume(args.resume, out, say=lambda line: print(line, file=sys.stderr),
+                     **options, **flags)
     print(summary_json_line(summary) if args.json else format_summary(summary))
     return 0
 

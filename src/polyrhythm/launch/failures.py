@@ -116,6 +116,13 @@ def read_reports(run_dir: Path) -> dict[int, RankFailure]:
     return found
 
 
+def clear_reports(run_dir: Path) -> None:
+    """Remove the reports an earlier launch of the run left (a resumed run's ranks write
+    their own)."""
+    for path in (Path(run_dir) / "logs").glob("rank*.failure.json"):
+        path.unlink(missing_ok=True)
+
+
 def is_a_loss(code: int, failure: RankFailure | None) -> bool:
     """Whether a worker that ended so (exit code, report) is lost, one a run may go on
     without: killed from outside, or failed as a peer's connection broke or it fell silent;
@@ -170,16 +177,21 @@ def rank_failed(rank: int, code: int | None, failure: RankFailure | None, log: P
     return RunFailed(f"rank {rank} ({topology.describe(rank)}) {how(code, failure, log)}")
 
 
-def recorded_failure(record: RunRecord, exc: BaseException, config=None) -> RunFailed:
+def recorded_failure(record: RunRecord, exc: BaseException, config=None,
+                     script: bool = False) -> RunFailed:
     """Store the run as failed with what ended it; the RunFailed to raise, which says how to
-    go on if a checkpoint was written (`config`: the run's, to find it)."""
+    go on if a checkpoint was written (`config`: the run's, to find it; `script`: a run of
+    `polyrhythm run`, resumed by it)."""
     reason = failure_reason(record, exc)
     diverged = isinstance(exc, RunFailed) and exc.diverged
     fail_run(record, reason, "diverged" if diverged else "failed")
     done = complete_epochs(record.dir, config.workers, config.servers) if config else []
-    hint = (f"; `polyrhythm train --resume {record.run_id} --out {config.out}` goes on after "
-            f"epoch {done[-1]}"
-            if done and not diverged and done[-1] < config.epochs else "")
+    # A script's epochs are its own (job.epochs(n)), not the config's: whatever checkpoint a
+    # failed script run left, the script has not finished after it.
+    left = done and not diverged and (script or done[-1] < config.epochs)
+    command = "run" if script else "train"
+    hint = (f"; `polyrhythm {command} --resume {record.run_id} --out {config.out}` goes on "
+            f"after epoch {done[-1]}" if left else "")
     return RunFailed(f"run {record.run_id} {reason}{hint}", record.run_id,
                      interrupted=isinstance(exc, KeyboardInterrupt), diverged=diverged)
 

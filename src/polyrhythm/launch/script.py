@@ -11,7 +11,10 @@ the process. Started without a launcher (`python script.py`), the script is one 
 nothing to exchange and nothing recorded: it runs as it would without polyrhythm.
 
 Rank 0 records the run (under the config's `out`, or completes POLYRHYTHM_RUN_ID there) as
-`polyrhythm train` does: the store, `report` and `compare` read it alike.
+`polyrhythm train` does: the store, `report` and `compare` read it alike. A resumed run's
+ranks (`polyrhythm run --resume`) find the checkpoint to go on from in POLYRHYTHM_RESUME: a
+server loads its slices there (re-sliced if the servers changed), a worker its state when the
+script's `job.epochs(n)` begins (runtime/script.py).
 """
 
 from __future__ import annotations
@@ -32,10 +35,12 @@ from polyrhythm.comm.transport import Transport
 from polyrhythm.config import RunConfig, load_config
 from polyrhythm.context import RankContext, Topology
 from polyrhythm.errors import ConfigError
+from polyrhythm.launch import runlock
 from polyrhythm.launch.failures import RankFailure, rank_ended
 from polyrhythm.launch.rank import latency, leave_together
 from polyrhythm.launch.torchrun import env_int, job_record
 from polyrhythm.metrics.records import RunRecord
+from polyrhythm.runtime.checkpoint import Resume
 from polyrhythm.runtime.job import play, server_shard
 from polyrhythm.runtime.script import Job, lasting
 from polyrhythm.runtime.script_hooks import recording_backward, stepping_unwrapped
@@ -44,6 +49,9 @@ from polyrhythm.runtime.survivors import agree_on_lost
 
 ENV_CONFIG, ENV_RUN_ID = "POLYRHYTHM_CONFIG", "POLYRHYTHM_RUN_ID"
 ENV_RENDEZVOUS = "POLYRHYTHM_RENDEZVOUS"  # a file store (polyrhythm run); else env:// (torchrun)
+# A resumed run's checkpoint folder, and how many servers wrote it (the model is re-sliced
+# where the run now has another number).
+ENV_RESUME, ENV_RESUME_SERVERS = "POLYRHYTHM_RESUME", "POLYRHYTHM_RESUME_SERVERS"
 # Servers learn the length of an epoch from the script's loader; without one, an epoch is
 # this many steps for them (what only fixed-round strategies read: those need a loader).
 UNKNOWN_STEPS = 10**9
@@ -64,6 +72,8 @@ def init() -> Job:
                           f"{config.world_size} ({config.servers} servers + {config.workers} "
                           "workers)")
     record, run_dir = job_record(config, rank, os.environ.get(ENV_RUN_ID), script=sys.argv[0])
+    if run_dir is not None:  # until this process ends: a resume waits for it (runlock.py)
+        runlock.hold(run_dir)
     sys.excepthook = _failing(rank, config, record, run_dir)
     rendezvous = os.environ.get(ENV_RENDEZVOUS)
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}" if rendezvous
@@ -72,7 +82,8 @@ def init() -> Job:
     topology = Topology(config.servers, config.workers)
     transport = Transport()
     transport.open(rank, world, topology.worker_ranks, latency(config, rank))
-    ctx = RankContext(config, rank, topology, transport, run_dir=run_dir)
+    ctx = RankContext(config, rank, topology, transport, run_dir=run_dir,
+                      resume=_resume_point())
     register_optimizer_step_pre_hook(stepping_unwrapped)
     torch.Tensor.backward = recording_backward(torch.Tensor.backward)
     _JOINED.append(ctx)
@@ -94,6 +105,12 @@ def job_config() -> RunConfig:
     strategy = os.environ.get("POLYRHYTHM_STRATEGY", "allreduce")
     return RunConfig(strategy=strategy, servers=servers,
                      workers=_env_int("WORLD_SIZE") - servers)
+
+
+def _resume_point() -> Resume | None:
+    """The checkpoint a resumed run goes on from (None: a run from the start)."""
+    folder = os.environ.get(ENV_RESUME)
+    return Resume(Path(folder), _env_int(ENV_RESUME_SERVERS)) if folder else None
 
 
 def _env_int(name: str) -> int:
@@ -142,6 +159,8 @@ def _serve(ctx: RankContext) -> dict:
     shard = server_shard(ctx, initial, steps, make_updater=lambda weights, a, b, concurrency:
                          optimizer.updater(weights, a, b),
                          handover_keys=optimizer.state_keys())
+    if ctx.resume is not None:
+        shard.resume(ctx.resume)
     ctx.transport.barrier()  # the workers' first step starts the clock
     ctx.started = time.perf_counter()
     return play(ctx, shard)

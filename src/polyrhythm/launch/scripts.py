@@ -5,25 +5,32 @@ rank's is kept in the run's logs. A rank that fails ends the run: every other pr
 stopped, and the run is recorded as failed with the failing rank, its error and the script's
 line (the rank's own report). Ctrl-C and SIGTERM do the same. No process outlives the run:
 each dies with its launcher too (PR_SET_PDEATHSIG).
+
+The launcher keeps what started the script (`script.json` in the run's folder: the script's
+absolute path, its arguments and the folder it ran in), so that `polyrhythm run --resume`
+starts the same script the same way; the resumed ranks learn the checkpoint to go on from.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from polyrhythm.context import Topology
-from polyrhythm.errors import RunFailed
+from polyrhythm.errors import ConfigError, RunFailed
 from polyrhythm.launch.failures import (
     Kind,
     RankFailure,
     cause,
+    clear_reports,
     rank_failed,
     read_reports,
     recorded_failure,
@@ -35,25 +42,76 @@ from polyrhythm.launch.local import (
     raise_interrupt,
     signal_handlers,
 )
-from polyrhythm.launch.script import ENV_CONFIG, ENV_RENDEZVOUS, ENV_RUN_ID
+from polyrhythm.launch.script import (
+    ENV_CONFIG,
+    ENV_RENDEZVOUS,
+    ENV_RESUME,
+    ENV_RESUME_SERVERS,
+    ENV_RUN_ID,
+)
 from polyrhythm.metrics.records import RunRecord, read_summary
+from polyrhythm.runtime.checkpoint import Resume, tidy
+
+SCRIPT_FILE = "script.json"  # in the run's folder: what started the script (ScriptCall)
+RESUMED_CONFIG = "resumed.toml"  # beside config.toml: the config a resumed launch runs with
 
 
-def launch_script(config, record: RunRecord, script: str, args: list[str],
-                  show=sys.stdout) -> dict:
-    """Run `script` as every rank of the job; the run's summary, or RunFailed."""
+@dataclass(frozen=True)
+class ScriptCall:
+    """How a script run's ranks start: `python script *args`, in the folder `cwd` (the
+    arguments may name files relative to it)."""
+
+    script: str  # absolute
+    args: list[str]
+    cwd: str
+
+    @classmethod
+    def here(cls, script: str | Path, args: list[str]) -> ScriptCall:
+        """The script started from this process's folder, as `polyrhythm run` starts it."""
+        return cls(os.path.abspath(script), list(args), os.getcwd())
+
+    def remember(self, run_dir: Path) -> None:
+        (Path(run_dir) / SCRIPT_FILE).write_text(json.dumps(asdict(self), indent=2) + "\n")
+
+    @classmethod
+    def recalled(cls, run_dir: Path) -> ScriptCall | None:
+        """The script run `run_dir` holds; None for a run of `polyrhythm train`'s job."""
+        path = Path(run_dir) / SCRIPT_FILE
+        return cls(**json.loads(path.read_text())) if path.is_file() else None
+
+    def check(self, run_id: str) -> None:
+        """One line unless the script and its folder are still there to start again."""
+        if not Path(self.script).is_file():
+            raise ConfigError(f"run {run_id}'s script {self.script!r} is not there any more: "
+                              "put it back to resume the run")
+        if not Path(self.cwd).is_dir():
+            raise ConfigError(f"run {run_id}'s script ran in {self.cwd!r}, which is not there "
+                              "any more: make it again to resume the run")
+
+
+def launch_script(config, record: RunRecord, call: ScriptCall, show=sys.stdout,
+                  resume: Resume | None = None) -> dict:
+    """Run `call`'s script as every rank of the job (resuming: from `resume`, with `config`
+    as the resume changed it); the run's summary, or RunFailed."""
     topology = Topology(config.servers, config.workers)
     procs: list[subprocess.Popen] = []
     readers: list[threading.Thread] = []
-    rendezvous = record.dir / "rendezvous"
+    run_dir = record.dir.resolve()  # the ranks run in `call.cwd`: absolute paths for them
+    rendezvous = run_dir / "rendezvous"
     try:
         with signal_handlers(sigterm=raise_interrupt):
             rendezvous.unlink(missing_ok=True)
-            (record.dir / "logs").mkdir(exist_ok=True)
+            (run_dir / "logs").mkdir(exist_ok=True)
+            clear_reports(run_dir)  # an earlier launch's, which would name its failures
+            job = {ENV_CONFIG: str(_job_config(config, run_dir, call, resume)),
+                   ENV_RUN_ID: record.run_id, ENV_RENDEZVOUS: str(rendezvous)}
+            if resume is not None:
+                job |= {ENV_RESUME: str(resume.folder.resolve()),
+                        ENV_RESUME_SERVERS: str(resume.servers)}
             for rank in range(topology.world_size):
-                env = _environment(config, topology, record, rank, rendezvous)
                 procs.append(subprocess.Popen(
-                    [sys.executable, script, *args], env=env, stdout=subprocess.PIPE,
+                    [sys.executable, call.script, *call.args], cwd=call.cwd,
+                    env=_environment(config, topology, rank, job), stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                     preexec_fn=_die_with_launcher))
             first_worker = topology.worker_ranks[0]
@@ -65,23 +123,34 @@ def launch_script(config, record: RunRecord, script: str, args: list[str],
             reader.join()
         return read_summary(record)
     except BaseException as exc:
-        raise recorded_failure(record, exc, config) from None
+        raise recorded_failure(record, exc, config, script=True) from None
     finally:
         with signal_handlers(sigterm=signal.SIG_IGN, sigint=signal.SIG_IGN):
             _stop(procs)
             rendezvous.unlink(missing_ok=True)
+            # No rank writes any more: a failed run keeps the last two complete checkpoints,
+            # to resume from (a completed one has been tidied by its rank 0 already).
+            tidy(run_dir, config.workers, config.servers, completed=False)
 
 
-def _environment(config, topology: Topology, record: RunRecord, rank: int,
-                 rendezvous: Path) -> dict[str, str]:
+def _job_config(config, run_dir: Path, call: ScriptCall, resume: Resume | None) -> Path:
+    """The config file the ranks read: the record's own, which a first launch writes its
+    call beside; a resumed launch's, which may have other servers or checkpoints, its own."""
+    if resume is None:
+        call.remember(run_dir)
+        return run_dir / "config.toml"
+    path = run_dir / RESUMED_CONFIG
+    path.write_text(config.to_toml())
+    return path
+
+
+def _environment(config, topology: Topology, rank: int, job: dict[str, str]) -> dict[str, str]:
     threads = 1 if topology.role(rank) == "server" else (
         config.threads or max(1, (os.cpu_count() or 1) // topology.workers))
     return {**CHILD_ENVIRONMENT, **os.environ,  # a value the user set is kept
             "RANK": str(rank), "WORLD_SIZE": str(topology.world_size),
             "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(topology.world_size),
-            "OMP_NUM_THREADS": str(threads), ENV_CONFIG: str(record.dir / "config.toml"),
-            ENV_RUN_ID: record.run_id, ENV_RENDEZVOUS: str(rendezvous),
-            "PYTHONUNBUFFERED": "1"}
+            "OMP_NUM_THREADS": str(threads), **job, "PYTHONUNBUFFERED": "1"}
 
 
 def _die_with_launcher() -> None:
