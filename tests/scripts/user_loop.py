@@ -2,7 +2,10 @@
 with AdamW over two param groups (weight decay on weights only, the biases at half the
 rate) and a cosine schedule, or SGD with momentum; `--ddp` trains the same under torch's
 DistributedDataParallel instead (torchrun), `--fault` breaks it one way. The final
-parameters are saved by worker 0 to --save."""
+parameters are saved by worker 0 to --save. `--keep FILE` keeps the schedule and a tally of
+the steps in the checkpoints (job.keep) and writes the tally there at the end;
+`--fail-once MARKER` fails worker 1 after its first step of epoch 3 unless MARKER exists,
+which it then makes, so the run resumed goes on (tests/test_script_resume.py)."""
 
 import argparse
 import os
@@ -23,7 +26,22 @@ parser.add_argument("--plain-epochs", action="store_true",
 parser.add_argument("--fault", choices=["wrap-twice", "unwrapped", "seed", "raise", "exit",
                                         "no-val-loss", "uneven-val-loss", "counted-output",
                                         "log-of-output"])
+parser.add_argument("--keep", metavar="FILE")
+parser.add_argument("--fail-once", metavar="MARKER")
 EXAMPLES, BATCH = 160, 16  # 2 workers: 5 steps an epoch
+
+
+class Tally:
+    """The steps this worker took, kept in the checkpoints: a resumed run counts on."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def state_dict(self) -> dict:
+        return {"steps": self.steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.steps = state["steps"]
 
 
 def build(optimizer: str, seed: int = 0):
@@ -96,8 +114,12 @@ def main(args) -> None:
     model, opt = job.wrap(model, opt)
     if args.fault == "wrap-twice":
         job.wrap(model, opt)
+    tally = Tally()
+    if args.keep:
+        job.keep("schedule", sched)
+        job.keep("tally", tally)
     for epoch in range(args.epochs) if args.plain_epochs else job.epochs(args.epochs):
-        for x, y in job.loader(data(), batch_size=BATCH):
+        for step, (x, y) in enumerate(job.loader(data(), batch_size=BATCH)):
             output = model(x)
             loss = F.mse_loss(output["prediction"] if isinstance(output, dict) else output, y)
             if args.fault == "log-of-output":  # finite on a real output, infinite on zeros
@@ -110,6 +132,9 @@ def main(args) -> None:
             opt.step()
             opt.zero_grad()
             sched.step()
+            tally.steps += 1
+            if args.fail_once and (job.worker, epoch, step) == (1, 2, 0):
+                fail_once(args.fail_once)
         with torch.no_grad():
             x, y = data().tensors
             if args.fault == "uneven-val-loss" and job.worker > 0:
@@ -118,7 +143,19 @@ def main(args) -> None:
                 job.log(val_loss=F.mse_loss(model(x), y))
     if args.save and job.worker == 0:
         torch.save(model.state_dict(), args.save)
+    if args.keep and job.worker == 0:
+        with open(args.keep, "w") as file:
+            file.write(str(tally.steps))
     job.finish()
+
+
+def fail_once(marker: str) -> None:
+    """Fail unless `marker` exists, making it: the run fails, its resume goes on. After a
+    step of the epoch, which every worker takes only once every rank's files of the
+    checkpoint before it are written, so that checkpoint is always the newest."""
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        raise RuntimeError("failing once, as asked")
 
 
 if __name__ == "__main__":
