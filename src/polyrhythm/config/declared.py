@@ -61,7 +61,8 @@ GENERAL = (
           "resource samples in the store (off: totals only)", True),
     Param("out", str, "directory that holds run records and the store", "runs", metavar="DIR"),
     Param("checkpoint_every", int, "write a checkpoint every this many epochs, and at the "
-          "end (0: never); `polyrhythm train --resume RUN_ID` goes on from the last", 1,
+          "end (0: never); `polyrhythm train --resume RUN_ID` (a script's: `polyrhythm run "
+          "--resume RUN_ID`) goes on from the last", 1,
           rule=at_least(0)),
     Param("timeout", float, "seconds any process waits for a peer (a message, a collective) "
           "before the run fails naming the silent peer", 300.0, rule=positive()),
