@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from polyrhythm.comm.faults import PeerLost, PeerSilent, translated
+from polyrhythm.comm.network_threads import LOOP_THREAD, LOWEST
 from polyrhythm.comm.transport import WORLD, Transport
 from polyrhythm.launch.local import PRELOAD
 from polyrhythm.metrics.sampler import ResourceSampler
@@ -134,8 +135,28 @@ def _longer_than_its_receive(rank: int, transport: Transport) -> dict:
     return {"survived": True}
 
 
+def _network_priorities(transport: Transport) -> dict:
+    """The nice values of this process's Gloo loop threads, after the default group's set-up
+    and after a second group's (WORKERS here: ranks 0 and 1 of a world of 2 are the world,
+    so a group of one other name, made as exclude() makes it)."""
+    def nices() -> list[int]:
+        found = []
+        for tid in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{tid}/comm") as comm:
+                if comm.read().strip() == LOOP_THREAD:
+                    found.append(os.getpriority(os.PRIO_PROCESS, int(tid)))
+        return sorted(found)
+    first = nices()
+    transport.exclude(set())  # the world made again as a group of its own: its own thread
+    transport.all_reduce(torch.ones(2), WORLD)
+    return {"first": first, "then": nices(), "main": os.getpriority(os.PRIO_PROCESS, 0)}
+
+
 def _rank(rank: int, scenario: str, out: str, timeout_s: float) -> None:
     out = Path(out)
+    if scenario.startswith("priorities"):  # both ranks on one core, or one core each
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+        os.environ["LOCAL_WORLD_SIZE"] = "2" if scenario.endswith("shared") else "1"
     dist.init_process_group("gloo", init_method=f"file://{out / 'store'}", rank=rank,
                             world_size=2, timeout=timedelta(seconds=timeout_s))
     transport = Transport()
@@ -147,7 +168,8 @@ def _rank(rank: int, scenario: str, out: str, timeout_s: float) -> None:
              "killed": lambda: _peer_killed(rank, transport, how),
              "silent": lambda: _silent_peer(rank, transport, out),
              "bug": lambda: _a_bug_in_a_receive(rank, transport),
-             "longer": lambda: _longer_than_its_receive(rank, transport)}
+             "longer": lambda: _longer_than_its_receive(rank, transport),
+             "priorities": lambda: _network_priorities(transport)}
     result = plays[name]()
     (out / f"{rank}.json.tmp").write_text(json.dumps(result))
     os.replace(out / f"{rank}.json.tmp", out / f"{rank}.json")
@@ -233,3 +255,16 @@ def test_only_a_closed_connection_or_a_timeout_is_read_as_a_peer_fault():
     for other in (RuntimeError("input tensor has to be contiguous"), ValueError("timed out"),
                   KeyError("Connection closed by peer")):
         assert translated(other, 3) is other
+
+
+@pytest.mark.parametrize("cores", ["shared", "own"])
+def test_gloo_network_threads_yield_only_on_a_shared_core(tmp_path, cores):
+    """Ranks that outnumber their cores run Gloo's loop threads at the lowest priority (every
+    group's, made later too: comm/network_threads.py); a rank with a core of its own leaves
+    them as they are."""
+    got, codes = pair(tmp_path, f"priorities:{cores}")
+    assert codes == [0, 0]
+    for rank in got:
+        want = LOWEST if cores == "shared" else rank["main"]  # as the process's other threads
+        assert rank["first"] == [want]
+        assert rank["then"] == [want, want]

@@ -10,6 +10,7 @@ still average its workers' models).
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from collections.abc import Callable, Iterator
@@ -22,6 +23,7 @@ import torch.distributed as dist
 
 from polyrhythm.comm.delay import DelayLine, Posted
 from polyrhythm.comm.faults import PeerFault, PeerLost, PeerSilent, on_the_wire, translated
+from polyrhythm.comm.network_threads import calm_network_threads, sharing_cores
 
 __all__ = ["NATIVE", "WORKERS", "WORLD", "Pending", "PeerFault", "PeerLost", "PeerSilent",
            "Receiver", "TrafficCounters", "Transport"]
@@ -90,6 +92,7 @@ class Transport:
         self._members: dict[str, list[int]] = {}
         self._groups: dict[str, Any] = {}
         self._line: DelayLine | None = None
+        self._calm = False  # whether Gloo's network threads share cores (network_threads.py)
 
     def open(self, rank: int, world_size: int, workers: list[int],
              latency: Callable[[], float] | None = None) -> None:
@@ -98,6 +101,10 @@ class Transport:
         and collective pays it."""
         self.rank = rank
         self._line = DelayLine(latency) if latency is not None else None
+        # Ranks on this machine: torchrun says; the local launchers start them all here.
+        self._calm = sharing_cores(int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
+        if self._calm and os.environ.get("PR_CALM", "1") == "1":
+            calm_network_threads()
         self._members = {WORLD: list(range(world_size)), WORKERS: list(workers)}
         # A group equal to the world is the default group: no second communicator. Another
         # is made when its members first use it (below), so a job whose workers never meet
@@ -123,6 +130,8 @@ class Transport:
             # of them reach in the same order.
             self._groups[name] = dist.new_group(self._members[name],
                                                 use_local_synchronization=True)
+            if self._calm and os.environ.get("PR_CALM", "1") == "1":
+                calm_network_threads()  # the group's own loop thread
         return self._groups[name]
 
     # --- point to point ------------------------------------------------------------------
