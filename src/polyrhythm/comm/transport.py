@@ -103,7 +103,7 @@ class Transport:
         self._line = DelayLine(latency) if latency is not None else None
         # Ranks on this machine: torchrun says; the local launchers start them all here.
         self._calm = sharing_cores(int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
-        if self._calm and os.environ.get("PR_CALM", "1") == "1":
+        if self._calm:
             calm_network_threads()
         self._members = {WORLD: list(range(world_size)), WORKERS: list(workers)}
         # A group equal to the world is the default group: no second communicator. Another
@@ -130,7 +130,7 @@ class Transport:
             # of them reach in the same order.
             self._groups[name] = dist.new_group(self._members[name],
                                                 use_local_synchronization=True)
-            if self._calm and os.environ.get("PR_CALM", "1") == "1":
+            if self._calm:
                 calm_network_threads()  # the group's own loop thread
         return self._groups[name]
 
