@@ -138,6 +138,9 @@ def test_misuse_is_one_line_naming_the_worker(tmp_path: Path, fault: str, config
     with pytest.raises(RunFailed) as failed:
         run(tmp_path, "--fault", fault, strategy="asp", servers=1, workers=2, **config)
     assert says in str(failed.value) and "\n" not in str(failed.value)
+    if fault == "raise":  # the log the error names holds its traceback
+        log = str(failed.value).split("traceback in ")[1].split(";")[0]
+        assert "ValueError: the user's own bug" in Path(log).read_text()
     left = subprocess.run(["pgrep", "-f", str(SCRIPT)], capture_output=True, text=True)
     assert left.stdout == ""
 

@@ -131,7 +131,9 @@ def _failing(rank: int, config, record: RunRecord | None, run_dir: Path | None):
                                   f"{lines[-1].lineno})")
         rank_ended(rank, failure, failure.error, Topology(config.servers, config.workers), run_dir,
                    record)
-        sys.__excepthook__(kind, exc, trace)
+        # To the process's own stderr: torch's process group wraps this hook in one that
+        # holds what it prints in a buffer until it returns, which it never does.
+        traceback.print_exception(kind, exc, trace, file=sys.__stderr__)
         # Out now: tearing down a process group whose peers are failing too can abort
         # (SIGABRT), which would read as a crash rather than the error reported.
         _leave(1)
@@ -187,8 +189,8 @@ def _finish(ctx: RankContext, report: dict, record: RunRecord | None) -> None:
 
 def _leave(code: int) -> None:
     """End the process now, stdio flushed (see _finish)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr, sys.__stderr__):
+        stream.flush()
     os._exit(code)
 
 

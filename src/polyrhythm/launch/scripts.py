@@ -131,6 +131,11 @@ def launch_script(config, record: RunRecord, call: ScriptCall, show=sys.stdout,
             # No rank writes any more: a failed run keeps the last two complete checkpoints,
             # to resume from (a completed one has been tidied by its rank 0 already).
             tidy(run_dir, config.workers, config.servers, completed=False)
+            # A failed rank's last words (its traceback, which the error points at) reach
+            # its log before the launcher says where it is; a process the script started,
+            # holding the output open, delays it no more than this.
+            for reader in readers:
+                reader.join(GRACE_S)
 
 
 def _job_config(config, run_dir: Path, call: ScriptCall, resume: Resume | None) -> Path:
