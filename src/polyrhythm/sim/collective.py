@@ -84,8 +84,8 @@ def simulate_collective(setup: Setup, name: str, algorithm: str, every: int = 1,
         ready = []
         for i in range(n):
             seconds = setup.compute[i]()
+            logs[i].begin_step(t[i], setup.batch[i])  # first: it zeroes the warm-up's
             logs[i].compute_s += seconds
-            logs[i].begin_step(t[i], setup.batch[i])
             ready.append(t[i] + seconds)
         if (step + 1) % every == 0 and n > 1:
             done = reduce(net, rounds, ready, hosts, per_value, setup.costs.message_s)

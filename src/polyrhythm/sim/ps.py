@@ -143,8 +143,8 @@ class _ParameterServers:
             self._leave(t, w)
             return
         seconds = s.compute[w]()
+        log.begin_step(t, s.batch[w])  # first: it zeroes the warm-up's figures
         log.compute_s += seconds
-        log.begin_step(t, s.batch[w])
         pushing, fetching = self.cadence[w].step()
         flags = (GRADIENT if pushing else 0) | (REPLY if fetching else 0) | (
             self.cadence[w].pushes << CLOCK_SHIFT)
