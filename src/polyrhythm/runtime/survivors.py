@@ -32,7 +32,8 @@ def agree_on_lost(ctx: RankContext, seen: set[int]) -> set[int]:
             lost = set(seen) | {r for r in topology.worker_ranks
                                 if r not in seen and not _answers(ctx, r)}
             if len(lost) == topology.workers:
-                raise RuntimeError("every worker was lost")
+                # Lost peers explain it (a launcher names the rank that failed first).
+                raise PeerLost(None, RuntimeError("every worker was lost"))
             flags[sorted(lost)] = 1
             for r in range(1, topology.world_size):
                 if r not in lost:
