@@ -245,3 +245,43 @@ def test_replaying_an_unknown_run_is_one_line_before_a_run_is_recorded(tmp_path:
     with pytest.raises(PolyrhythmError, match="no run 'nope'"):
         run(tmp_path, compute="emulated", compute_from="nope", strategy="allreduce", workers=2)
     assert not list((tmp_path / "runs").glob("*/config.toml"))
+
+
+def test_calibrating_a_script_run_takes_its_model_batch_and_measured_spans(
+        tmp_path: Path) -> None:
+    """The simulator calibrated from a script's run: the script's flat model, the global
+    batch of its workers' loaders (not the config's), each worker's compute spans after
+    the warm-up as the engine recorded them, the servers' update time; its prediction
+    replays those spans and takes the script's batches."""
+    from polyrhythm.config import load_config
+    from polyrhythm.errors import StoreError
+    from polyrhythm.sim.calibrate import calibrate
+    from polyrhythm.sim.study import predict_runs
+
+    summary = run(tmp_path, strategy="bsp", servers=1, workers=2)
+    out, run_id = tmp_path / "runs", summary["run_id"]
+    cal = calibrate(out, run_id)
+    model, _, _ = user_loop.build("adamw")
+    assert cal.costs.parameters == sum(p.numel() for p in model.parameters()) == 161
+    assert cal.config.batch_size == 2 * user_loop.BATCH != load_config().batch_size
+    warmup, steps = summary["warmup_steps"], 5 * EPOCHS
+    assert cal.iterations == steps
+    rows = RunStore(out / "polyrhythm.db").series("iterations", run_id)
+    spans = [[r["compute_s"] for r in sorted(rows, key=lambda r: r["step"])
+              if r["worker"] == w and r["step"] >= warmup] for w in range(2)]
+    assert [len(s) for s in spans] == [steps - warmup] * 2
+    assert cal.costs.compute == spans  # no slowdown or CPU share to take out
+    assert cal.costs.update_s == pytest.approx(sum(summary["update_s_per_server"]) / steps)
+    pushed = sorted(r["push_s"] + r["pull_s"] for r in rows if r["step"] >= warmup)
+    assert cal.costs.message_s == pytest.approx(pushed[len(pushed) // 2] / 2)
+    (predicted,) = predict_runs([cal])
+    assert predicted.measured == summary["samples_per_s"]
+    assert predicted.result.weight_updates == summary["weight_updates"] == steps
+    for log, measured in zip(predicted.result.logs, spans, strict=True):
+        # The steps after the warm-up replay the measured ones, each once.
+        assert log.compute_s == pytest.approx(sum(measured))
+        assert log.samples == (steps - warmup) * user_loop.BATCH
+        assert log.end - log.start >= log.compute_s
+    RunStore(out / "polyrhythm.db").amend_summary(run_id, {**summary, "batch_size": 0})
+    with pytest.raises(StoreError, match=f"run {run_id} recorded no batch size"):
+        calibrate(out, run_id)

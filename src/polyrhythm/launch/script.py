@@ -212,4 +212,7 @@ def _result(ctx: RankContext, reports: list[dict]):
     result = combine(ctx.config, reports, state, final, offset, ctx.now(), logged_accuracy)
     result.summary["script"] = os.path.abspath(sys.argv[0])
     result.summary["epochs"] = len(first["epochs"])  # the script's, whatever the config says
+    # The global batch is the workers' loaders', not the config's (the simulator's
+    # calibration sizes a run's steps by it).
+    result.summary["batch_size"] = sum(r["batch_size"] for r in reports if "batch_size" in r)
     return result

@@ -320,7 +320,8 @@ class WorkerEngine:
         if self.validation is not None:
             statistics = self.validation.after_training(self.epochs_done, lost, me == first)
         report = {"role": "worker", "rank": ctx.rank, "worker": me, "epochs": self.epochs_done,
-                  "steps": self._taken, "spans": dict(ctx.spans.totals),
+                  "steps": self._taken, "batch_size": self.batch_size,
+                  "spans": dict(ctx.spans.totals),
                   "traffic": ctx.transport.counters.snapshot(), "iterations": self.iterations,
                   "strategy": self.strategy.summary()}
         if me != first:

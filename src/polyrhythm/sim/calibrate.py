@@ -4,7 +4,10 @@ simulator predicts that run (and its variations) from its own pieces.
 From the store (metrics/store.py): the run's config (its cluster's links and latency), the
 model's size, each worker's compute seconds per step after the warm-up (divided by the
 run's own slowdown and CPU factor, which the simulation puts back), and the servers'
-update seconds per weight update (a collective run's: each worker's optimizer step). The
+update seconds per weight update (a collective run's: each worker's optimizer step). A
+script's run (`polyrhythm run`) is calibrated alike: its model is the script's flat model,
+its compute each step's time between the script's optimizer steps, and its global batch
+the workers' loaders' (its summary's `batch_size`), not the config's. The
 reduce cost R_w is not measured apart: the servers' update spans leave the adding of pushes
 out, which is small next to the links the simulator is for.
 """
@@ -16,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from polyrhythm.config import RunConfig, make_config
+from polyrhythm.errors import StoreError
 from polyrhythm.metrics.records import completed_run, compute_series, config_fields
 from polyrhythm.sim.setup import Costs, compute_stretch
 
@@ -47,7 +51,8 @@ def calibrate(out: str | Path, run_id: str) -> Calibration:
     """The calibration of completed run `run_id` of the store under `out`."""
     store, row = completed_run(out, run_id, "--calibrate")
     summary = json.loads(row["summary"])
-    config = make_config({**config_fields(row["config"]), "out": str(out)})
+    config = make_config({**config_fields(row["config"]), "out": str(out),
+                          **_script_batch(summary, run_id)})
     warmup = summary["warmup_steps"]
     # Stored unstretched: the simulation stretches them again by the simulated config's
     # slowdowns and CPU shares, which for this run's own config gives them back as measured.
@@ -67,6 +72,16 @@ def calibrate(out: str | Path, run_id: str) -> Calibration:
                 "staleness_mean": summary["staleness_mean"]}
     return Calibration(run_id, config, Costs(summary["parameters"], update_s, 0.0, compute,
                                              message_s), steps, measured)
+
+
+def _script_batch(summary: dict, run_id: str) -> dict:
+    """A script's global batch, in place of its config's; {} for polyrhythm train's runs."""
+    if "script" not in summary:
+        return {}
+    if not summary.get("batch_size"):  # a run recorded before scripts kept it, or no loader
+        raise StoreError(f"--calibrate: run {run_id} recorded no batch size (its script "
+                         "made no job.loader), so its steps' samples are unknown")
+    return {"batch_size": summary["batch_size"]}
 
 
 def _message_s(rows: list, warmup: int) -> float:
