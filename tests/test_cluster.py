@@ -8,17 +8,22 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
+import torch
 
 import polyrhythm
 from helpers import equivalence_config, max_diff, stored_parameters
+from polyrhythm import api
 from polyrhythm.cli import main
 from polyrhythm.cli.train import cluster_line
-from polyrhythm.errors import ClusterError
+from polyrhythm.errors import ClusterError, RunFailed
 from polyrhythm.launch.cluster import ClusterShape, EmulatedCluster, can_emulate, leftovers
+from polyrhythm.metrics.records import RunRecord
 from polyrhythm.metrics.store import RunStore
+from script_reference import SCRIPT, farthest, one_process
 
 
 def _unavailable() -> str | None:
@@ -53,6 +58,49 @@ def test_a_run_across_two_hosts_ends_as_the_same_run_on_loopback(tmp_path, strat
     assert cluster["cluster"]["name"] is None and "standing" not in capsys.readouterr().err
     assert cluster_line(cluster["cluster"]).startswith("emulated cluster of 2 hosts; ")
     assert max_diff(stored_parameters(cluster), stored_parameters(local)) <= 1e-4
+
+
+@pytest.mark.parametrize(("fields", "layout"), [
+    ({"strategy": "bsp", "servers": 1}, [[0], [1, 2]]),
+    ({"strategy": "allreduce"}, [[0], [1]]),
+    # A server beside each worker: torchrun numbers host 1's processes 2 and 3, the job
+    # ranks there are 1 and 3 (server 1, worker 1), and worker 0 is host 0's second.
+    ({"strategy": "bsp", "placement": "collocated"}, [[0, 2], [1, 3]]),
+], ids=["bsp", "allreduce", "bsp-collocated"])
+def test_a_script_on_two_hosts_trains_what_one_process_trains(tmp_path, fields, layout,
+                                                                capfd):
+    """A user's script as every rank on an emulated cluster (polyrhythm run --hosts): each
+    run is synchronous, so it trains what one process trains on the union batch; the
+    record has the cluster, and worker 0's output (only its) is shown."""
+    summary = api.run_script(SCRIPT, [], {"out": str(tmp_path / "runs"), "seed": 0,
+                                          "workers": 2, "hosts": 2, **fields})
+    assert summary["status"] == "completed" and summary["cluster"]["layout"] == layout
+    assert cluster_line(summary["cluster"]).startswith("emulated cluster of 2 hosts; ")
+    model = torch.load(RunRecord(tmp_path / "runs", summary["run_id"]).model_path)
+    assert farthest(model, one_process(workers=2)) <= 1e-5
+    losses = [e["val_loss"] for e in summary["epoch_metrics"]]
+    assert len(losses) == 4 and losses[-1] < losses[0]
+    shown = [line for line in capfd.readouterr().out.splitlines() if "epoch" in line]
+    assert shown == [f"worker 0: epoch {e} done" for e in range(1, 5)]
+
+
+def test_a_script_that_raises_on_the_cluster_names_the_worker_and_leaves_nothing(tmp_path):
+    """Worker 1 raises in epoch 2: its torchrun stops its host, the launcher the rest; the
+    error names the worker and the script's line as on loopback (not server 0, which lost
+    every worker), and no process, namespace, qdisc or cgroup is left (the fixture)."""
+    with pytest.raises(RunFailed) as failed:
+        api.run_script(SCRIPT, ["--fault", "raise"], {"out": str(tmp_path / "runs"),
+                                                      "strategy": "asp", "servers": 1,
+                                                      "workers": 2, "hosts": 2})
+    message = str(failed.value)
+    assert "rank 2 (worker 1) raised ValueError: the user's own bug (user_loop.py, line" \
+        in message and "\n" not in message, message
+    assert "--resume" not in message  # a cluster's run cannot be resumed yet
+    log = message.split("traceback in ")[1].split(";")[0]
+    assert log.endswith("logs/host1.log")  # worker 1's host: its traceback is there
+    assert "ValueError: the user's own bug" in Path(log).read_text()
+    assert _stored(tmp_path)["status"] == "failed"
+    assert subprocess.run(["pgrep", "-f", str(SCRIPT)], capture_output=True).stdout == b""
 
 
 def test_a_standing_cluster_is_shaped_listed_used_and_removed(tmp_path, before, capsys):

@@ -15,7 +15,7 @@ from polyrhythm.launch.cluster import can_emulate
 from polyrhythm.launch.emulated import launch_emulated
 from polyrhythm.launch.local import launch_local
 from polyrhythm.launch.progress import ProgressBoard
-from polyrhythm.launch.scripts import ScriptCall, launch_script
+from polyrhythm.launch.scripts import ScriptCall, launch_script, script_on_cluster
 from polyrhythm.losses import LOSSES
 from polyrhythm.metrics.records import (
     RunRecord,
@@ -71,19 +71,22 @@ def train(config: RunConfig | dict | str | Path | None = None, *, show_progress:
 def run_script(script: str | Path, args: list[str] | None = None,
                config: RunConfig | dict | str | Path | None = None, **overrides: Any) -> dict:
     """Run a user's training script (one that calls polyrhythm.init()) as every rank of a
-    job on this machine, on loopback; return the run's summary. Its data and model are the
-    script's: the config gives the strategy, workers, servers and the rest."""
+    job on this machine (on loopback, or on an emulated cluster when the config has hosts);
+    return the run's summary. Its data and model are the script's: the config gives the
+    strategy, workers, servers, cluster and the rest. Worker 0's output is shown."""
     config = resolve_config(config, **overrides)
     path = Path(script)
     if not path.is_file():
         raise ConfigError(f"no script {str(script)!r}")
     if config.cluster.hosts:
-        raise ConfigError("a script on an emulated cluster is not supported yet: run it on "
-                          "loopback (no --hosts)")
+        can_emulate()
     if config.compute_from is not None:  # the run to replay, before this one is recorded
         measured_compute(config.out, config.compute_from)
-    return launch_script(config, start_run(config, script=str(path)),
-                         ScriptCall.here(path, list(args or [])))
+    record, call = start_run(config, script=str(path)), ScriptCall.here(path, list(args or []))
+    if config.cluster.hosts:
+        return launch_emulated(config, record, show_progress=True,
+                               program=script_on_cluster(config, record, call))
+    return launch_script(config, record, call)
 
 
 # What a resumed run may change: the servers (the flat model is re-sliced), and how long and

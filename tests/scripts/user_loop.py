@@ -141,6 +141,7 @@ def main(args) -> None:
                 job.log(val_loss=1.0)  # a figure of its own, unlike worker 0's
             elif args.fault != "no-val-loss":
                 job.log(val_loss=F.mse_loss(model(x), y))
+        print(f"worker {job.worker}: epoch {epoch + 1} done")  # a launcher shows worker 0's
     if args.save and job.worker == 0:
         torch.save(model.state_dict(), args.save)
     if args.keep and job.worker == 0:

@@ -16,8 +16,9 @@ def add_parser(commands) -> None:
     run = commands.add_parser(
         "run", help="run your own training script as a job on this machine",
         description="Run SCRIPT (a PyTorch script that calls polyrhythm.init() and "
-        "job.wrap(model, opt)) as every rank of a job: the flags set the strategy, workers, "
-        "servers and the rest; the script's own model, data, loss and optimizer are trained. "
+        "job.wrap(model, opt)) as every rank of a job, on loopback or, with --hosts, on an "
+        "emulated cluster: the flags set the strategy, workers, servers, cluster and the "
+        "rest; the script's own model, data, loss and optimizer are trained. "
         "Arguments after SCRIPT (or after --) go to the script.")
     run.add_argument("--config", metavar="FILE.toml", help="config file; flags override it")
     run.add_argument("--json", action="store_true",

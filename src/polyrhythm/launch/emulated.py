@@ -1,6 +1,7 @@
 """The emulated-cluster launcher: the job's ranks started by torchrun inside each host's
 namespace, exactly as on a real cluster (`torchrun --nnodes H --node-rank h ... -m
-polyrhythm.node`), with each host's processes in its CPU group.
+polyrhythm.node`, or a user's script: `RankProgram`), with each host's processes in its CPU
+group.
 
 The launcher makes the run record and the cluster (unless a standing one of the same shape
 is up), watches the hosts' torchruns, and stops and removes everything when the run ends,
@@ -18,6 +19,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from polyrhythm.config.emulation import host_ranks
@@ -36,8 +39,39 @@ POLL_S = 0.2
 RENDEZVOUS_TIMEOUT_S = 120  # a host that cannot reach host 0 fails after this, not 600 s
 
 
-def launch_emulated(config, record: RunRecord, show_progress: bool = False) -> dict:
-    """Run the job on an emulated cluster; return the summary or raise RunFailed."""
+@dataclass(frozen=True)
+class RankProgram:
+    """What every rank runs under its host's torchrun, and what the launcher shows of it.
+
+    `argv`: torchrun's arguments after its own (a module or a script, and its arguments);
+    `environment(host)`: what host `host`'s ranks find in their environment beside the
+    launcher's; `labelled`: torchrun starts each line a rank writes with `[default<its local
+    rank>]:`, so that a host's log tells its ranks apart; `show(host, line)`: shows a line of
+    host `host`'s log, or passes it over."""
+
+    argv: tuple[str, ...]
+    environment: Callable[[int], dict[str, str]]
+    labelled: bool
+    show: Callable[[int, str], None]
+
+
+def node_program(record: RunRecord) -> RankProgram:
+    """`polyrhythm train`'s job: every rank runs polyrhythm.node, whose workers each log a
+    line an epoch; the launcher shows those, each with its host."""
+    return RankProgram(("-m", "polyrhythm.node", str(record.dir / "config.toml"), "--run-id",
+                        record.run_id), lambda host: {}, False, _show_epoch_line)
+
+
+def _show_epoch_line(host: int, line: str) -> None:
+    if line.lstrip().startswith("[worker"):
+        print(f"host {host} {line.strip()}", file=sys.stderr, flush=True)
+
+
+def launch_emulated(config, record: RunRecord, show_progress: bool = False,
+                    program: RankProgram | None = None) -> dict:
+    """Run the job on an emulated cluster, each rank running `program` (polyrhythm.node by
+    default); return the summary or raise RunFailed."""
+    program = program or node_program(record)
     shape = ClusterShape.of(config.cluster)
     layout = host_ranks(config.cluster, config.servers, config.workers)
     own: EmulatedCluster | None = None
@@ -59,10 +93,11 @@ def launch_emulated(config, record: RunRecord, show_progress: bool = False) -> d
             groups = cluster.run_groups(record.run_id)
             port = PORT if own is not None else random.randint(20000, 60000)
             for host, ranks in enumerate(layout):
-                hosts.append(_start(cluster, host, len(ranks), port, record, groups[host]))
+                hosts.append(_start(cluster, host, len(ranks), port, record, groups[host],
+                                    program))
             guard = FidelityGuard([g.threads for g in groups], list(shape.cpu)).start()
             _supervise(hosts, layout, Topology(config.servers, config.workers), record,
-                       show_progress)
+                       program.show if show_progress else None)
             fidelity = guard.verdict_over(*read_summary(record)["training_window"])
         return amend_run(record, {"cluster": {"name": None if own else cluster.name,
                                               "placement": config.cluster.placement,
@@ -102,20 +137,22 @@ def _tear_down(hosts: list[subprocess.Popen], groups: list[CpuGroup],
 
 
 def _start(cluster: EmulatedCluster, host: int, ranks: int, port: int, record: RunRecord,
-           group: CpuGroup) -> subprocess.Popen:
+           group: CpuGroup, program: RankProgram) -> subprocess.Popen:
     """Host `host`'s torchrun, in its namespace and CPU group, logging to logs/host<h>.log."""
     link = cluster.links[host]
+    # torchrun's own files (each rank's error file; a labelled rank's output) go with the
+    # run's logs: without --log-dir it makes a folder in /tmp each time and leaves it there.
     torchrun = [sys.executable, "-m", "torch.distributed.run",
                 "--nnodes", str(cluster.shape.hosts), "--node-rank", str(host),
                 "--nproc-per-node", str(ranks), "--master-addr", cluster.links[0].address,
                 "--master-port", str(port), "--max-restarts", "0",
                 "--rdzv-conf", f"timeout={RENDEZVOUS_TIMEOUT_S}",
-                "-m", "polyrhythm.node", str(record.dir / "config.toml"),
-                "--run-id", record.run_id]
+                "--log-dir", str(record.dir / "logs" / f"torchrun-host{host}"),
+                *(["--tee", "3"] if program.labelled else []), *program.argv]
     # Gloo finds its address from the interface, not the machine's host name (which
     # resolves to an address no namespace has).
-    env = {**CHILD_ENVIRONMENT, **os.environ, "GLOO_SOCKET_IFNAME": link.device,
-           "PYTHONUNBUFFERED": "1"}
+    env = {**CHILD_ENVIRONMENT, **os.environ, **program.environment(host),
+           "GLOO_SOCKET_IFNAME": link.device, "PYTHONUNBUFFERED": "1"}
     # The shell moves itself into the host's CPU group, then becomes the command: the group
     # holds the host's processes from their start, and no Python runs in the child before
     # exec (a preexec_fn is unsafe once threads run).
@@ -127,12 +164,12 @@ def _start(cluster: EmulatedCluster, host: int, ranks: int, port: int, record: R
 
 
 def _supervise(hosts: list[subprocess.Popen], layout: list[list[int]], topology: Topology,
-               record: RunRecord, show_progress: bool) -> None:
+               record: RunRecord, show: Callable[[int, str], None] | None) -> None:
     shown = [0] * len(hosts)
     while True:
         codes = [p.poll() for p in hosts]
-        if show_progress:
-            _show_progress(record, shown)
+        if show is not None:  # after the poll: a host that has ended has written its all
+            _show_progress(record, shown, show)
         failed = [h for h, code in enumerate(codes) if code not in (None, 0)]
         if failed:
             raise _failure(failed[0], codes[failed[0]], layout, topology, record)
@@ -145,9 +182,10 @@ def _host_log(record: RunRecord, host: int) -> Path:
     return record.dir / "logs" / f"host{host}.log"
 
 
-def _show_progress(record: RunRecord, shown: list[int]) -> None:
-    """Echo the epoch lines the hosts' workers log (polyrhythm.node prints one per epoch),
-    reading each log from where the last look stopped (`shown`: bytes, per host)."""
+def _show_progress(record: RunRecord, shown: list[int], show: Callable[[int, str], None]
+                   ) -> None:
+    """Hand `show` the lines the hosts' logs gained, reading each log from where the last
+    look stopped (`shown`: bytes, per host)."""
     for host in range(len(shown)):
         path = _host_log(record, host)
         if not path.exists():
@@ -158,8 +196,7 @@ def _show_progress(record: RunRecord, shown: list[int]) -> None:
         complete = new[:new.rfind(b"\n") + 1]  # a line still being written waits
         shown[host] += len(complete)
         for line in complete.decode(errors="replace").splitlines():
-            if line.lstrip().startswith("[worker"):
-                print(f"host {host} {line.strip()}", file=sys.stderr, flush=True)
+            show(host, line)
 
 
 def _failure(host: int, code: int, layout: list[list[int]], topology: Topology,

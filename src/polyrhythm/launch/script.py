@@ -38,7 +38,7 @@ from polyrhythm.errors import ConfigError
 from polyrhythm.launch import runlock
 from polyrhythm.launch.failures import RankFailure, rank_ended
 from polyrhythm.launch.rank import latency, leave_together
-from polyrhythm.launch.torchrun import env_int, job_record
+from polyrhythm.launch.torchrun import env_int, job_rank, job_record
 from polyrhythm.metrics.records import RunRecord
 from polyrhythm.runtime.checkpoint import Resume
 from polyrhythm.runtime.job import play, server_shard
@@ -66,7 +66,7 @@ def init() -> Job:
         _JOINED.append(None)
         return Job(None)
     config = job_config()
-    rank, world = _env_int("RANK"), _env_int("WORLD_SIZE")
+    rank, world = job_rank(config, START), _env_int("WORLD_SIZE")
     if world != config.world_size:
         raise ConfigError(f"the launcher started {world} processes but the run needs "
                           f"{config.world_size} ({config.servers} servers + {config.workers} "
@@ -113,8 +113,11 @@ def _resume_point() -> Resume | None:
     return Resume(Path(folder), _env_int(ENV_RESUME_SERVERS)) if folder else None
 
 
+START = "start the script with polyrhythm run or torchrun"
+
+
 def _env_int(name: str) -> int:
-    return env_int(name, "start the script with polyrhythm run or torchrun")
+    return env_int(name, START)
 
 
 def _failing(rank: int, config, record: RunRecord | None, run_dir: Path | None):
@@ -215,4 +218,8 @@ def _result(ctx: RankContext, reports: list[dict]):
     # The global batch is the workers' loaders', not the config's (the simulator's
     # calibration sizes a run's steps by it).
     result.summary["batch_size"] = sum(r["batch_size"] for r in reports if "batch_size" in r)
+    # From the clock's start (the workers' first step) until now, in the machine's time: the
+    # window an emulated cluster's fidelity guard judges, as for polyrhythm train's job.
+    now = time.time()
+    result.summary["training_window"] = [now - ctx.now(), now]
     return result

@@ -9,6 +9,10 @@ each dies with its launcher too (PR_SET_PDEATHSIG).
 The launcher keeps what started the script (`script.json` in the run's folder: the script's
 absolute path, its arguments and the folder it ran in), so that `polyrhythm run --resume`
 starts the same script the same way; the resumed ranks learn the checkpoint to go on from.
+
+On an emulated cluster (`hosts` set) the script is what each host's torchrun runs
+(`script_on_cluster`, for launch/emulated.py, which supervises and ends the run as it does
+`polyrhythm train`'s).
 """
 
 from __future__ import annotations
@@ -24,8 +28,10 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from polyrhythm.config.emulation import host_ranks
 from polyrhythm.context import Topology
 from polyrhythm.errors import ConfigError, RunFailed
+from polyrhythm.launch.emulated import RankProgram
 from polyrhythm.launch.failures import (
     Kind,
     RankFailure,
@@ -51,6 +57,7 @@ from polyrhythm.launch.script import (
 )
 from polyrhythm.metrics.records import RunRecord, read_summary
 from polyrhythm.runtime.checkpoint import Resume, tidy
+from polyrhythm.runtime.job import host_cores
 
 SCRIPT_FILE = "script.json"  # in the run's folder: what started the script (ScriptCall)
 RESUMED_CONFIG = "resumed.toml"  # beside config.toml: the config a resumed launch runs with
@@ -149,9 +156,45 @@ def _job_config(config, run_dir: Path, call: ScriptCall, resume: Resume | None) 
     return path
 
 
+def script_on_cluster(config, record: RunRecord, call: ScriptCall,
+                      show=None) -> RankProgram:
+    """`call`'s script as every rank of a job on an emulated cluster, told the run's config
+    and record; worker 0's output is shown on `show` (sys.stdout as it is now) as on
+    loopback, every rank's is kept in its host's log, each line marked with the rank's
+    place on its host."""
+    show = show or sys.stdout
+    layout = host_ranks(config.cluster, config.servers, config.workers)
+    topology = Topology(config.servers, config.workers)
+    first = topology.worker_ranks[0]
+    first_host = next(h for h, ranks in enumerate(layout) if first in ranks)
+    label = f"[default{layout[first_host].index(first)}]:"  # torchrun's mark of its lines
+    run_dir = record.dir.resolve()
+    job = {ENV_CONFIG: str(_job_config(config, run_dir, call, None)),
+           ENV_RUN_ID: record.run_id}
+
+    def environment(host: int) -> dict[str, str]:
+        return {**job, "OMP_NUM_THREADS": str(_threads(config, topology, layout[host]))}
+
+    def show_first_worker(host: int, line: str) -> None:
+        if host == first_host and line.startswith(label):
+            show.write(line[len(label):] + "\n")
+            show.flush()
+
+    return RankProgram((call.script, *call.args), environment, True, show_first_worker)
+
+
+def _threads(config, topology: Topology, ranks: list[int]) -> int:
+    """Torch threads of the ranks `ranks`, which share a host: its workers share its cores
+    (servers mostly wait: a host of servers alone gives them 1)."""
+    workers = [r for r in ranks if topology.role(r) == "worker"]
+    if not workers:
+        return 1
+    return config.threads or max(1, int(host_cores(config, workers[0]) // len(workers)))
+
+
 def _environment(config, topology: Topology, rank: int, job: dict[str, str]) -> dict[str, str]:
-    threads = 1 if topology.role(rank) == "server" else (
-        config.threads or max(1, (os.cpu_count() or 1) // topology.workers))
+    threads = _threads(config, topology, [rank] if topology.role(rank) == "server"
+                       else topology.worker_ranks)
     return {**CHILD_ENVIRONMENT, **os.environ,  # a value the user set is kept
             "RANK": str(rank), "WORLD_SIZE": str(topology.world_size),
             "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(topology.world_size),

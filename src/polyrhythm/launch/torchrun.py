@@ -33,8 +33,10 @@ from polyrhythm.launch.local import raise_interrupt
 from polyrhythm.launch.rank import lifecycle
 from polyrhythm.metrics.records import RunRecord, start_run, summary_json_line
 
+START = "start this module with torchrun"
 
-def env_int(name: str, start: str = "start this module with torchrun") -> int:
+
+def env_int(name: str, start: str = START) -> int:
     """A torchrun variable of this process's environment; one line if it is not set."""
     try:
         return int(os.environ[name])
@@ -61,14 +63,15 @@ def _log_progress(event: dict) -> None:
               file=sys.stderr, flush=True)
 
 
-def host_of_this_rank(config) -> list[int]:
-    """The job ranks on this rank's host; with `hosts` set, as the placement says."""
-    local_rank, local_size = env_int("LOCAL_RANK"), env_int("LOCAL_WORLD_SIZE")
+def host_of_this_rank(config, start: str = START) -> list[int]:
+    """The job ranks on this rank's host; with `hosts` set, as the placement says. `start`:
+    how to start the process, if torchrun's variables are missing."""
+    local_rank, local_size = env_int("LOCAL_RANK", start), env_int("LOCAL_WORLD_SIZE", start)
     if not config.cluster.hosts:
-        first = env_int("RANK") - local_rank
+        first = env_int("RANK", start) - local_rank
         return list(range(first, first + local_size))
     layout = host_ranks(config.cluster, config.servers, config.workers)
-    nodes, node = env_int("GROUP_WORLD_SIZE"), env_int("GROUP_RANK")
+    nodes, node = env_int("GROUP_WORLD_SIZE", start), env_int("GROUP_RANK", start)
     if nodes != len(layout):
         raise ConfigError(f"torchrun started {nodes} nodes but the config places the job on "
                           f"{len(layout)} hosts")
@@ -76,6 +79,15 @@ def host_of_this_rank(config) -> list[int]:
         raise ConfigError(f"torchrun started {local_size} processes on node {node} but the "
                           f"config places {len(layout[node])} there (--nproc-per-node)")
     return layout[node]
+
+
+def job_rank(config, start: str = START) -> int:
+    """This process's rank in the job: the launcher's RANK, or on an emulated cluster (`hosts`
+    set) the rank the placement gives its host's LOCAL_RANK-th process (host_of_this_rank):
+    torchrun numbers a node's processes in a row, the placement need not."""
+    if not config.cluster.hosts:
+        return env_int("RANK", start)
+    return host_of_this_rank(config, start)[env_int("LOCAL_RANK", start)]
 
 
 def run_node(config_path: str, run_id: str | None = None) -> dict | None:
