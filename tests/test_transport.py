@@ -1,6 +1,7 @@
 """The transport over real Gloo, two processes: a peer killed is lost, a silent one times out,
 any other error keeps its type; bytes are counted when a receive completes, and the counters a
-resource sampler reads keep moving after an uncounted window."""
+resource sampler reads keep moving after an uncounted window. Three: the survivors of a rank
+lost go on in a group of their own."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import torch.distributed as dist
 
 from polyrhythm.comm.faults import PeerLost, PeerSilent, translated
 from polyrhythm.comm.network_threads import LOOP_THREAD, LOWEST
-from polyrhythm.comm.transport import WORLD, Transport
+from polyrhythm.comm.transport import WORKERS, WORLD, Transport
 from polyrhythm.launch.local import PRELOAD
 from polyrhythm.metrics.sampler import ResourceSampler
 
@@ -152,15 +153,29 @@ def _network_priorities(transport: Transport) -> dict:
     return {"first": first, "then": nices(), "main": os.getpriority(os.PRIO_PROCESS, 0)}
 
 
-def _rank(rank: int, scenario: str, out: str, timeout_s: float) -> None:
+def _survivors_regroup(rank: int, transport: Transport) -> dict:
+    """Ranks 1 and 2 (the workers) meet in WORKERS' group, which rank 0 (a server) never
+    makes, so the survivors have made different numbers of groups; rank 2 dies."""
+    if rank > 0:
+        transport.all_reduce(torch.ones(1), WORKERS)
+    transport.barrier()
+    if rank == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    transport.exclude({2})
+    total = torch.ones(1)
+    transport.all_reduce(total, WORLD)
+    return {"total": total.item()}
+
+
+def _rank(rank: int, scenario: str, out: str, timeout_s: float, world: int) -> None:
     out = Path(out)
     if scenario.startswith("priorities"):  # both ranks on one core, or one core each
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
         os.environ["LOCAL_WORLD_SIZE"] = "2" if scenario.endswith("shared") else "1"
     dist.init_process_group("gloo", init_method=f"file://{out / 'store'}", rank=rank,
-                            world_size=2, timeout=timedelta(seconds=timeout_s))
+                            world_size=world, timeout=timedelta(seconds=timeout_s))
     transport = Transport()
-    transport.open(rank, 2, [0, 1])
+    transport.open(rank, world, list(range(world - 2, world)))
     transport.barrier()
     name, _, how = scenario.partition(":")
     plays = {"counted": lambda: _counted_on_completion(rank, transport),
@@ -169,19 +184,22 @@ def _rank(rank: int, scenario: str, out: str, timeout_s: float) -> None:
              "silent": lambda: _silent_peer(rank, transport, out),
              "bug": lambda: _a_bug_in_a_receive(rank, transport),
              "longer": lambda: _longer_than_its_receive(rank, transport),
-             "priorities": lambda: _network_priorities(transport)}
+             "priorities": lambda: _network_priorities(transport),
+             "regroup": lambda: _survivors_regroup(rank, transport)}
     result = plays[name]()
     (out / f"{rank}.json.tmp").write_text(json.dumps(result))
     os.replace(out / f"{rank}.json.tmp", out / f"{rank}.json")
     os._exit(0)  # no teardown of a group whose peer may be dead
 
 
-def pair(tmp_path: Path, scenario: str, timeout_s: float = 60) -> tuple[list, list[int]]:
-    """Run `scenario` on ranks 0 and 1; (what each wrote, None if nothing; exit codes)."""
+def pair(tmp_path: Path, scenario: str, timeout_s: float = 60,
+         world: int = 2) -> tuple[list, list[int]]:
+    """Run `scenario` on ranks 0 and 1 (or `world` ranks, the last two its workers); (what
+    each wrote, None if nothing; exit codes)."""
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)
-    procs = [ctx.Process(target=_rank, args=(r, scenario, str(tmp_path), timeout_s))
-             for r in range(2)]
+    procs = [ctx.Process(target=_rank, args=(r, scenario, str(tmp_path), timeout_s, world))
+             for r in range(world)]
     for p in procs:
         p.start()
     for p in procs:
@@ -190,7 +208,7 @@ def pair(tmp_path: Path, scenario: str, timeout_s: float = 60) -> tuple[list, li
             p.kill()
             p.join()
     results = [json.loads((tmp_path / f"{r}.json").read_text())
-               if (tmp_path / f"{r}.json").exists() else None for r in range(2)]
+               if (tmp_path / f"{r}.json").exists() else None for r in range(world)]
     return results, [p.exitcode for p in procs]
 
 
@@ -219,6 +237,15 @@ def test_a_peer_killed_mid_receive_is_lost(tmp_path, how):
     assert got["raised"] == "PeerLost", got
     assert got["rank"] == (None if how == "all_reduce" else 1)
     assert "is gone: " in got["message"]
+
+
+def test_survivors_meet_in_a_group_of_their_own_whatever_groups_each_had_made(tmp_path):
+    """torch names a group after its ranks and how many groups the process has: unless the
+    groups that held the lost rank are dropped, the server and the worker left wait for
+    each other under different names, until pair gives up on them."""
+    got, codes = pair(tmp_path, "regroup", timeout_s=20, world=3)
+    assert codes == [0, 0, -signal.SIGKILL]
+    assert got[:2] == [{"total": 2.0}, {"total": 2.0}]
 
 
 def test_a_peer_that_sends_nothing_within_the_timeout_is_silent(tmp_path):

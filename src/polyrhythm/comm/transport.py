@@ -118,9 +118,16 @@ class Transport:
         call this with the same ranks, before its next collective."""
         self._members = {name: [r for r in ranks if r not in lost]
                          for name, ranks in self._members.items()}
+        # torch names a group made by its members alone after its ranks and the number of
+        # groups the process has, and its members meet under that name: each survivor must
+        # have as many groups, or each waits for the others under a name of its own. The
+        # groups made so far held the lost ranks (workers may have made WORKERS', servers
+        # none): they go, leaving the default group alone on every survivor.
+        for group in self._groups.values():
+            if group is not None:  # None: the default group
+                dist.destroy_process_group(group)
         self._groups = {}
-        # Made now, by every survivor, before any other group: a new group's set-up hangs
-        # when some of its members made another group first (seen with Gloo, torch 2.13).
+        # Made now, by every survivor, before any other group: the same count on each.
         with on_the_wire():
             self._group(WORLD)
 
