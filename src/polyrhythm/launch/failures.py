@@ -6,6 +6,8 @@ launcher gets the report as an event; the emulated cluster's ranks, which torchr
 write it beside the run's logs. From the failed ranks' reports and exit codes a launcher
 picks the rank that explains the others (a dead process explains its peers' broken
 connections) and says it in one line, which points at the log holding a bug's traceback.
+With on_worker_failure = continue, a launcher first asks `goes_on_without` whether the run
+goes on without the ranks that failed: every launcher that may carry on asks the same rules.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
+import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -25,6 +29,8 @@ from polyrhythm.metrics.records import RunRecord, fail_run
 from polyrhythm.runtime.checkpoint import complete_epochs
 
 LAUNCHER_LOG = "launcher.log"  # in the run's logs/: the traceback of a bug in the launcher
+TRAINING_MARK = "training"  # in the run's logs/: a worker has taken a step (a script's run)
+SERVER_DEATH_GRACE_S = 0.2
 
 
 class Kind(StrEnum):
@@ -129,7 +135,49 @@ def is_a_loss(code: int, failure: RankFailure | None) -> bool:
     never one that crashed, raised an error of its own or diverged."""
     if code < 0:
         return -code not in CRASHES
+    return lost_a_peer(failure)
+
+
+def lost_a_peer(failure: RankFailure | None) -> bool:
+    """Whether a rank failed only because a peer's connection broke or fell silent: that
+    peer explains it."""
     return failure is not None and failure.kind in (Kind.LOST, Kind.SILENT)
+
+
+def goes_on_without(failed: list[int], exit_code: Callable[[int], int | None],
+                    failures: dict[int, RankFailure], topology, lost: set[int]) -> bool:
+    """Whether a run that may carry on (on_worker_failure = continue, training under way)
+    goes on without the `failed` ranks: workers only, each lost (killed, or cut off from its
+    peers; not crashed, failed on an error of its own or diverged), every server alive (a
+    worker also fails when its server dies: that is a server's failure), and a worker left
+    besides those `lost` before. `exit_code(rank)`: the rank's exit code, None while it runs.
+    A moment's wait lets a dying server's exit show first."""
+    if any(topology.role(r) == "server" or not is_a_loss(exit_code(r), failures.get(r))
+           for r in failed):
+        return False
+    time.sleep(SERVER_DEATH_GRACE_S)
+    if any(exit_code(s) not in (None, 0) for s in topology.server_ranks):
+        return False
+    return len(lost) + len(failed) < topology.workers
+
+
+def going_on_without(code: int, failure: RankFailure | None, log: Path | str) -> str:
+    """What a launcher says of a worker the run goes on without, after its name."""
+    return f"lost: {how(code, failure, log)}; the others go on"
+
+
+def mark_training(run_dir: Path) -> None:
+    """Leave the mark that training has begun (a worker has taken a step, so every rank is
+    past the start, where each waits for all), for a launcher that sees its ranks only as
+    processes (a script's); it then may go on without a worker lost. A rank that cannot
+    write it trains on, and a worker lost then fails the run."""
+    with contextlib.suppress(OSError):
+        (Path(run_dir) / "logs" / TRAINING_MARK).touch()
+
+
+def training_began(run_dir: Path) -> bool:
+    """Whether a worker has left the mark (mark_training)."""
+    return (Path(run_dir) / "logs" / TRAINING_MARK).exists()
 
 
 def cause(failed: list[int], codes: dict[int, int], failures: dict[int, RankFailure]) -> int:

@@ -23,7 +23,6 @@ import queue
 import signal
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from datetime import timedelta
 from multiprocessing.connection import wait
@@ -38,8 +37,9 @@ from polyrhythm.launch.failures import (
     Kind,
     RankFailure,
     cause,
+    goes_on_without,
+    going_on_without,
     how,
-    is_a_loss,
     rank_failed,
     recorded_failure,
 )
@@ -52,7 +52,6 @@ PRELOAD = ["polyrhythm.launch.local", "polyrhythm.launch.rank"]
 RENDEZVOUS_TIMEOUT = timedelta(seconds=120)
 RENDEZVOUS_FILE = "rendezvous"
 GRACE_S = 3.0
-SERVER_DEATH_GRACE_S = 0.2
 CHILD_ENVIRONMENT = {"GOMP_SPINCOUNT": "10000", "GLOO_SOCKET_IFNAME": "lo"}
 _PR_SET_NAME, PR_SET_PDEATHSIG = 15, 1
 
@@ -155,8 +154,8 @@ def _supervise(procs: list, events, board: ProgressBoard, topology: Topology,
                record: RunRecord, carry_on: bool = False) -> None:
     """Wait for every rank; raise RunFailed when one fails, unless it is a worker lost during
     training that the run may `carry_on` without (on_worker_failure = continue: its servers
-    go on). Training has begun once a worker reports progress: every rank is then past the
-    start, where each waits for all."""
+    go on; failures.py's goes_on_without). Training has begun once a worker reports
+    progress: every rank is then past the start, where each waits for all."""
     failures: dict[int, RankFailure] = {}
     lost: set[int] = set()
     training = False
@@ -169,38 +168,22 @@ def _supervise(procs: list, events, board: ProgressBoard, topology: Topology,
         for r in ended:
             procs[r].join()  # sets exitcode
         failed = [r for r in ended if procs[r].exitcode != 0]
-        if failed and carry_on and training and _only_workers_lost(failed, procs, failures,
-                                                                  topology, lost):
+        if failed and carry_on and training and goes_on_without(
+                failed, lambda r: procs[r].exitcode, failures, topology, lost):
             for r in failed:
                 lost.add(r)
-                board.lines[topology.worker_index(r)] = (
-                    f"lost: {how(procs[r].exitcode, failures.get(r), record.log_path(r))}; "
-                    "the others go on")
+                board.lines[topology.worker_index(r)] = going_on_without(
+                    procs[r].exitcode, failures.get(r), record.log_path(r))
             continue
         if failed:
             _drain(events, board, failures)
             # Ranks that died meanwhile too: a dead server explains its workers' errors.
             failed += [r for r, p in enumerate(procs)
-                       if r not in failed and not p.is_alive() and p.exitcode]
+                       if r not in failed and r not in lost and not p.is_alive()
+                       and p.exitcode]
             raise _failure(failed, procs, failures, topology, record)
     _drain(events, board, failures)
     board.draw(force=True)
-
-
-def _only_workers_lost(failed: list[int], procs: list, failures: dict[int, RankFailure],
-                       topology: Topology, lost: set[int]) -> bool:
-    """Whether the run goes on without the `failed` ranks: workers only, each lost (killed,
-    or cut off from its peers; not crashed, failed on an error of its own or diverged), every
-    server alive (a worker also fails when its server dies: that is a server's failure), and
-    a worker left. A moment's wait lets a dying server's exit show first."""
-    if any(topology.role(r) == "server" or not is_a_loss(procs[r].exitcode, failures.get(r))
-           for r in failed):
-        return False
-    time.sleep(SERVER_DEATH_GRACE_S)
-    if any(not procs[s].is_alive() and procs[s].exitcode != 0
-           for s in topology.server_ranks):
-        return False
-    return len(lost) + len(failed) < topology.workers
 
 
 def _drain(events, board: ProgressBoard, failures: dict[int, RankFailure]) -> bool:
