@@ -17,6 +17,7 @@ import torch
 
 from helpers import HANG_GUARD_S
 from polyrhythm import api
+from polyrhythm.cli.train import format_summary
 from polyrhythm.errors import PolyrhythmError, RunFailed
 from polyrhythm.metrics.records import RunRecord
 from polyrhythm.metrics.store import RunStore
@@ -108,8 +109,12 @@ def test_misuse_is_one_line_naming_the_worker(tmp_path: Path, fault: str, config
     if fault == "raise":  # the log the error names holds its traceback
         log = str(failed.value).split("traceback in ")[1].split(";")[0]
         assert "ValueError: the user's own bug" in Path(log).read_text()
-    left = subprocess.run(["pgrep", "-f", str(SCRIPT)], capture_output=True, text=True)
-    assert left.stdout == ""
+    assert ranks_left() == ""
+
+
+def ranks_left() -> str:
+    """The script's processes still running (pgrep's lines)."""
+    return subprocess.run(["pgrep", "-f", str(SCRIPT)], capture_output=True, text=True).stdout
 
 
 def test_a_worker_that_ends_itself_is_named_not_the_peers_it_left(tmp_path: Path) -> None:
@@ -121,6 +126,45 @@ def test_a_worker_that_ends_itself_is_named_not_the_peers_it_left(tmp_path: Path
             servers=1, workers=2)
     assert re.search(r"failed: rank [12] \(worker [01]\) failed: exit code 3$",
                      str(failed.value)), failed.value
+
+
+# 160 examples shared by 3 workers: 53 each, 4 batches of 16 an epoch, 16 steps in 4 epochs.
+ASP_OF_THREE = {"strategy": "asp", "servers": 1, "workers": 3}
+
+
+def test_an_asp_script_goes_on_without_a_killed_worker_and_records_it(tmp_path: Path,
+                                                                       capsys) -> None:
+    """Worker 2 SIGKILLs itself after 5 of its 16 steps (on_worker_failure = continue, asp's
+    default): the others take all theirs and the run completes. Under asp each push is a
+    weight update: the survivors' 16 each and the lost worker's 5."""
+    summary = run(tmp_path, "--kill", "2", "5", **ASP_OF_THREE)
+    assert summary["status"] == "completed" and summary["on_worker_failure"] == "continue"
+    (lost,) = summary["lost_workers"]
+    assert (lost["worker"], lost["rank"], lost["pushes"]) == (2, 3, 5) and lost["at_s"] > 0
+    assert [(w["worker"], w["steps"]) for w in summary["per_worker"]] == [(0, 16), (1, 16)]
+    assert summary["weight_updates"] == 16 + 16 + 5
+    assert "polyrhythm: worker 2 lost: was killed by SIGKILL; the others go on" in (
+        capsys.readouterr().out)
+    # What polyrhythm run prints of the run, as polyrhythm train does.
+    assert re.search(r"\n  worker 2 was lost at \d+\.\d s, having pushed 5 gradients; the "
+                     "others carried on without it\n", format_summary(summary))
+    assert ranks_left() == ""
+
+
+@pytest.mark.parametrize(("script_args", "config", "says"), [
+    (["--kill", "2", "5"], {"strategy": "bsp"}, "rank 3 (worker 2) was killed by SIGKILL"),
+    (["--kill", "2", "0"], {}, "rank 3 (worker 2) was killed by SIGKILL"),  # before training
+    (["--fault", "raise"], {}, "rank 2 (worker 1) raised ValueError: the user's own bug "
+                               "(user_loop.py, line"),
+], ids=["bsp-aborts", "killed-before-its-first-step", "raised"])
+def test_a_worker_that_is_no_loss_to_go_on_without_fails_the_script_naming_it(
+        tmp_path: Path, script_args: list[str], config: dict, says: str) -> None:
+    with pytest.raises(RunFailed) as failed:
+        run(tmp_path, *script_args, **{**ASP_OF_THREE, **config})
+    assert f"failed: {says}" in str(failed.value) and "\n" not in str(failed.value)
+    (row,) = RunStore(tmp_path / "runs" / "polyrhythm.db").runs()
+    assert row["status"] == "failed" and says in row["error"]
+    assert ranks_left() == ""
 
 
 # Strategy-Switch from the script: all-reduce for ⌊0.5 · 4⌋ = 2 of the script's 4 epochs

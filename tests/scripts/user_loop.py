@@ -9,6 +9,7 @@ which it then makes, so the run resumed goes on (tests/test_script_resume.py).""
 
 import argparse
 import os
+import signal
 import sys
 
 import torch
@@ -28,6 +29,9 @@ parser.add_argument("--fault", choices=["wrap-twice", "unwrapped", "seed", "rais
                                         "log-of-output"])
 parser.add_argument("--keep", metavar="FILE")
 parser.add_argument("--fail-once", metavar="MARKER")
+parser.add_argument("--kill", nargs=2, type=int, metavar=("WORKER", "STEP"),
+                    help="worker WORKER kills itself (SIGKILL) once it has taken STEP steps (0: "
+                    "once it has joined the job)")
 EXAMPLES, BATCH = 160, 16  # 2 workers: 5 steps an epoch
 
 
@@ -106,8 +110,15 @@ def ddp(args) -> None:
     os._exit(0)
 
 
+def die_at(args, job, taken: int) -> None:
+    """--kill: this worker ends itself (SIGKILL) once it has taken as many steps."""
+    if args.kill == [job.worker, taken]:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def main(args) -> None:
     job = pr.init()
+    die_at(args, job, 0)
     model, opt, sched = build(args.optimizer, seed=job.worker if args.fault == "seed" else 0)
     if args.fault == "counted-output":
         model = Counted(model)
@@ -129,6 +140,7 @@ def main(args) -> None:
                 raise ValueError("the user's own bug")
             if args.fault == "unwrapped":
                 torch.optim.SGD(model.parameters(), lr=0.1).step()
+            die_at(args, job, tally.steps)
             opt.step()
             opt.zero_grad()
             sched.step()

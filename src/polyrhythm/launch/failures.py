@@ -123,10 +123,11 @@ def read_reports(run_dir: Path) -> dict[int, RankFailure]:
 
 
 def clear_reports(run_dir: Path) -> None:
-    """Remove the reports an earlier launch of the run left (a resumed run's ranks write
-    their own)."""
+    """Remove the reports and the training mark an earlier launch of the run left (a resumed
+    run's ranks write their own)."""
     for path in (Path(run_dir) / "logs").glob("rank*.failure.json"):
         path.unlink(missing_ok=True)
+    (Path(run_dir) / "logs" / TRAINING_MARK).unlink(missing_ok=True)
 
 
 def is_a_loss(code: int, failure: RankFailure | None) -> bool:

@@ -33,10 +33,18 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from polyrhythm.comm.transport import Transport
 from polyrhythm.config import RunConfig, load_config
-from polyrhythm.context import RankContext, Topology
-from polyrhythm.errors import ConfigError
+from polyrhythm.context import ProgressSink, RankContext, Topology, no_progress
+from polyrhythm.errors import ConfigError, RunFailed
 from polyrhythm.launch import runlock
-from polyrhythm.launch.failures import RankFailure, rank_ended
+from polyrhythm.launch.failures import (
+    RankFailure,
+    lost_a_peer,
+    mark_training,
+    rank_ended,
+    rank_failed,
+    read_reports,
+    recorded_failure,
+)
 from polyrhythm.launch.rank import latency, leave_together
 from polyrhythm.launch.torchrun import env_int, job_rank, job_record
 from polyrhythm.metrics.records import RunRecord
@@ -74,8 +82,11 @@ def init() -> Job:
     record, run_dir = job_record(config, rank, os.environ.get(ENV_RUN_ID), script=sys.argv[0])
     if run_dir is not None:  # until this process ends: a resume waits for it (runlock.py)
         runlock.hold(run_dir)
-    sys.excepthook = _failing(rank, config, record, run_dir)
     rendezvous = os.environ.get(ENV_RENDEZVOUS)
+    # Under polyrhythm run (its file store) the launcher, which sees every rank end, records
+    # a failure: rank 0 may only have lost a peer that explains it (a server, when a worker
+    # dies). Under torchrun, rank 0 records it.
+    sys.excepthook = _failing(rank, config, None if rendezvous else record, run_dir)
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}" if rendezvous
                             else "env://", rank=rank, world_size=world,
                             timeout=timedelta(seconds=config.timeout))
@@ -83,7 +94,7 @@ def init() -> Job:
     transport = Transport()
     transport.open(rank, world, topology.worker_ranks, latency(config, rank))
     ctx = RankContext(config, rank, topology, transport, run_dir=run_dir,
-                      resume=_resume_point())
+                      resume=_resume_point(), progress=_marking_training(run_dir))
     register_optimizer_step_pre_hook(stepping_unwrapped)
     torch.Tensor.backward = recording_backward(torch.Tensor.backward)
     _JOINED.append(ctx)
@@ -113,6 +124,21 @@ def _resume_point() -> Resume | None:
     return Resume(Path(folder), _env_int(ENV_RESUME_SERVERS)) if folder else None
 
 
+def _marking_training(run_dir: Path | None) -> ProgressSink:
+    """A worker's progress sink: its first step's event marks that training has begun, for
+    the launcher (launch/failures.py's mark_training); the rest are dropped (a script's run
+    draws no progress board)."""
+    if run_dir is None:
+        return no_progress
+    marked: list[bool] = []
+
+    def mark(event: dict) -> None:
+        if not marked:
+            mark_training(run_dir)
+            marked.append(True)
+    return mark
+
+
 START = "start the script with polyrhythm run or torchrun"
 
 
@@ -122,8 +148,8 @@ def _env_int(name: str) -> int:
 
 def _failing(rank: int, config, record: RunRecord | None, run_dir: Path | None):
     """An excepthook: the error in one line with the script's line it came from, for the
-    launcher (a report in the run's logs) and the record (rank 0's), then the traceback,
-    and the process ends."""
+    launcher (a report in the run's logs) and the record (rank 0's, where it is given), then
+    the traceback, and the process ends."""
     def hook(kind, exc, trace) -> None:
         failure = RankFailure.of(rank, exc)
         script = os.path.abspath(sys.argv[0])
@@ -181,13 +207,36 @@ def _finish_worker(job: Job, record: RunRecord | None) -> None:
 def _finish(ctx: RankContext, report: dict, record: RunRecord | None) -> None:
     """Gather every rank's report to rank 0, which records the run; leave together."""
     reports = ctx.transport.gather_object(report, dst=0)
-    result = _result(ctx, reports) if reports is not None and record is not None else None
+    result = None
+    if reports is not None and record is not None:
+        failed = _failed_on_its_own(ctx, reports, record)
+        if failed is None:
+            result = _result(ctx, reports)
+        else:
+            recorded_failure(record, failed, ctx.config, script=True)
     leave_together(ctx, result, record)
     # The rest of the script runs on; when it ends, the process leaves without C++'s static
     # destructors, which abort now and then ("terminate called without an active
     # exception", SIGABRT) while Gloo's threads wind down: a completed run would read as a
     # crash. Handlers registered before this one are skipped: stdio is flushed here.
     atexit.register(_leave, 0)
+
+
+def _failed_on_its_own(ctx: RankContext, reports: list[dict],
+                       record: RunRecord) -> RunFailed | None:
+    """The failure of a worker the servers went on without (on_worker_failure = continue)
+    that was no loss: it failed on an error of its own, as its report in the run's logs says
+    (written before its connection broke, so here by now). The run failed for it, whatever
+    the others did; None if every worker gone was lost."""
+    if ctx.run_dir is None:
+        return None
+    gone = sorted({entry["rank"] for r in reports if r["role"] == "server"
+                   for entry in r["lost"]})
+    failures = read_reports(ctx.run_dir)
+    for rank in gone:
+        if rank in failures and not lost_a_peer(failures[rank]):
+            return rank_failed(rank, None, failures[rank], record.log_path(rank), ctx.topology)
+    return None
 
 
 def _leave(code: int) -> None:

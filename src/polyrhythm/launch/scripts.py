@@ -3,8 +3,11 @@ process of its own (`python script.py args`), told its rank, the run's config an
 a file to meet the others at (launch/script.py reads them); worker 0's output is shown, every
 rank's is kept in the run's logs. A rank that fails ends the run: every other process is
 stopped, and the run is recorded as failed with the failing rank, its error and the script's
-line (the rank's own report). Ctrl-C and SIGTERM do the same. No process outlives the run:
-each dies with its launcher too (PR_SET_PDEATHSIG).
+line (the rank's own report). Only a worker lost during training (killed, or cut off from
+its peers) is gone without ending it, where the run says on_worker_failure = continue: the
+same rules as polyrhythm train's (launch/failures.py's goes_on_without), training under way
+once a worker has taken a step (its mark in the run's logs). Ctrl-C and SIGTERM end it too.
+No process outlives the run: each dies with its launcher too (PR_SET_PDEATHSIG).
 
 The launcher keeps what started the script (`script.json` in the run's folder: the script's
 absolute path, its arguments and the folder it ran in), so that `polyrhythm run --resume`
@@ -27,19 +30,23 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TextIO
 
 from polyrhythm.config.emulation import host_ranks
+from polyrhythm.config.servers import CONTINUE
 from polyrhythm.context import Topology
 from polyrhythm.errors import ConfigError, RunFailed
 from polyrhythm.launch.emulated import RankProgram
 from polyrhythm.launch.failures import (
-    Kind,
-    RankFailure,
     cause,
     clear_reports,
+    goes_on_without,
+    going_on_without,
+    lost_a_peer,
     rank_failed,
     read_reports,
     recorded_failure,
+    training_began,
 )
 from polyrhythm.launch.local import (
     CHILD_ENVIRONMENT,
@@ -96,10 +103,12 @@ class ScriptCall:
                               "any more: make it again to resume the run")
 
 
-def launch_script(config, record: RunRecord, call: ScriptCall, show=sys.stdout,
+def launch_script(config, record: RunRecord, call: ScriptCall, show: TextIO | None = None,
                   resume: Resume | None = None) -> dict:
     """Run `call`'s script as every rank of the job (resuming: from `resume`, with `config`
-    as the resume changed it); the run's summary, or RunFailed."""
+    as the resume changed it); the run's summary, or RunFailed. Worker 0's output and the
+    launcher's lines go to `show` (sys.stdout as it is now, by default)."""
+    show = show or sys.stdout
     topology = Topology(config.servers, config.workers)
     procs: list[subprocess.Popen] = []
     readers: list[threading.Thread] = []
@@ -125,7 +134,8 @@ def launch_script(config, record: RunRecord, call: ScriptCall, show=sys.stdout,
             for rank, proc in enumerate(procs):
                 readers.append(_copy_output(proc, record.log_path(rank),
                                             show if rank == first_worker else None))
-            _supervise(procs, topology, record)
+            _supervise(procs, topology, record, show,
+                       carry_on=config.on_worker_failure == CONTINUE)
         for reader in readers:
             reader.join()
         return read_summary(record)
@@ -222,51 +232,65 @@ def _copy_output(proc: subprocess.Popen, log: Path, show) -> threading.Thread:
     return thread
 
 
-def _supervise(procs: list[subprocess.Popen], topology: Topology, record: RunRecord) -> None:
-    """Wait for every rank; the first to fail ends the run (RunFailed naming it)."""
+def _supervise(procs: list[subprocess.Popen], topology: Topology, record: RunRecord,
+               show: TextIO, carry_on: bool) -> None:
+    """Wait for every rank; the first to fail ends the run (RunFailed naming it), unless it
+    is a worker lost during training that the run may `carry_on` without (said on `show`)."""
     running = set(range(len(procs)))
+    lost: set[int] = set()
     while running:
         for rank in sorted(running):
             code = procs[rank].poll()
             if code is None:
                 continue
             running.discard(rank)
-            if code != 0:
-                raise _failure(procs, rank, topology, record)
+            if code == 0:
+                continue
+            reports = read_reports(record.dir)
+            if carry_on and training_began(record.dir) and goes_on_without(
+                    [rank], lambda r: procs[r].poll(), reports, topology, lost):
+                lost.add(rank)
+                _say(show, f"{topology.describe(rank)} "
+                     f"{going_on_without(code, reports.get(rank), record.log_path(rank))}")
+                continue
+            raise _failure(procs, rank, topology, record, lost)
         if running:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 procs[min(running)].wait(timeout=0.1)
 
 
+def _say(show: TextIO, line: str) -> None:
+    """A line of the launcher's own among worker 0's output."""
+    show.write(f"polyrhythm: {line}\n")
+    show.flush()
+
+
 def _failure(procs: list[subprocess.Popen], rank: int, topology: Topology,
-             record: RunRecord) -> RunFailed:
+             record: RunRecord, lost: set[int]) -> RunFailed:
     """The rank that explains the run's end, among those that ended by themselves (not
-    stopped here) or reported an error: launch/failures.py's `cause`."""
-    if _lost_a_peer(read_reports(record.dir).get(rank)):
-        _await_another_failure(procs, record)
+    stopped here) or reported an error, the workers the run went on without left out:
+    launch/failures.py's `cause`."""
+    if lost_a_peer(read_reports(record.dir).get(rank)):
+        _await_another_failure(procs, record, lost)
     codes = {r: p.returncode for r, p in enumerate(procs)
-             if p.poll() is not None and p.returncode != 0}
+             if r not in lost and p.poll() is not None and p.returncode != 0}
     _stop(procs)
-    reports = read_reports(record.dir)
+    reports = {r: f for r, f in read_reports(record.dir).items() if r not in lost}
     first = cause(sorted(set(codes) | set(reports)), codes, reports)
     return rank_failed(first, codes.get(first), reports.get(first), record.log_path(first),
                        topology)
 
 
-def _lost_a_peer(failure: RankFailure | None) -> bool:
-    """Whether a rank failed only because a peer's connection broke or fell silent: that
-    peer explains it."""
-    return failure is not None and failure.kind in (Kind.LOST, Kind.SILENT)
-
-
-def _await_another_failure(procs: list[subprocess.Popen], record: RunRecord) -> None:
+def _await_another_failure(procs: list[subprocess.Popen], record: RunRecord,
+                           lost: set[int]) -> None:
     """Give the ranks GRACE_S for one to end with an error of its own, not a lost peer (a
     script that fails on a worker can take longer to end than its peers take to see its
-    connection go), so the cause is read from the rank that failed, not from its peers."""
+    connection go), so the cause is read from the rank that failed, not from its peers (nor
+    from a worker `lost` before)."""
     deadline = time.monotonic() + GRACE_S
     while time.monotonic() < deadline:
         reports = read_reports(record.dir)
-        if any(p.poll() not in (None, 0) and not _lost_a_peer(reports.get(r))
+        if any(r not in lost and p.poll() not in (None, 0) and not lost_a_peer(reports.get(r))
                for r, p in enumerate(procs)):
             return
         running = [p for p in procs if p.poll() is None]
