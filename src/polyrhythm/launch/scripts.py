@@ -64,7 +64,7 @@ from polyrhythm.launch.script import (
 )
 from polyrhythm.metrics.records import RunRecord, read_summary
 from polyrhythm.runtime.checkpoint import Resume, tidy
-from polyrhythm.runtime.job import host_cores
+from polyrhythm.runtime.job import thread_count
 
 SCRIPT_FILE = "script.json"  # in the run's folder: what started the script (ScriptCall)
 RESUMED_CONFIG = "resumed.toml"  # beside config.toml: the config a resumed launch runs with
@@ -198,8 +198,8 @@ def _threads(config, topology: Topology, ranks: list[int]) -> int:
     (servers mostly wait: a host of servers alone gives them 1)."""
     workers = [r for r in ranks if topology.role(r) == "worker"]
     if not workers:
-        return 1
-    return config.threads or max(1, int(host_cores(config, workers[0]) // len(workers)))
+        return thread_count(config, "server", 0)
+    return thread_count(config, "worker", len(workers), workers[0])
 
 
 def _environment(config, topology: Topology, rank: int, job: dict[str, str]) -> dict[str, str]:

@@ -54,13 +54,15 @@ def agree_on_plan(ctx: RankContext) -> tuple[DataPlan, Source | None]:
 
 
 def set_threads(config, role: str, local_workers: int, rank: int | None = None) -> None:
-    """Workers share their host's cores; servers mostly wait, so one thread each is enough."""
+    torch.set_num_threads(thread_count(config, role, local_workers, rank))
+
+
+def thread_count(config, role: str, local_workers: int, rank: int | None = None) -> int:
+    """Torch threads of a rank: workers share their host's cores (`local_workers` of them,
+    rank `rank`'s host); servers mostly wait, so one thread each is enough."""
     if role == "server":
-        threads = 1
-    else:
-        threads = config.threads or max(1, int(host_cores(config, rank)
-                                                // max(1, local_workers)))
-    torch.set_num_threads(threads)
+        return 1
+    return config.threads or max(1, int(host_cores(config, rank) // max(1, local_workers)))
 
 
 def host_cores(config, rank: int | None) -> float:
