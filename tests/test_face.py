@@ -62,7 +62,7 @@ def test_reading_commands_load_neither_torch_nor_the_runtime(tmp_path):
     code, heavy, output = probe("runs", "--out", str(tmp_path))
     assert code == 0 and heavy == []
     assert len(output.splitlines()) == 1 + 50 and ids[-1] in output
-    for listing in ("strategies", "datasets", "models"):
+    for listing in ("strategies", "datasets", "models", "compressors"):
         code, heavy, output = probe(listing)
         assert code == 0 and heavy == [] and output
     code, heavy, output = probe("report", "--out", str(tmp_path), *ids[:3])

@@ -1,6 +1,6 @@
 """Command-line flags of a run, made from the declarations alone: one flag per general and
-optimizer setting, one per component (--strategy, --dataset, --model) and one per parameter
-some strategy, data set or model declares (--tau for localsgd and easgd)."""
+optimizer setting, one per component (--strategy, --dataset, --model, --compress) and one per
+parameter some strategy, data set, model or compressor declares (--tau for localsgd and easgd)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ from polyrhythm.settings import Param
 
 _SUMMARIES = {"strategy": "consistency strategy (see `polyrhythm strategies`)",
               "data": "data set (see `polyrhythm datasets`)",
-              "model": "model (see `polyrhythm models`)"}
+              "model": "model (see `polyrhythm models`)",
+              "compression": "compressor of gradients, replies and model exchanges (see "
+                             "`polyrhythm compressors`)"}
 
 
 class Parser(argparse.ArgumentParser):
@@ -113,6 +115,7 @@ def add_config_flags(parser: argparse.ArgumentParser, exclude: tuple[str, ...] =
             add_flag(parser, p, p.help + default_text(p))
     add_component_flags(parser, "data", exclude)
     add_component_flags(parser, "model", exclude)
+    add_component_flags(parser, "compression", exclude)
 
 
 def config_flags(args: argparse.Namespace) -> dict[str, Any]:

@@ -1,6 +1,6 @@
-"""`polyrhythm strategies`, `datasets` and `models`: each component with its summary and
-source (a model also with its size), then its parameters, indented, with their defaults.
-From the declarations alone."""
+"""`polyrhythm strategies`, `datasets`, `models` and `compressors`: each component with its
+summary and source (a model also with its size), then its parameters, indented, with their
+defaults (the compressors' shared ones after them). From the declarations alone."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import argparse
 from polyrhythm.cli.flags import default_text, usage
 from polyrhythm.config import COMPONENTS
 
-COMMANDS = {"strategies": "strategy", "datasets": "data", "models": "model"}
+COMMANDS = {"strategies": "strategy", "datasets": "data", "models": "model",
+            "compressors": "compression"}
 
 
 def add_parser(commands) -> None:
@@ -21,7 +22,8 @@ def add_parser(commands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    registry = COMPONENTS[COMMANDS[args.command]].registry
+    kind = COMPONENTS[COMMANDS[args.command]]
+    registry = kind.registry
     width = max([20, *(len(usage(p)) for c in registry.values() for p in c.params)])
     sized = args.command == "models"
     for component in registry.values():
@@ -32,6 +34,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"    {usage(p):<{width}} {p.help}{default_text(p)}")
     if sized:
         print("(parameter counts and float32 sizes for a 3x32x32 sample and 10 classes)")
+    if args.command == "compressors":  # what every compressor reads
+        print("every compressor:")
+        for p in kind.shared:
+            print(f"    {usage(p):<{width}} {p.help}{default_text(p)}")
     return 0
 
 

@@ -141,7 +141,8 @@ def read_summary(record: RunRecord) -> dict:
 # How a run's config is stored: general settings at the top, then sections; the sections
 # that name a component, and the flat key that names it (`dataset = "digits"` is
 # [data] name = "digits").
-NAME_KEYS = {"strategy": "strategy", "data": "dataset", "model": "model"}
+NAME_KEYS = {"strategy": "strategy", "data": "dataset", "model": "model",
+             "compression": "compress"}
 SECTIONS = (*NAME_KEYS, "optimizer", "cluster")
 
 # polyrhythm 0.1 stored every field flat, the synthetic data set's included whatever the data

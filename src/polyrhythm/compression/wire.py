@@ -1,0 +1,145 @@
+"""How big a compressed message is, as pure arithmetic (no torch). The codecs
+(compression/codecs.py, powersgd.py) lay their messages out by these functions, and the
+simulator sizes its messages with them, so both move the same bytes.
+
+A message is float32 words (4 bytes each): an index travels as the 32 bits of an int32, a
+half-precision value as half a word, a sign as a bit; a payload is rounded up to whole words.
+The values one codec encodes are an `Extent`: a range of the flat model, with the matrices in
+it (a parameter of two or more dimensions, viewed as rows by everything else, as PyTorch's
+PowerSGD hook views it).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+WORD = 4  # bytes: a message is float32 words
+CHUNK = 512  # values sharing one scale (signsgd's mean magnitude, qsgd's norm), as QSGD's buckets
+# PowerSGD compresses a matrix only where its factors take at most half its size, as the
+# PowerSGD hook's min_compression_rate does by default.
+MIN_COMPRESSION_RATE = 2
+
+
+class Matrix(NamedTuple):
+    """Whole rows of one parameter inside an extent: `rows` x `cols` values from `start`
+    (an offset into the extent), row-major."""
+
+    start: int
+    rows: int
+    cols: int
+
+    @property
+    def numel(self) -> int:
+        return self.rows * self.cols
+
+
+class Extent(NamedTuple):
+    """The values one codec encodes: `numel` of them, with the `matrices` among them."""
+
+    numel: int
+    matrices: tuple[Matrix, ...] = ()
+
+
+def extent_of(start: int, stop: int, shapes: Sequence[Sequence[int]] = ()) -> Extent:
+    """The extent of [start, stop) of a flat model whose parameters have `shapes`, in flat
+    order: the whole rows of each parameter of two or more dimensions that fall in the range
+    (a bucket may cut a parameter; its ragged rows are plain values). No shapes: no
+    matrices."""
+    matrices, offset = [], 0
+    for shape in shapes:
+        n = math.prod(shape)
+        if len(shape) >= 2 and n:
+            cols = n // shape[0]
+            low, high = max(start, offset), min(stop, offset + n)
+            first, last = -(-(low - offset) // cols), (high - offset) // cols
+            if last > first:
+                matrices.append(Matrix(offset + first * cols - start, last - first, cols))
+        offset += n
+    return Extent(stop - start, tuple(matrices))
+
+
+def words(nbytes: int) -> int:
+    """Float32 words that hold `nbytes` bytes."""
+    return -(-nbytes // WORD)
+
+
+def chunks(numel: int) -> int:
+    """Scales a chunked codec sends: one per CHUNK values."""
+    return -(-numel // CHUNK)
+
+
+def kept(ratio: float, numel: int) -> int:
+    """Values top-k and random-k send of `numel`: the ratio's share, rounded, at least one
+    (none of none)."""
+    return min(numel, max(1, round(ratio * numel))) if numel else 0
+
+
+def qsgd_bits(levels: int) -> int:
+    """Bits of one QSGD value: its sign and a level in 0..s."""
+    return 1 + levels.bit_length()
+
+
+def compressed_matrices(extent: Extent, rank: int) -> list[tuple[Matrix, int]]:
+    """The matrices PowerSGD compresses, each with its rank (at most its smaller side):
+    those whose factors take at most 1/MIN_COMPRESSION_RATE of it."""
+    out = []
+    for m in extent.matrices:
+        r = min(rank, m.rows, m.cols)
+        if (m.rows + m.cols) * r * MIN_COMPRESSION_RATE <= m.numel:
+            out.append((m, r))
+    return out
+
+
+def lowrank_sizes(extent: Extent, rank: int) -> tuple[int, int, int]:
+    """PowerSGD's message in values: (plain values, the P factors', the Q factors')."""
+    chosen = compressed_matrices(extent, rank)
+    plain = extent.numel - sum(m.numel for m, _ in chosen)
+    return plain, sum(m.rows * r for m, r in chosen), sum(m.cols * r for m, r in chosen)
+
+
+def payload_words(name: str, settings: Mapping[str, Any], extent: Extent) -> int:
+    """Words of a point-to-point message of `extent`'s values under compressor `name`."""
+    n = extent.numel
+    if name == "none":
+        return n
+    if name in ("fp16", "bf16"):
+        return words(2 * n)
+    if name == "topk":  # an int32 index and a value each
+        return 2 * kept(settings["ratio"], n)
+    if name == "randomk":  # the values, and the seed that draws their indices
+        return kept(settings["ratio"], n) + 1 if n else 0
+    if name == "signsgd":  # a scale per chunk, a bit per value
+        return chunks(n) + words(-(-n // 8))
+    if name == "qsgd":  # a norm per chunk, sign and level per value
+        return chunks(n) + words(-(-n * qsgd_bits(settings["levels"]) // 8))
+    if name == "powersgd":
+        return sum(lowrank_sizes(extent, settings["rank"]))
+    raise ValueError(f"unknown compressor {name!r}")
+
+
+# How an all-reduce carries a compressor's messages:
+# - SUM: the encoded values add up as they are (half precision; random-k's values at indices
+#   every worker draws alike): one all-reduce of them;
+# - GATHER: each worker's message is gathered by all (top-k's pairs, signs, levels), which
+#   decode and add them in worker order;
+# - LOWRANK: PowerSGD's two all-reduces, of the P factors (with the plain values), then of Q.
+SUM, GATHER, LOWRANK = "sum", "gather", "lowrank"
+
+
+def all_reduce_parts(name: str, settings: Mapping[str, Any],
+                     extent: Extent) -> list[tuple[str, int]]:
+    """What an all-reduce of `extent`'s values under `name` moves: (SUM, bytes) for each
+    all-reduce, or (GATHER, bytes of one worker's message) for the gather."""
+    n = extent.numel
+    if name == "none":
+        return [(SUM, WORD * n)]
+    if name in ("fp16", "bf16"):
+        return [(SUM, 2 * n)]
+    if name == "randomk":  # every worker draws the same indices: no seed travels
+        return [(SUM, WORD * kept(settings["ratio"], n))]
+    if name == "powersgd":
+        plain, p, q = lowrank_sizes(extent, settings["rank"])
+        return [(SUM, WORD * (plain + p)), (SUM, WORD * q)]
+    return [(GATHER, WORD * payload_words(name, settings, extent))]
