@@ -31,6 +31,11 @@ class FlatParameters:
     def __len__(self) -> int:
         return self.data.numel()
 
+    @property
+    def shapes(self) -> list[tuple[int, ...]]:
+        """Each parameter's shape, in flat order (a compressor's matrices are cut by them)."""
+        return [tuple(p.shape) for p in self.params]
+
 
 class RunningStatistics:
     """A model's buffers (BatchNorm's running mean and variance, and its batch counter) as

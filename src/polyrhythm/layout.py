@@ -169,3 +169,70 @@ ALGORITHMS: dict[str, Callable[[int, int, int], Schedule]] = {
 }
 
 
+
+
+# All-gathers: every member's `size` values, member j's at [j·size, (j+1)·size) of a buffer of
+# N·size, member i's own chunk in place to begin with. Compressed messages that do not add up
+# as they are (top-k's pairs, signs, levels) are gathered so (comm/compressed.py), by the same
+# three algorithms, each member then decoding and adding every chunk in member order.
+
+
+def ring_gather_schedule(n: int, i: int, size: int) -> Schedule:
+    """Around the ring i -> i+1: in round s = 0..N-2 send chunk i-s to the right, receive
+    chunk i-s-1 from the left. Each member sends and receives (N-1)·size."""
+    if n == 1 or size == 0:
+        return []
+    right, left = (i + 1) % n, (i - 1) % n
+
+    def chunk(c: int) -> tuple[int, int]:
+        return (c % n) * size, (c % n + 1) * size
+
+    return [_round((SEND, right, chunk(i - s)), (RECV_COPY, left, chunk(i - s - 1)))
+            for s in range(n - 1)]
+
+
+def gather_broadcast_schedule(n: int, i: int, size: int) -> Schedule:
+    """Member 0 receives every member's chunk, then sends the whole buffer to each: its
+    traffic, (N-1)·size in and (N-1)·N·size out, grows with N, as reduce-broadcast's does."""
+    if n == 1 or size == 0:
+        return []
+    whole = (0, n * size)
+    if i == 0:
+        return [_round(*((RECV_COPY, j, (j * size, (j + 1) * size)) for j in range(1, n))),
+                _round(*((SEND, j, whole) for j in range(1, n)))]
+    return [_round((SEND, 0, (i * size, (i + 1) * size))), _round((RECV_COPY, 0, whole))]
+
+
+def tree_gather_schedule(n: int, i: int, size: int) -> Schedule:
+    """Binomial-tree gather to member 0, then binomial-tree broadcast of the whole buffer:
+    on level k (mask 2^k) a member whose lowest set bit is k sends the chunks it holds, its
+    own and its subtree's [i, i + 2^k), to i - 2^k. 2⌈log2 N⌉ rounds for everyone."""
+    if n == 1 or size == 0:
+        return []
+    masks = [1 << k for k in range((n - 1).bit_length())]
+
+    def chunks(first: int, count: int) -> tuple[int, int]:
+        return first * size, min(first + count, n) * size
+
+    def gather(mask: int) -> Round:
+        if i % (2 * mask) == mask:
+            return _round((SEND, i - mask, chunks(i, mask)))
+        if i % (2 * mask) == 0 and i + mask < n:
+            return _round((RECV_COPY, i + mask, chunks(i + mask, mask)))
+        return []
+
+    def broadcast(mask: int) -> Round:
+        if i % (2 * mask) == mask:
+            return _round((RECV_COPY, i - mask, chunks(0, n)))
+        if i % (2 * mask) == 0 and i + mask < n:
+            return _round((SEND, i + mask, chunks(0, n)))
+        return []
+
+    return [gather(m) for m in masks] + [broadcast(m) for m in reversed(masks)]
+
+
+GATHERS: dict[str, Callable[[int, int, int], Schedule]] = {
+    "ring": ring_gather_schedule,
+    "reduce-broadcast": gather_broadcast_schedule,
+    "tree": tree_gather_schedule,
+}

@@ -41,7 +41,16 @@ from collections.abc import Iterable, Iterator
 import torch
 
 from polyrhythm.comm.transport import Transport
-from polyrhythm.layout import ALGORITHMS, RECV_ADD, RECV_COPY, SEND, Op, Round, Schedule
+from polyrhythm.layout import (
+    ALGORITHMS,
+    GATHERS,
+    RECV_ADD,
+    RECV_COPY,
+    SEND,
+    Op,
+    Round,
+    Schedule,
+)
 
 # Round r of a schedule travels with tag TAG_BASE + r. The parameter server uses tag 0 for
 # pushes and the bucket id (below 2**24) for replies, the decentralised strategies 2**24 + 1
@@ -141,3 +150,18 @@ def all_reduce(transport: Transport, tensor: torch.Tensor, ranks: list[int], ran
         pass
     if not contiguous:
         tensor.copy_(flat.view(tensor.shape))
+
+
+def all_gather(transport: Transport, tensor: torch.Tensor, ranks: list[int], rank: int,
+               algorithm: str) -> torch.Tensor:
+    """Every member's `tensor` (flat, the same size on all), as rows by member index, on
+    every member: the all-gather of the same algorithm (layout.GATHERS)."""
+    if algorithm not in GATHERS:
+        raise ValueError(f"unknown all-gather algorithm {algorithm!r}; "
+                         f"known: {', '.join(GATHERS)}")
+    n, me, size = len(ranks), ranks.index(rank), tensor.numel()
+    rows = torch.empty(n, size, dtype=tensor.dtype)
+    rows[me] = tensor.view(-1)
+    for _ in schedule_steps(transport, rows.view(-1), GATHERS[algorithm](n, me, size), ranks):
+        pass
+    return rows

@@ -206,6 +206,26 @@ class Transport:
 
         all_reduce(self, tensor, self._members[group], self.rank, algorithm)
 
+    def all_gather(self, tensor: torch.Tensor, group: str = WORKERS,
+                   algorithm: str = NATIVE) -> torch.Tensor:
+        """Every member's `tensor` (flat, alike in size), as rows by member, on every member:
+        by Gloo's own all-gather (this member's payload counted apart) or by a schedule of
+        point-to-point messages of the same algorithm as all_reduce's (counted as messages)."""
+        members = self._members[group]
+        if algorithm == NATIVE:
+            if not self._uncounted:
+                self.counters.native_collective_bytes += _nbytes(tensor)
+            if self._line is not None:
+                self._line.hold(len(members) - 1)  # Gloo's ring: N-1 messages in a row
+            rows = torch.empty(len(members), tensor.numel(), dtype=tensor.dtype)
+            with on_the_wire():
+                dist.all_gather(list(rows.unbind(0)), tensor.view(-1),
+                                group=self._group(group))
+            return rows
+        from polyrhythm.comm.collectives import all_gather
+
+        return all_gather(self, tensor, members, self.rank, algorithm)
+
     def rows_of_members(self, row: torch.Tensor, group: str = WORKERS) -> torch.Tensor:
         """Every member's `row` (1-D float64), as a table by member, on every member.
 

@@ -143,3 +143,20 @@ def all_reduce_parts(name: str, settings: Mapping[str, Any],
         plain, p, q = lowrank_sizes(extent, settings["rank"])
         return [(SUM, WORD * (plain + p)), (SUM, WORD * q)]
     return [(GATHER, WORD * payload_words(name, settings, extent))]
+
+
+def bucket_words(settings: Mapping[str, Any], buckets: Sequence[tuple[int, int, int]],
+                 shapes: Sequence[Sequence[int]], replies: bool = False) -> list[int]:
+    """Payload words of each parameter-server bucket's message, (server, start, stop) each:
+    a push's, or with `replies` a reply's (dense where replies are not compressed)."""
+    name = settings["name"] if not replies or settings.get("compress_replies") else "none"
+    return [payload_words(name, settings, extent_of(a, b, shapes)) for _, a, b in buckets]
+
+
+def codec_seed(seed: int, *where: int) -> int:
+    """The seed of one codec's draws: the run's seed and where the codec sits (a role, a
+    worker, a bucket), mixed into 31 bits, the same on every machine."""
+    mixed = seed & 0x7FFFFFFF
+    for part in where:
+        mixed = (mixed * 1_000_003 + part + 1) % 2_147_483_647
+    return mixed

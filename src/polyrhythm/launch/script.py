@@ -173,7 +173,8 @@ def _describe(job: Job) -> None:
     """Worker side of what the servers serve (every worker calls it at its first step)."""
     ctx = job.ctx
     ctx.transport.broadcast_object(
-        {"initial": job.flat.data.clone(), "optimizer": job.servers_spec,
+        {"initial": job.flat.data.clone(), "shapes": job.flat.shapes,
+         "optimizer": job.servers_spec,
          "steps_per_epoch": job.steps_per_epoch, "epochs": job.total_epochs},
         src=ctx.topology.worker_ranks[0])
 
@@ -187,7 +188,8 @@ def _serve(ctx: RankContext) -> dict:
     if described["epochs"]:
         config = ctx.config = lasting(config, described["epochs"])
     optimizer = described["optimizer"]
-    shard = server_shard(ctx, initial, steps, make_updater=lambda weights, a, b, concurrency:
+    shard = server_shard(ctx, initial, steps, described["shapes"],
+                         make_updater=lambda weights, a, b, concurrency:
                          optimizer.updater(weights, a, b),
                          handover_keys=optimizer.state_keys())
     if ctx.resume is not None:

@@ -9,26 +9,39 @@ from contextlib import contextmanager
 
 # What a training iteration is made of, for every strategy: the spans each worker records per
 # iteration, the `<span>_s` columns of the store's iterations table and the report's phases.
-SPAN_NAMES = ("compute", "push", "wait", "pull", "apply")
+# `compress`: encoding and decoding compressed messages (compression/).
+SPAN_NAMES = ("compute", "push", "wait", "pull", "apply", "compress")
 
 
 class Spans:
-    """Seconds spent in each named span (compute, push, wait, pull, apply, update): in all,
-    and since the last `take()` (one training iteration)."""
+    """Seconds spent in each named span (compute, push, wait, pull, apply, compress, update):
+    in all, and since the last `take()` (one training iteration). A span opened inside
+    another has its own time: the outer one is paused meanwhile (a push's encoding counts as
+    compress, not push), so the spans never count a second twice."""
 
     def __init__(self) -> None:
         self.totals: dict[str, float] = defaultdict(float)
         self.current: dict[str, float] = defaultdict(float)
+        self._open: list[list] = []  # [name, since] of each open span, innermost last
+
+    def _add(self, name: str, seconds: float) -> None:
+        self.totals[name] += seconds
+        self.current[name] += seconds
 
     @contextmanager
     def __call__(self, name: str) -> Iterator[None]:
         start = time.perf_counter()
+        if self._open:
+            outer = self._open[-1]
+            self._add(outer[0], start - outer[1])
+        self._open.append([name, start])
         try:
             yield
         finally:
-            elapsed = time.perf_counter() - start
-            self.totals[name] += elapsed
-            self.current[name] += elapsed
+            end = time.perf_counter()
+            self._add(name, end - self._open.pop()[1])
+            if self._open:
+                self._open[-1][1] = end
 
     def take(self) -> dict[str, float]:
         """The seconds per span since the last call, and start counting anew."""

@@ -136,7 +136,8 @@ class WorkerEngine:
             time.sleep(self._delay)  # emulated slower compute
         if self._slowdown > 1:  # a slower node: this step's compute, stretched
             time.sleep((self._slowdown - 1) * (computed - began))
-        compute = time.perf_counter() - began
+        # A push encoded while backward ran is the compress span's, not compute's.
+        compute = time.perf_counter() - began - ctx.spans.current.get("compress", 0.0)
         ctx.spans.totals["compute"] += compute
         self.strategy.step(self.epoch)
         ended = self._last = time.perf_counter()

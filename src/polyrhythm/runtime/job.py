@@ -10,6 +10,7 @@ import time
 
 import torch
 
+from polyrhythm.compression.wire import bucket_words
 from polyrhythm.config.emulation import host_ranks, per_host
 from polyrhythm.context import RankContext
 from polyrhythm.data.datasets import open_source
@@ -21,8 +22,9 @@ from polyrhythm.layout import BucketLayout
 from polyrhythm.metrics.sampler import ResourceSampler
 from polyrhythm.models.build import build_model
 from polyrhythm.optim import StateKeys
+from polyrhythm.runtime.bucket import MakeUpdater
 from polyrhythm.runtime.builtin import BuiltinWorker
-from polyrhythm.runtime.server import MakeUpdater, ParameterServerShard
+from polyrhythm.runtime.server import ParameterServerShard
 from polyrhythm.runtime.summary import RunResult, summarise
 from polyrhythm.runtime.survivors import agree_on_lost
 from polyrhythm.strategies import STRATEGIES
@@ -87,24 +89,26 @@ def build_role(ctx: RankContext, plan: DataPlan,
         return BuiltinWorker(ctx, *load_part(source, plan, ctx.worker_index), steps)
     initial = FlatParameters(build_model(config.model, plan.shape, plan.classes, config.seed,
                                          config.loss))
-    return server_shard(ctx, initial.data, steps)
+    return server_shard(ctx, initial.data, steps, initial.shapes)
 
 
 def server_shard(ctx: RankContext, initial: torch.Tensor, steps: int,
-                 make_updater: MakeUpdater | None = None,
+                 shapes: list[tuple[int, ...]], make_updater: MakeUpdater | None = None,
                  handover_keys: StateKeys | None = None) -> ParameterServerShard:
-    """This rank's parameter-server shard of the flat model `initial` (its buckets, as the
-    layout gives them), under the run's strategy, with epochs of `steps` global batches;
-    `make_updater`: its buckets' optimizer and `handover_keys` the state a Strategy-Switch
-    hands it (the run's optimizer's by default)."""
+    """This rank's parameter-server shard of the flat model `initial`, of parameters of
+    `shapes` (its buckets, as the layout gives them), under the run's strategy, with epochs
+    of `steps` global batches; `make_updater`: its buckets' optimizer and `handover_keys` the
+    state a Strategy-Switch hands it (the run's optimizer's by default)."""
     config = ctx.config
     layout = BucketLayout(len(initial), config.servers, config.bucket_kb)
     spec, workers = STRATEGIES[config.strategy.name], config.workers
-    return ParameterServerShard(ctx, initial, layout.of_server(ctx.rank),
-                                layout.capacity(ctx.rank),
+    mine = layout.of_server(ctx.rank)
+    pushes = bucket_words(config.compression, [(ctx.rank, a, b) for a, b in mine.values()],
+                          shapes)
+    return ParameterServerShard(ctx, initial, mine, max(pushes),
                                 lambda: spec.policy(config.strategy, workers), steps,
                                 handover=spec.family == SWITCHING, make_updater=make_updater,
-                                handover_keys=handover_keys)
+                                handover_keys=handover_keys, shapes=shapes)
 
 
 def play(ctx: RankContext, role: BuiltinWorker | ParameterServerShard) -> dict:

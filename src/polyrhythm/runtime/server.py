@@ -11,161 +11,22 @@ computing the rest of backward.
 
 from __future__ import annotations
 
-import math
 import time
-from collections.abc import Callable
+from collections.abc import Sequence
 from functools import partial
 
 import torch
 
-from polyrhythm.comm.messages import (
-    HANDOVER,
-    HANDOVER_HEADER,
-    PUSH_HEADER,
-    REPLY_HEADER,
-    RUN_SCHEDULE,
-)
+from polyrhythm.comm.messages import HANDOVER, HANDOVER_HEADER, PUSH_HEADER, REPLY_HEADER
 from polyrhythm.comm.transport import PeerLost
+from polyrhythm.compression.buckets import BucketCodecs, compressing
 from polyrhythm.config.servers import CONTINUE
 from polyrhythm.context import RankContext
 from polyrhythm.metrics.recorder import StalenessLog
-from polyrhythm.optim import (
-    StateKeys,
-    Updater,
-    cut,
-    joined,
-    lr_at,
-    state_keys,
-    state_of,
-    updater,
-)
+from polyrhythm.optim import StateKeys, cut, joined, state_keys, state_of
 from polyrhythm.runtime import checkpoint
-from polyrhythm.strategies.consistency import ConsistencyPolicy
+from polyrhythm.runtime.bucket import Bucket, MakeUpdater, run_updater
 from polyrhythm.strategies.serving import DONE, Course, Served, serve
-
-# A bucket's optimizer on its weights, elements [start, stop) of the flat model, for its
-# policy's concurrency.
-MakeUpdater = Callable[[torch.Tensor, int, int, float], Updater]
-
-
-def run_updater(optimizer, weights: torch.Tensor, start: int, stop: int,
-                concurrency: float) -> Updater:
-    """The run's [optimizer] on a bucket (the same on every slice)."""
-    return updater(weights, optimizer, concurrency)
-
-
-class Bucket:
-    """Parameters [start, stop) of the flat model, their optimizer state and their policy."""
-
-    def __init__(self, initial: torch.Tensor, start: int, stop: int, policy: ConsistencyPolicy,
-                 make_updater: MakeUpdater) -> None:
-        self.start, self.stop = start, stop
-        # The reply is [version, over, weights ...]: the weights live inside it, so answering
-        # a worker sends this buffer as it is, with no copy.
-        self.outbox = torch.cat([torch.zeros(REPLY_HEADER), initial[start:stop]])
-        self.weights = self.outbox[REPLY_HEADER:]
-        # An elastic centre adds what it gets; every other policy steps the run's optimizer.
-        self.optimizer = None if policy.elastic else make_updater(self.weights, start, stop,
-                                                                  policy.concurrency)
-        self.policy = policy
-        # Where an update sums several pushes, they add up in float64 and are rounded to
-        # float32 once: the sum then does not depend on the order the pushes arrive in, so a
-        # synchronous run is the same whatever the timing (in float32, 3 workers' gradients
-        # summed in another order moved a 20-step bsp run by 1.6e-5).
-        wide = torch.float64 if policy.combines else torch.float32
-        self.pending = torch.zeros_like(self.weights, dtype=wide)
-        self.update = torch.empty_like(self.weights) if policy.combines else self.pending
-        self.pending_weight = 0.0
-        self.pending_share = 0.0  # the sum of weight x scale: global batches' worth of step
-        self.version = 0  # weight updates applied so far
-        self.progress = 0.0  # global batches' worth of gradient applied (drives lr decay)
-        self.lr = RUN_SCHEDULE  # the rate the last push carried (a script's scheduler)
-
-    @property
-    def over(self) -> bool:
-        """Training has ended on this bucket: every reply tells the worker to stop."""
-        return bool(self.outbox[1])
-
-    def end(self) -> None:
-        self.outbox[1] = 1
-
-    def accumulate(self, grad: torch.Tensor, weight: float, scale: float = 1.0,
-                   lr: float = RUN_SCHEDULE) -> None:
-        """Add a gradient with its batch weight; `scale` shrinks its step, not its weight;
-        `lr`, the rate its worker's optimizer steps at now (RUN_SCHEDULE: the run's
-        schedule's)."""
-        self.lr = lr
-        self.pending.add_(grad[:self.stop - self.start], alpha=weight * scale)
-        self.pending_weight += weight
-        self.pending_share += weight * scale
-
-    def apply(self, optimizer, steps_per_epoch: int) -> None:
-        """Apply the pending update (`optimizer`: the run's optimizer settings)."""
-        policy = self.policy
-        before = self.weights.clone() if policy.tracks_change else None
-        if policy.averages:  # the (batch-weighted) mean of the gradients received
-            self.pending.div_(self.pending_weight)
-        if self.update is not self.pending:
-            self.update.copy_(self.pending)
-        if policy.elastic:
-            self.weights.add_(self.update)
-        else:
-            # Small tolerance: weights like 1/3 do not sum to exact integers in floating point.
-            epoch = math.floor(self.progress / steps_per_epoch + 1e-6)
-            self._step(lr_at(optimizer, epoch) if self.lr < 0 else self.lr)
-        if before is not None:
-            policy.on_update(float((self.weights - before).abs().max()))
-        self.pending.zero_()
-        self.progress += self.pending_weight
-        self.pending_weight = self.pending_share = 0.0
-        self.version += 1
-        self.outbox[0], self.outbox[2] = self.version, self.progress
-
-    def _step(self, lr: float) -> None:
-        """Step the optimizer by the update. One whose step is not linear in the gradient
-        (Adam: the gradient's scale cancels out) gets the mean gradient, and its learning
-        rate is scaled by the share of a global batch the update is (an asynchronous push's
-        batch share, a staleness-aware scale), as a linear one's step is by the gradient."""
-        if not self.optimizer.linear and self.pending_weight > 0:
-            share = self.pending_share
-            if self.policy.averages:
-                share /= self.pending_weight
-            if share > 0 and share != 1:
-                self.update.div_(share)
-                lr *= share
-        self.optimizer.step(self.update, lr)
-
-    def take_over(self, weights: torch.Tensor, optimizer: dict | None, steps: int) -> None:
-        """Start from another layout's state (a Strategy-Switch's synchronous phase, or a
-        checkpoint of another number of servers): its weights, its optimizer's flat state
-        for this slice (optim.py; None: a fresh one) and its `steps`, each one update of a
-        global batch, so versions and the learning-rate schedule carry on from there. An
-        elastic centre has no optimizer to fill."""
-        self.weights.copy_(weights)
-        if self.optimizer is not None and optimizer is not None:
-            self.optimizer.load_state_dict(optimizer)
-        self.version, self.progress = steps, float(steps)
-        self.outbox[0], self.outbox[2] = steps, steps
-
-    def state_dict(self) -> dict:
-        """Weights, optimizer state, version, progress, the pending update and the policy:
-        everything the bucket holds."""
-        return {"outbox": self.outbox.clone(), "pending": self.pending.clone(),
-                "pending_weight": self.pending_weight, "pending_share": self.pending_share,
-                "version": self.version,
-                "progress": self.progress, "policy": self.policy.state_dict(),
-                "optimizer": self.optimizer.state_dict() if self.optimizer else None}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.outbox.copy_(state["outbox"])  # the weights are a view into it
-        self.pending.copy_(state["pending"])
-        self.pending_weight, self.version = state["pending_weight"], state["version"]
-        # A checkpoint from before the share was kept held SGD's state, which does not read it.
-        self.pending_share = state.get("pending_share", self.pending_weight)
-        self.progress = state["progress"]
-        self.policy.load_state_dict(state["policy"])
-        if self.optimizer is not None:
-            self.optimizer.load_state_dict(state["optimizer"])
 
 
 class ParameterServerShard:
@@ -175,20 +36,30 @@ class ParameterServerShard:
                  buckets: dict[int, tuple[int, int]], capacity: int, make_policy,
                  steps_per_epoch: int, handover: bool = False,
                  make_updater: MakeUpdater | None = None,
-                 handover_keys: StateKeys | None = None) -> None:
+                 handover_keys: StateKeys | None = None,
+                 shapes: Sequence[Sequence[int]] = ()) -> None:
         """`make_updater(weights, start, stop, concurrency)`: a bucket's optimizer (the
         run's, by default; a script's user optimizer: optim.OptimizerSpec).
         `handover_keys`: the optimizer state a Strategy-Switch's handover carries, the keys
-        of the workers' optimizer (the run's by default; a script's: its spec's)."""
+        of the workers' optimizer (the run's by default; a script's: its spec's). `shapes`:
+        the model's parameters', in flat order (a compressor's matrices follow them);
+        `capacity`: the words of the server's largest push."""
         self.ctx = ctx
         # Strategy-Switch: idle until worker 0 hands over the synchronous phase's state.
         self.handover = handover
         self.handover_keys = handover_keys
         self.switched: bool | None = None
         make_updater = make_updater or partial(run_updater, ctx.config.optimizer)
-        self.buckets = {k: Bucket(initial, a, b, make_policy(), make_updater)
+        config = ctx.config
+
+        def codecs(k: int, a: int, b: int) -> BucketCodecs | None:
+            if not compressing(config.compression):
+                return None
+            return BucketCodecs(config.compression, a, b, shapes, initial[a:b],
+                                config.workers, k, config.seed)
+        self.buckets = {k: Bucket(initial, a, b, make_policy(), make_updater, codecs(k, a, b))
                         for k, (a, b) in buckets.items()}
-        self.capacity = capacity  # elements in the largest bucket: pushes are padded to it
+        self.capacity = capacity  # words in the largest push: every push is padded to it
         self.steps_per_epoch = steps_per_epoch
         # Global batches in the run: policies with fixed rounds end after as many updates,
         # shared epochs once this much gradient is applied.
@@ -224,12 +95,18 @@ class ParameterServerShard:
         weights = torch.cat([b["outbox"][REPLY_HEADER:] for b in buckets])
         optimizers = [b["optimizer"] for b in buckets]
         whole = joined(optimizers) if optimizers[0] is not None else None
+        # Compressed replies: each worker's copy of the model, whole, to re-slice too.
+        kept = [b.get("codecs") for b in buckets]
+        copies = None if kept[0] is None else [torch.cat(c) for c in zip(
+            *(k["copies"] for k in kept), strict=True)]
         for bucket in self.buckets.values():
             a, b = bucket.start, bucket.stop
             bucket.take_over(weights[a:b], None if whole is None else cut(whole, a, b),
                              buckets[0]["version"])
             bucket.progress = buckets[0]["progress"]
             bucket.outbox[2] = bucket.progress
+            if copies is not None and bucket.codecs is not None:
+                bucket.codecs.restart_copies([c[a:b] for c in copies])
 
     def run(self) -> None:
         """Serve until every worker has said it is done for every bucket, or is lost."""
@@ -252,7 +129,11 @@ class ParameterServerShard:
             kind, bucket = int(kind), self.buckets[int(key)]
             served = serve(bucket, self.course, kind, worker, int(clock), int(pulled), weight)
             if served.decision.accumulate:  # before the release: the values are in `inbox`
-                bucket.accumulate(inbox[PUSH_HEADER:], weight, served.decision.scale, lr)
+                values = inbox[PUSH_HEADER:]
+                if bucket.codecs is not None:
+                    with self.ctx.spans("compress"):
+                        values = bucket.codecs.gradient(values)
+                bucket.accumulate(values, weight, served.decision.scale, lr)
                 self.staleness.record(served.staleness)
                 if self.record:
                     self.pushes.append((self.ctx.rank, self.ctx.now(), worker,
@@ -299,9 +180,11 @@ class ParameterServerShard:
             if served.ends:
                 bucket.end()
             self._checkpoint()
-        ranks = [r for r in (self.ctx.topology.worker_ranks[w] for w in served.decision.release)
-                 if r not in self.lost]
-        for work in [self._send(bucket.outbox, r, key) for r in ranks]:
+        ranks = {w: r for w, r in ((w, self.ctx.topology.worker_ranks[w])
+                                   for w in served.decision.release) if r not in self.lost}
+        with self.ctx.spans("compress"):  # encoded replies (none: nothing to time)
+            replies = {w: bucket.reply(w) for w in ranks}
+        for work in [self._send(replies[w], r, key) for w, r in ranks.items()]:
             try:
                 if work is not None:
                     work.wait()

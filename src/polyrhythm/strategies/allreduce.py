@@ -8,30 +8,53 @@ schedules over point-to-point messages (comm/collectives.py): ring, tree, reduce
 
 from __future__ import annotations
 
+from polyrhythm.comm.compressed import CompressedAllReduce
 from polyrhythm.comm.transport import NATIVE, WORKERS
+from polyrhythm.compression.buckets import compressing
 from polyrhythm.optim import lr_at
 from polyrhythm.strategies.base import Strategy
 
 
+def gradient_sum(strategy: Strategy, algorithm: str = NATIVE) -> CompressedAllReduce | None:
+    """A strategy's compressed all-reduce of its flat model's size over the workers, or None
+    where the run compresses nothing."""
+    ctx, flat = strategy.ctx, strategy.flat
+    if not compressing(ctx.config.compression):
+        return None
+    return CompressedAllReduce(ctx.transport, ctx.config.compression, flat.shapes, len(flat),
+                               strategy.batch_weight, ctx.worker_index, ctx.config.seed,
+                               ctx.spans, WORKERS, algorithm)
+
+
 class AllReduceWorker(Strategy):
-    """Sum the batch-weighted gradients of all workers, then step the local optimizer copy."""
+    """Sum the batch-weighted gradients of all workers, then step the local optimizer copy.
+    Under compression the sum travels compressed (comm/compressed.py)."""
 
     def __init__(self, *args, algorithm: str = NATIVE, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.optimizer = self.local_optimizer()
         self.algorithm = algorithm
+        self.compressed = gradient_sum(self, algorithm)
 
     def step(self, epoch: int) -> None:
         with self.ctx.spans("push"):  # weighted: the sum is the global mean
             grad = self.flat.grad().mul_(self.batch_weight)
-        # A collective sends, waits and receives at once: it all counts as waiting for peers.
-        with self.ctx.spans("wait"):
-            self.ctx.transport.all_reduce(grad, WORKERS, self.algorithm)
+        if self.compressed is not None:
+            self.compressed(grad)
+        else:
+            # A collective sends, waits and receives at once: it all counts as waiting.
+            with self.ctx.spans("wait"):
+                self.ctx.transport.all_reduce(grad, WORKERS, self.algorithm)
         with self.ctx.spans("apply"):
             self.optimizer.step(grad, lr_at(self.ctx.config.optimizer, epoch))
 
     def state_dict(self) -> dict:
-        return {"optimizer": self.optimizer.state_dict()}
+        state = {"optimizer": self.optimizer.state_dict()}
+        if self.compressed is not None:
+            state["compressed"] = self.compressed.state_dict()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
+        if self.compressed is not None and "compressed" in state:
+            self.compressed.load_state_dict(state["compressed"])

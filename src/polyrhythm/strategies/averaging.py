@@ -16,8 +16,12 @@ from __future__ import annotations
 import torch
 
 from polyrhythm.comm.transport import WORKERS
+from polyrhythm.compression.buckets import codec, compressing
+from polyrhythm.compression.feedback import ChangeSender, Copy
+from polyrhythm.compression.wire import codec_seed
 from polyrhythm.context import RankContext
 from polyrhythm.optim import lr_at
+from polyrhythm.strategies.allreduce import gradient_sum
 from polyrhythm.strategies.base import Strategy
 from polyrhythm.strategies.cadence import GossipCoin, Periodic
 from polyrhythm.strategies.decentralised import (
@@ -69,28 +73,50 @@ class LocalSGDWorker(DecentralisedWorker):
     With tau = 1 this is exactly all-reduce SGD: the averaged model and the batch-weighted mean
     of the (unaveraged) momentum buffers follow the same linear recursion as all-reduce SGD's
     model and buffer, so the models agree up to rounding.
+
+    Under compression the workers average their changes since the last average, which every
+    worker holds alike (`reference`), compressed (comm/compressed.py): the new model is the
+    reference plus the decoded mean change, the same on every worker.
     """
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.cadence = Periodic(self.settings.tau)
+        self.compressed = gradient_sum(self)
+        self.reference = self.flat.data.clone() if self.compressed else None
 
     def step(self, epoch: int) -> None:
         self.local_step(epoch)
         if self.cadence.step():
+            self._average()
+
+    def _average(self) -> None:
+        if self.compressed is None:
             average_models(self.ctx, self.flat.data, self.batch_weight)
+            return
+        change = (self.flat.data - self.reference).mul_(self.batch_weight)
+        self.compressed(change)
+        self.reference.add_(change)
+        self.flat.data.copy_(self.reference)
 
     def finish(self) -> None:
         """Average the steps taken since the last averaging (none if steps % tau == 0)."""
         if self.cadence.owed:
-            average_models(self.ctx, self.flat.data, self.batch_weight)
+            self._average()
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "cadence": self.cadence.state_dict()}
+        state = {**super().state_dict(), "cadence": self.cadence.state_dict()}
+        if self.compressed is not None:
+            state |= {"compressed": self.compressed.state_dict(),
+                      "reference": self.reference.clone()}
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.cadence.load_state_dict(state["cadence"])
+        if self.compressed is not None and "compressed" in state:
+            self.compressed.load_state_dict(state["compressed"])
+            self.reference.copy_(state["reference"])
 
 
 class RingExchangeWorker(DecentralisedWorker):
@@ -100,6 +126,11 @@ class RingExchangeWorker(DecentralisedWorker):
     and receives theirs; its optimizer steps meanwhile. The new model is the mixture of the
     sent models minus the optimizer's update: (w_i - lr u_i) + (sum_j W_ij w_j - w_i).
     Traffic: |w| float32 values to each distinct neighbour per step, as many received.
+
+    Under compression each worker's model travels as its change since the copy its
+    neighbours hold of it, and the mixture is of those copies (CHOCO-SGD's public copies,
+    Koloskova, Stich and Jaggi, ICML 2019, with a consensus step of 1): one message to both
+    neighbours, what it leaves out sent in later ones.
     """
 
     def __init__(self, *args, **kwargs) -> None:
@@ -108,13 +139,26 @@ class RingExchangeWorker(DecentralisedWorker):
         self.weights = mixing_weights(index, topology.workers)
         self.neighbours = {j: topology.worker_ranks[j]
                            for j in ring_neighbours(index, topology.workers)}
-        self.outbox = torch.empty(len(self.flat))
-        self.inbox = {j: torch.empty(len(self.flat)) for j in self.neighbours}
+        self.sender, self.copies = None, {}
+        settings, n = self.ctx.config.compression, len(self.flat)
+        if compressing(settings):
+            def made(j: int) -> object:
+                return codec(settings, 0, n, self.flat.shapes,
+                             codec_seed(self.ctx.config.seed, RING_TAG, j))
+            self.sender = ChangeSender(made(index), self.flat.data)
+            self.copies = {j: Copy(made(j), self.flat.data) for j in self.neighbours}
+        words = self.sender.codec.words if self.sender else n
+        self.outbox = torch.empty(words)
+        self.inbox = {j: torch.empty(words) for j in self.neighbours}
 
     def step(self, epoch: int) -> None:
         transport, index = self.ctx.transport, self.ctx.worker_index
+        if self.sender is not None:
+            with self.ctx.spans("compress"):
+                self.sender.encode(self.flat.data, self.outbox)
         with self.ctx.spans("wait"):
-            self.outbox.copy_(self.flat.data)
+            if self.sender is None:
+                self.outbox.copy_(self.flat.data)
             receives = [transport.irecv(self.inbox[j], rank, RING_TAG)
                         for j, rank in self.neighbours.items()]
             sends = [transport.isend(self.outbox, rank, RING_TAG)
@@ -123,9 +167,29 @@ class RingExchangeWorker(DecentralisedWorker):
         with self.ctx.spans("wait"):
             for work in receives + sends:
                 work.wait()
+        if self.sender is None:
+            own, theirs = self.outbox, self.inbox
+        else:
+            with self.ctx.spans("compress"):
+                own = self.sender.copy
+                theirs = {j: self.copies[j].apply(self.inbox[j]) for j in self.neighbours}
         with self.ctx.spans("apply"):
-            mixed = mix({index: self.outbox, **self.inbox}, self.weights)
-            self.flat.data.add_(mixed.sub_(self.outbox))
+            mixed = mix({index: own, **theirs}, self.weights)
+            self.flat.data.add_(mixed.sub_(own))
+
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        if self.sender is not None:
+            state |= {"sender": self.sender.state_dict(),
+                      "copies": {j: c.state_dict() for j, c in self.copies.items()}}
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        if self.sender is not None and "sender" in state:
+            self.sender.load_state_dict(state["sender"])
+            for j, copy in self.copies.items():
+                copy.load_state_dict(state["copies"][j])
 
     def finish(self) -> None:
         """Consensus: every worker takes the batch-weighted mean of all models."""
@@ -162,6 +226,9 @@ class GossipWorker(DecentralisedWorker):
     1/N). Nobody waits for anybody while training. `finish()` sends DONE to every peer and
     merges every message still in flight until each peer's DONE is in; then all alphas are on
     the workers and the job takes the alpha-weighted mean of all models.
+
+    Under compression a model travels as its change since the copy of it the peer holds
+    (kept by the sender, per peer), and the peer merges its copy.
     """
 
     def __init__(self, *args, **kwargs) -> None:
@@ -171,7 +238,17 @@ class GossipWorker(DecentralisedWorker):
         self.peers = [r for r in ctx.topology.worker_ranks if r != ctx.rank]
         self.cadence = GossipCoin(self.settings.gossip_p, len(self.peers), ctx.config.seed,
                                   ctx.worker_index)
-        self.outbox = torch.empty(GOSSIP_HEADER + len(self.flat))
+        self.senders: dict[int, ChangeSender] = {}  # by peer rank: what it holds of mine
+        self.copies: dict[int, Copy] = {}  # by peer rank: what I hold of its model
+        settings, n = ctx.config.compression, len(self.flat)
+        if compressing(settings):
+            def made(rank: int) -> object:
+                return codec(settings, 0, n, self.flat.shapes,
+                             codec_seed(ctx.config.seed, GOSSIP_TAG, ctx.rank, rank))
+            self.senders = {r: ChangeSender(made(r), self.flat.data) for r in self.peers}
+            self.copies = {r: Copy(made(r), self.flat.data) for r in self.peers}
+        words = next(iter(self.senders.values())).codec.words if self.senders else n
+        self.outbox = torch.empty(GOSSIP_HEADER + words)
         self.sending = None
         self.inbox = None
         self.done_peers: set[int] = set()
@@ -197,6 +274,9 @@ class GossipWorker(DecentralisedWorker):
         if kind == DONE:  # a faster peer may be done while this worker still trains
             self.done_peers.add(src)
             return
+        if self.copies:
+            with self.ctx.spans("compress"):
+                w = self.copies[src].apply(w)
         merged, self.alpha = gossip_merge(self.flat.data, self.alpha, w, alpha)
         self.flat.data.copy_(merged)
 
@@ -204,7 +284,12 @@ class GossipWorker(DecentralisedWorker):
         if self.sending is not None:  # the peer's receive is always posted: this is short
             self.sending.wait()
         self.alpha, share = gossip_send_share(self.alpha)
-        encode_gossip(self.outbox, MODEL, share, self.flat.data)
+        if self.senders:
+            encode_gossip(self.outbox, MODEL, share)
+            with self.ctx.spans("compress"):
+                self.senders[rank].encode(self.flat.data, self.outbox[GOSSIP_HEADER:])
+        else:
+            encode_gossip(self.outbox, MODEL, share, self.flat.data)
         self.sending = self.ctx.transport.isend(self.outbox, rank, GOSSIP_TAG)
 
     def finish(self) -> None:
@@ -229,9 +314,15 @@ class GossipWorker(DecentralisedWorker):
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "alpha": self.alpha,
-                "cadence": self.cadence.state_dict()}
+                "cadence": self.cadence.state_dict(),
+                "senders": {r: s.state_dict() for r, s in self.senders.items()},
+                "copies": {r: c.state_dict() for r, c in self.copies.items()}}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.alpha = state["alpha"]
         self.cadence.load_state_dict(state["cadence"])
+        for rank, sender in self.senders.items():
+            sender.load_state_dict(state["senders"][rank])
+        for rank, copy in self.copies.items():
+            copy.load_state_dict(state["copies"][rank])

@@ -24,7 +24,7 @@ class ElasticAveragingWorker(Strategy):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.link = ServerLink(self.ctx, len(self.flat), weight=1.0)  # d is added as it is
+        self.link = ServerLink(self.ctx, self.flat, weight=1.0)  # d is added as it is
         self.optimizer = self.local_optimizer()
         self.centre = torch.empty(len(self.flat))
         self.alpha = self.settings.alpha

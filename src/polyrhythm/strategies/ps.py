@@ -15,7 +15,10 @@ from functools import partial
 import torch
 
 from polyrhythm.comm.messages import PUSH_HEADER, REPLY_HEADER, RUN_SCHEDULE
+from polyrhythm.compression.buckets import WorkerCodecs, compressing
+from polyrhythm.compression.wire import bucket_words
 from polyrhythm.context import RankContext
+from polyrhythm.flat import FlatParameters
 from polyrhythm.layout import BucketLayout
 from polyrhythm.optim import lr_at
 from polyrhythm.strategies.base import Strategy
@@ -25,15 +28,25 @@ from polyrhythm.strategies.serving import DONE, FETCH, GRADIENT, PUSH
 
 class ServerLink:
     """A worker's side of the PS protocol (comm/messages.py): one outbox and one inbox per
-    bucket, and the server version each bucket was last pulled at."""
+    bucket, and the server version each bucket was last pulled at. Under compression
+    (compression/buckets.py) a push carries its bucket's encoded values, and, with compressed
+    replies, a reply the change of the bucket since the worker's copy of it."""
 
-    def __init__(self, ctx: RankContext, numel: int, weight: float) -> None:
+    def __init__(self, ctx: RankContext, flat: FlatParameters, weight: float) -> None:
         self.ctx, self.weight = ctx, weight
-        layout = BucketLayout(numel, ctx.topology.servers, ctx.config.bucket_kb)
+        config = ctx.config
+        layout = BucketLayout(len(flat), ctx.topology.servers, config.bucket_kb)
         self.buckets = layout.buckets  # (server, start, stop) by bucket id
-        capacity = [layout.capacity(s) for s in range(ctx.topology.servers)]
+        self.codecs = None
+        if compressing(config.compression):
+            self.codecs = WorkerCodecs(config.compression, self.buckets, flat.shapes,
+                                       flat.data, ctx.worker_index, config.seed)
+        pushes = bucket_words(config.compression, self.buckets, flat.shapes)
+        replies = bucket_words(config.compression, self.buckets, flat.shapes, replies=True)
+        capacity = {s: max(w for (t, _, _), w in zip(self.buckets, pushes, strict=True)
+                           if t == s) for s, _, _ in self.buckets}  # pushes are padded to it
         self.outbox = [torch.zeros(PUSH_HEADER + capacity[s]) for s, _, _ in self.buckets]
-        self.inbox = [torch.empty(REPLY_HEADER + b - a) for _, a, b in self.buckets]
+        self.inbox = [torch.empty(REPLY_HEADER + words) for words in replies]
         self.pulled = [0] * len(self.buckets)
         self.over = False  # a server ended training (its reply said so)
         self.progress = 0.0  # global batches applied, as the last replies said (the least)
@@ -54,7 +67,11 @@ class ServerLink:
         server, a, b = self.buckets[k]
         box = self.outbox[k]
         box[:PUSH_HEADER] = torch.tensor([kind, clock, self.pulled[k], self.weight, k, self.lr])
-        if kind & GRADIENT:
+        if kind & GRADIENT and self.codecs is not None:
+            encoder = self.codecs.pushes[k]
+            with self.ctx.spans("compress"):
+                encoder.encode(values[a:b], box[PUSH_HEADER:PUSH_HEADER + encoder.words])
+        elif kind & GRADIENT:
             box[PUSH_HEADER:PUSH_HEADER + b - a] = values[a:b]
         self.sends[k] = self.ctx.transport.isend(box, self.ctx.topology.server_ranks[server])
         if self.first_sent is None:
@@ -79,14 +96,20 @@ class ServerLink:
             for k, (_, a, b) in enumerate(self.buckets):
                 self.pulled[k] = int(self.inbox[k][0])
                 self.over |= bool(self.inbox[k][1])
-                into[a:b] = self.inbox[k][REPLY_HEADER:]
+                if self.codecs is not None and self.codecs.replies is not None:
+                    with self.ctx.spans("compress"):
+                        into[a:b] = self.codecs.replies[k].apply(self.inbox[k][REPLY_HEADER:])
+                else:
+                    into[a:b] = self.inbox[k][REPLY_HEADER:]
             self.progress = min(float(box[2]) for box in self.inbox)
 
-    def start_at(self, version: int) -> None:
-        """The servers start at `version`, a global batch each (they took over a synchronous
-        phase's state)."""
+    def start_at(self, version: int, values: torch.Tensor) -> None:
+        """The servers start at `version`, a global batch each, from the parameters `values`
+        (they took over a synchronous phase's state)."""
         self.pulled = [version] * len(self.buckets)
         self.progress = float(version)
+        if self.codecs is not None:
+            self.codecs.restart(values)
 
     def leave(self) -> None:
         """Tell every server this worker is done."""
@@ -95,14 +118,17 @@ class ServerLink:
 
     def state_dict(self) -> dict:
         """The server version each bucket was last pulled at, whether training is over and
-        the progress last heard of."""
-        return {"pulled": list(self.pulled), "over": self.over, "progress": self.progress}
+        the progress last heard of; the codecs' residuals and copies."""
+        return {"pulled": list(self.pulled), "over": self.over, "progress": self.progress,
+                "codecs": self.codecs.state_dict() if self.codecs else None}
 
     def load_state_dict(self, state: dict) -> None:
         self.pulled, self.over = list(state["pulled"]), state["over"]
         if len(self.pulled) != len(self.buckets):  # resumed with another server layout
             self.pulled = [max(self.pulled)] * len(self.buckets)
         self.progress = state["progress"]
+        if self.codecs is not None and state.get("codecs") is not None:
+            self.codecs.load_state_dict(state["codecs"])
 
 
 class ParameterServerWorker(Strategy):
@@ -118,7 +144,7 @@ class ParameterServerWorker(Strategy):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         flat, s = self.flat, self.settings
-        self.link = ServerLink(self.ctx, len(flat), self.batch_weight)
+        self.link = ServerLink(self.ctx, flat, self.batch_weight)
         self.cadence = PushFetch(s.get("push_every", 1), s.get("fetch_every", 1))
         self.grad = torch.zeros(len(flat))  # gradients since the last push
         # Which buckets each parameter feeds, and how many parameters each bucket waits for.

@@ -112,7 +112,7 @@ class SwitchWorker(Strategy):
 
     def _switch(self, epochs_done: int) -> None:
         self._hand_over(switched=True)
-        self.second.link.start_at(self.steps)
+        self.second.link.start_at(self.steps, self.flat.data)
         self.second.start()
         self.current, self.switch_epoch = self.second, epochs_done
         self.switched_at = self.ctx.now()
