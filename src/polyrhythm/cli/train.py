@@ -72,6 +72,8 @@ def format_summary(s: dict) -> str:
         lines.append("  " + lost_line(lost))
     if "switch_rule" in s:
         lines.append("  " + switch_line(s))
+    if compression := s.get("compression"):
+        lines.append("  " + compression_line(compression))
     if cluster := s.get("cluster"):
         lines.append("  " + cluster_line(cluster))
     lines.append(f"  stored in {s['run_dir']}")
@@ -91,6 +93,15 @@ def cluster_line(cluster: dict) -> str:
         return line + (f"the emulator was the bottleneck on host {', '.join(bound)} (starved "
                        "of CPU its share promised): do not trust its timings")
     return line + "the emulator kept up"
+
+
+def compression_line(c: dict) -> str:
+    """What a run compressed with, its share of the dense bytes, and its encoding time."""
+    feedback = "with error feedback" if c["error_feedback"] else "without error feedback"
+    replies = ", replies too" if c["compress_replies"] else ""
+    return (f"compressed by {c['compressor']} {feedback}{replies}: {c['ratio']:.2%} of the "
+            f"dense bytes a message; {c['compress_s']:.2f} s encoding and decoding on the "
+            f"workers, {c['server_compress_s']:.2f} s on the servers")
 
 
 def lost_line(lost: dict) -> str:

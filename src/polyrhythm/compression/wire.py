@@ -153,6 +153,13 @@ def bucket_words(settings: Mapping[str, Any], buckets: Sequence[tuple[int, int, 
     return [payload_words(name, settings, extent_of(a, b, shapes)) for _, a, b in buckets]
 
 
+def wire_ratio(settings: Mapping[str, Any], shapes: Sequence[Sequence[int]]) -> float:
+    """A compressor's message of a whole model of parameters of `shapes` over the dense one:
+    the share of the bytes it sends."""
+    extent = extent_of(0, sum(math.prod(s) for s in shapes), shapes)
+    return payload_words(settings["name"], settings, extent) / max(1, extent.numel)
+
+
 def codec_seed(seed: int, *where: int) -> int:
     """The seed of one codec's draws: the run's seed and where the codec sits (a role, a
     worker, a bucket), mixed into 31 bits, the same on every machine."""

@@ -324,7 +324,7 @@ class WorkerEngine:
                   "steps": self._taken, "batch_size": self.batch_size,
                   "spans": dict(ctx.spans.totals),
                   "traffic": ctx.transport.counters.snapshot(), "iterations": self.iterations,
-                  "strategy": self.strategy.summary()}
+                  "strategy": self.strategy.summary(), "shapes": self.flat.shapes}
         if me != first:
             return report
         if self.scripted:

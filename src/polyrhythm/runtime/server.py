@@ -258,6 +258,7 @@ class ParameterServerShard:
             # SGD's momentum as corrected for asynchrony; None for other optimizers.
             "momentum": getattr(buckets[0].optimizer, "momentum", None),
             "update_s": self.ctx.spans.totals["update"],
+            "compress_s": self.ctx.spans.totals["compress"],
             "staleness_histogram": dict(self.staleness.histogram),
             "traffic": self.ctx.transport.counters.snapshot(),
             "pushes": self.pushes,

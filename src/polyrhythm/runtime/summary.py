@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
+from polyrhythm.compression import COMPRESSORS
+from polyrhythm.compression.wire import wire_ratio
 from polyrhythm.data.source import Dataset
 from polyrhythm.flat import FlatParameters, RunningStatistics
 from polyrhythm.losses import LOSSES
@@ -72,6 +74,7 @@ def combine(config, reports: list[dict], state_dict: dict[str, torch.Tensor],
         **_strategy_figures(workers),
         "on_worker_failure": config.on_worker_failure,
         "lost_workers": _lost_workers(servers),
+        "compression": _compression(config, workers, servers),
     }
     series = {"iterations": [row for w in workers for row in w["iterations"]],
               "pushes": [row for s in servers for row in s["pushes"]],
@@ -129,6 +132,22 @@ def _worker_times(worker: dict) -> dict:
             **{f"{name}_s": spans.get(name, 0.0) for name in SPAN_NAMES},
             # Share of training time blocked on servers or peers for parameters.
             "idleness": spans.get("wait", 0.0) / train_s if train_s > 0 else 0.0}
+
+
+def _compression(config, workers: list[dict], servers: list[dict]) -> dict | None:
+    """What the run compressed with: the compressor and its settings, whether its error
+    feedback was on, the share of the bytes its whole-model message sends (`ratio`), and the
+    seconds every rank spent encoding and decoding (workers', servers')."""
+    settings = config.compression
+    spec = COMPRESSORS[settings.name]
+    if not spec.compresses:
+        return None
+    return {"compressor": settings.name, **{p.name: settings[p.name] for p in spec.params},
+            "error_feedback": spec.error_feedback(settings),
+            "compress_replies": settings.compress_replies,
+            "ratio": wire_ratio(settings, workers[0]["shapes"]),
+            "compress_s": sum(w["spans"].get("compress", 0.0) for w in workers),
+            "server_compress_s": sum(s.get("compress_s", 0.0) for s in servers)}
 
 
 def _lost_workers(servers: list[dict]) -> list[dict]:
