@@ -61,6 +61,9 @@ def combine(config, reports: list[dict], state_dict: dict[str, torch.Tensor],
         "final_val_accuracy": final.get("val_accuracy", math.nan if accuracy else None),
         "final_val_loss": final.get("val_loss", math.nan),
         "parameters": parameters,
+        # The trained parameters' shapes in flat order: what a compressor's matrices are cut
+        # by, which the simulator sizes PowerSGD's messages with.
+        "parameter_shapes": [list(shape) for shape in workers[0]["shapes"]],
         "samples_per_s": sum(_throughput(w["epochs"]) for w in workers),  # cluster total
         "warmup_steps": config.warmup_steps,
         "wall_s": wall_s,
