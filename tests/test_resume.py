@@ -43,6 +43,9 @@ def _started(out: Path, fields: dict, epochs_done: int) -> tuple[subprocess.Pope
     args = [sys.executable, "-m", "polyrhythm.cli", "train", "--out", str(out)]
     for key, value in fields.items():
         flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):  # a switch: --flag or --no-flag
+            args.append(flag if value else "--no-" + flag[2:])
+            continue
         args += [flag, ",".join(map(str, value))] if isinstance(value, list) else [
             flag, str(value)]
     launcher = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -83,6 +86,9 @@ def _checkpoint_folders(run_dir: Path) -> list[str]:
     ("bsp", {"optimizer": "adamw", "lr": 0.003}),  # the servers' AdamW state and step count
     ("switch", {"at": 0.25, "to": "bsp"}),  # resumed after the switch
     ("switch", {"at": 0.5, "to": "bsp"}),  # from the checkpoint of the switch's epoch
+    # the workers' residuals and reply copies, the servers' copies of each worker
+    ("bsp", {"compress": "topk", "ratio": 0.05, "compress_replies": True}),
+    ("allreduce", {"compress": "powersgd", "rank": 2}),  # residuals and warm-start Qs
 ])
 def test_a_killed_run_resumed_ends_where_an_uninterrupted_one_ends(tmp_path, strategy, extra):
     fields = {"strategy": strategy, "workers": 2, "epochs": EPOCHS, "dataset": "digits",

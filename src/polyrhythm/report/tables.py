@@ -99,9 +99,8 @@ def breakdown_table(groups: list[Group]) -> Table:
                  "milliseconds per iteration in each phase (each worker's warm-up steps left "
                  "out, as in samples/s), idleness (wait / iteration time, over workers), "
                  "weight updates and the mean staleness of applied gradients.",
-                 ("group", "compute (ms)", "push (ms)", "wait (ms)", "pull (ms)", "apply (ms)",
-                  "other (ms)", "total (ms)", "idleness (%)", "weight updates",
-                  "staleness mean"), rows)
+                 ("group", *(f"{p} (ms)" for p in (*SPAN_NAMES, "other")), "total (ms)",
+                  "idleness (%)", "weight updates", "staleness mean"), rows)
 
 
 def cluster_table(runs: list[Run]) -> Table | None:

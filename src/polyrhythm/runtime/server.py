@@ -179,7 +179,6 @@ class ParameterServerShard:
                 self.updates.append((self.ctx.rank, began, self.ctx.now() - began))
             if served.ends:
                 bucket.end()
-            self._checkpoint()
         ranks = {w: r for w, r in ((w, self.ctx.topology.worker_ranks[w])
                                    for w in served.decision.release) if r not in self.lost}
         with self.ctx.spans("compress"):  # encoded replies (none: nothing to time)
@@ -191,6 +190,10 @@ class ParameterServerShard:
             except PeerLost:  # the worker died: its receive fails too, and says so
                 if not self.continues:
                     raise
+        if served.update:
+            # After the replies: under compressed replies a worker's copy held by this
+            # server must be what the worker holds when it checkpoints the same epoch.
+            self._checkpoint()
 
     def _send(self, outbox: torch.Tensor, rank: int, key: int):
         """Start a reply; None if the worker's connection is already broken (continue)."""
