@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from polyrhythm.compression import COMPRESSORS
 from polyrhythm.config import COMPONENTS, flat_keys, load_config
 from polyrhythm.data import DATASETS
 from polyrhythm.launch.torchrun import host_of_this_rank
@@ -49,6 +50,14 @@ def test_readme_documents_every_strategy_with_its_source():
                     if line.strip().startswith(f"| `{spec.name}` |")), None)
         assert row is not None, spec.name
         assert row.endswith(f"| {spec.source} |"), (spec.name, spec.source)
+
+
+def test_readme_documents_every_compressor_with_its_source():
+    for spec in COMPRESSORS.values():
+        row = next((line.strip() for line in README.splitlines()
+                    if line.strip().startswith(f"| `{spec.name}` |")), None)
+        assert row is not None, spec.name
+        assert row.endswith(f"| {spec.source} |" if spec.source else "| |"), spec.name
 
 
 def test_readme_documents_every_data_set_and_model():
