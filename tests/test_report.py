@@ -15,40 +15,53 @@ import pytest
 from browser import Chromium, chromium_path, why_no_chromium
 from polyrhythm.config import make_config
 from polyrhythm.errors import PolyrhythmError, StoreError
+from polyrhythm.metrics.recorder import SPAN_NAMES
 from polyrhythm.metrics.store import RunStore
 from polyrhythm.report import FIGURE_NAMES, write_report
 from polyrhythm.report.data import group_runs, load_runs
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-TABLE_IDS = ("runs-table", "groups-table", "breakdown-table", "sharding-table")
+TABLE_IDS = ("runs-table", "groups-table", "breakdown-table", "compression-table",
+             "sharding-table")
+# The figures of every report (the fabricated one below has data for them all, and is the
+# only one with a compressed run, whose figure the others leave out).
+ALWAYS = tuple(name for name in FIGURE_NAMES if name != "bytes_vs_accuracy")
 STEPS_PER_EPOCH = 40
 EPOCHS = 3
-# Seconds per step in each phase by strategy: (compute, push, wait, pull, apply).
-PHASE_S = {"bsp": (0.040, 0.004, 0.012, 0.004, 0.0), "asp": (0.040, 0.004, 0.001, 0.004, 0.0),
-           "allreduce": (0.040, 0.0, 0.006, 0.0, 0.002)}
+# Seconds per step in each phase by strategy: (compute, push, wait, pull, apply, compress).
+PHASE_S = {"bsp": (0.040, 0.004, 0.012, 0.004, 0.0, 0.0),
+           "asp": (0.040, 0.004, 0.001, 0.004, 0.0, 0.0),
+           "allreduce": (0.040, 0.0, 0.006, 0.0, 0.002, 0.0)}
+COMPRESS_S = 0.003  # and the compress span of a run that compressed
 RSS_MIB = {"bsp": 180, "asp": 200, "allreduce": 160}
+DENSE_BYTES = 400_000  # a whole-model message, uncompressed
+SHARE = {"topk": 0.02, "fp16": 0.5}  # of it, compressed (top-k: an index and a value each)
 
 
 def fabricate_run(store: RunStore, tmp_path, strategy: str, seed: int, workers: int = 4,
                   index: int = 0, series: bool = True, **fields) -> str:
-    """Store one completed run with plausible summary, epochs and event series."""
+    """Store one completed run with plausible summary, epochs and event series; `compress`
+    among the fields (a key of SHARE) makes it a compressed one."""
     config = make_config({"strategy": strategy, "workers": workers, "epochs": EPOCHS,
                           "seed": seed, "out": str(tmp_path / "runs"), **fields})
     run_id = f"20260101-0000{index:02d}-{strategy}-{seed:06x}"
     store.add_run(run_id, f"2026-01-01T00:00:{index:02d}+00:00", config.columns(), config.to_toml())
     rng = np.random.default_rng(seed + 100 * index)
-    phases = np.array(PHASE_S[strategy]) * (1 + 0.1 * rng.standard_normal(5)).clip(0.5)
+    compressor = fields.get("compress", "none")
+    share = SHARE.get(compressor, 1.0)
+    phases = np.array([*PHASE_S[strategy][:-1], COMPRESS_S if share < 1 else 0.0])
+    phases *= (1 + 0.1 * rng.standard_normal(len(phases))).clip(0.5)
     step_s = phases.sum() + 0.001
     iterations, t = [], np.zeros(workers)
     for step in range(STEPS_PER_EPOCH * EPOCHS):
         for w in range(workers):
-            spans = phases * rng.uniform(0.7, 1.3, 5)
+            spans = phases * rng.uniform(0.7, 1.3, len(phases))
             total = spans.sum() + 0.001
             iterations.append((w, step, step // STEPS_PER_EPOCH, float(t[w]), *spans, total))
             t[w] += total
     wall = float(t.max()) + 0.5
     servers = config.servers
-    pushes = [(0, float(it[3] + it[9]), it[0], int(rng.poisson(0 if strategy == "bsp" else 2)),
+    pushes = [(0, float(it[3] + it[-1]), it[0], int(rng.poisson(0 if strategy == "bsp" else 2)),
                int(rng.integers(0, workers))) for it in iterations] if servers else []
     updates = [(0, p[1], float(rng.uniform(0.001, 0.003))) for p in pushes]
     if strategy == "bsp":
@@ -77,11 +90,13 @@ def fabricate_run(store: RunStore, tmp_path, strategy: str, seed: int, workers: 
         "per_worker": [{"worker": w, "steps": STEPS_PER_EPOCH * EPOCHS, "train_s": float(t[w]),
                         "samples_per_s": 16 / step_s, "idleness": phases[2] / step_s,
                         **{f"{p}_s": sum(it[4 + i] for it in iterations if it[0] == w)
-                           for i, p in enumerate(("compute", "push", "wait", "pull", "apply"))}}
+                           for i, p in enumerate(SPAN_NAMES)}}
                        for w in range(workers)],
-        "traffic_per_rank": [{"rank": r, "bytes_sent": 1000, "bytes_received": 1000,
-                              "messages_sent": 10, "messages_received": 10,
-                              "native_collective_bytes": 0} for r in range(servers + workers)],
+        "traffic_per_rank": traffic(rng, servers, workers, share),
+        "compression": None if share == 1 else {
+            "compressor": compressor, "ratio": share, "error_feedback": compressor == "topk",
+            "compress_replies": False, "compress_s": sum(it[9] for it in iterations),
+            "server_compress_s": 0.0},
         "data": {"sharding": "random", "train_examples": 400 * workers, "val_examples": 100,
                  "split_s": 0.01, "shards": [
                      {"worker": w, "examples": 400, "copies": 0,
@@ -92,6 +107,21 @@ def fabricate_run(store: RunStore, tmp_path, strategy: str, seed: int, workers: 
         "iterations": iterations, "pushes": pushes, "updates": updates,
         "resources": resources} if series else None)
     return run_id
+
+
+def traffic(rng, servers: int, workers: int, share: float) -> list[dict]:
+    """Each rank's bytes: a push per step and a reply to each (servers), or an all-reduce's
+    payload handed to Gloo (without), of SHARE of the dense bytes; a little more or less per
+    rank, and a few object gathers' bytes besides."""
+    steps = STEPS_PER_EPOCH * EPOCHS
+    message = DENSE_BYTES * share * rng.uniform(0.95, 1.05, servers + workers)
+    ranks = []
+    for r in range(servers + workers):
+        sent = message[r] * steps * (workers if r < servers else 1) if servers else 0
+        ranks.append({"rank": r, "bytes_sent": int(sent) + 3000, "bytes_received": 1000,
+                      "messages_sent": steps, "messages_received": steps,
+                      "native_collective_bytes": 0 if servers else int(message[r] * steps)})
+    return ranks
 
 
 def fail_run(store: RunStore, tmp_path, index: int) -> str:
@@ -105,11 +135,14 @@ def fail_run(store: RunStore, tmp_path, index: int) -> str:
 
 @pytest.fixture(scope="module")
 def fabricated(tmp_path_factory):
-    """bsp, asp (one server each) and allreduce (none), twice each, and one failed run."""
+    """bsp, asp (one server each) and allreduce (none), twice each, allreduce with top-k
+    twice, and one failed run."""
     tmp_path = tmp_path_factory.mktemp("store")
     store = RunStore(tmp_path / "polyrhythm.db")
     ids = [fabricate_run(store, tmp_path, strategy, seed, index=i * 2 + seed)
            for i, strategy in enumerate(("bsp", "asp", "allreduce")) for seed in (0, 1)]
+    ids += [fabricate_run(store, tmp_path, "allreduce", seed, index=6 + seed, compress="topk",
+                          ratio=0.01) for seed in (0, 1)]
     ids.append(fail_run(store, tmp_path, index=len(ids)))
     return store.path, ids
 
@@ -161,8 +194,8 @@ def test_groups_are_strategies_and_repeats_share_them(fabricated):
     store_path, ids = fabricated
     runs = load_runs(store_path, ids)
     groups = group_runs(runs)
-    assert [(g.label, len(g.runs)) for g in groups] == [("bsp", 2), ("asp", 2),
-                                                         ("allreduce", 2)]
+    assert [(g.label, len(g.runs)) for g in groups] == [
+        ("bsp", 2), ("asp", 2), ("allreduce", 2), ("allreduce compress=topk ratio=0.01", 2)]
     assert runs[-1].label == "asp" and not runs[-1].completed  # labelled, in no group
 
 
@@ -229,7 +262,7 @@ def test_runs_without_series_or_servers_say_no_data(tmp_path):
            for seed in (0, 1)]
     path = write_report(store.path, ids, tmp_path / "report", "Old runs")
     html = path.read_text(encoding="utf-8")
-    for name in FIGURE_NAMES:
+    for name in ALWAYS:
         assert f'id="{name}"' in html
     for name in ("staleness_histogram", "staleness_over_time", "push_pull_latency",
                  "cpu_over_time", "memory_over_time", "network_over_time"):
@@ -253,7 +286,7 @@ def test_a_run_with_only_headline_figures_still_gets_a_report(tmp_path):
     html = path.read_text(encoding="utf-8")
     drawn = {p.stem for p in path.parent.glob("*.png")}
     assert drawn == {"throughput_vs_workers", "speedup_vs_workers", "efficiency_vs_workers"}
-    assert html.count('class="nodata"') == len(FIGURE_NAMES) - len(drawn)
+    assert html.count('class="nodata"') == len(ALWAYS) - len(drawn)
 
 
 def test_worker_counts_that_differ_label_the_groups_and_scale(tmp_path):

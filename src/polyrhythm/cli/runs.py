@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from polyrhythm.metrics.records import STORE_NAME
+from polyrhythm.metrics.records import STORE_NAME, compression_label, compression_section
 from polyrhythm.metrics.store import LAUNCHER_GONE, RunStore
 
 
@@ -21,6 +21,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         for r in rows:
             fields = {k: v for k, v in r.items() if k not in ("config", "summary")}
+            fields["compress"] = compressor(r)
             if fields.get("launcher"):
                 fields["launcher"] = json.loads(fields["launcher"])
             print(json.dumps(fields))
@@ -31,14 +32,21 @@ def run(args: argparse.Namespace) -> int:
     statuses = [status(r) for r in rows]
     width = max(10, *map(len, statuses))
     print(f"{'run id':<36} {'status':<{width}} {'strategy':<16} {'N':>3} {'S':>3} {'ep':>3} "
-          f"{'val acc':>8} {'samples/s':>10} {'wall s':>8}")
+          f"{'val acc':>8} {'samples/s':>10} {'wall s':>8}  compress")
     for r, shown in zip(rows, statuses, strict=True):
         acc = f"{r['final_val_accuracy']:.4f}" if r["final_val_accuracy"] is not None else "-"
         sps = f"{r['samples_per_s']:.0f}" if r["samples_per_s"] is not None else "-"
         wall = f"{r['wall_s']:.1f}" if r["wall_s"] is not None else "-"
         print(f"{r['run_id']:<36} {shown:<{width}} {r['strategy']:<16} {r['workers']:>3} "
-              f"{r['servers']:>3} {r['epochs']:>3} {acc:>8} {sps:>10} {wall:>8}")
+              f"{r['servers']:>3} {r['epochs']:>3} {acc:>8} {sps:>10} {wall:>8}  "
+              f"{compressor(r)}")
     return 0
+
+
+def compressor(row: dict) -> str:
+    """What a run compressed its messages with ("none", "topk ratio=0.01"): its config's
+    [compression] section."""
+    return compression_label(compression_section(row["config"]))
 
 
 def status(row: dict) -> str:

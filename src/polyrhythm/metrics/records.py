@@ -180,6 +180,34 @@ def config_fields(config_toml: str) -> dict[str, Any]:
     return flatten(tomllib.loads(config_toml))
 
 
+def compression_section(config_toml: str | None) -> dict[str, Any]:
+    """A stored config's [compression] section: the compressor's name and the settings it
+    was given. {} where nothing was compressed (such a config, and any written before
+    compressors existed, has no section) or the text is not TOML."""
+    try:
+        section = tomllib.loads(config_toml or "").get("compression")
+    except tomllib.TOMLDecodeError:
+        return {}
+    if not isinstance(section, dict) or section.get("name", "none") == "none":
+        return {}
+    return section
+
+
+def compression_label(section: dict[str, Any]) -> str:
+    """What a run compressed with, in a few words: "none", or the compressor's name and the
+    settings its section holds ("topk ratio=0.01", "powersgd rank=4 warm_start=true")."""
+    if not section:
+        return "none"
+
+    def text(value: Any) -> str:
+        if isinstance(value, bool):
+            return str(value).lower()
+        return f"{value:g}" if isinstance(value, float) else str(value)
+
+    return " ".join([str(section["name"]),
+                     *(f"{k}={text(v)}" for k, v in section.items() if k != "name")])
+
+
 def completed_run(out: str | Path, run_id: str, asker: str) -> tuple[RunStore, dict]:
     """The store under `out` and its row of completed run `run_id`; a one-line StoreError
     (starting with `asker`, the setting or flag that named it) if it is not there."""

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import matplotlib
 
-from polyrhythm.report import resources, shards, system, training
+from polyrhythm.report import compression, resources, shards, system, training
 from polyrhythm.report.data import Group
 from polyrhythm.report.plot import STYLE, NoData, png, title
 
@@ -17,12 +17,19 @@ _BARS = ("Thick error bars: ±1 standard deviation over repeats; thin capped bar
          "(only where a group has repeats).")
 
 
+def _always(groups: list[Group]) -> bool:
+    return True
+
+
 @dataclass(frozen=True)
 class FigureSpec:
     name: str
     title: str
     caption: str
     draw: Callable[[list[Group]], object]
+    # Whether a report on these groups has the figure at all (else it is left out, where a
+    # figure without data says so).
+    shown: Callable[[list[Group]], bool] = _always
 
 
 FIGURES = (
@@ -50,9 +57,10 @@ FIGURES = (
                training.efficiency_vs_workers),
     FigureSpec("time_breakdown", "Time per iteration by phase",
                "Mean milliseconds per training iteration spent in compute, push, wait, pull, "
-               "apply and the rest ('other': data loading, bookkeeping), each worker's "
-               "warm-up steps left out. Error bars are on the total. " + _BARS,
-               system.time_breakdown),
+               "apply, compress (encoding and decoding compressed messages) and the rest "
+               "('other': data loading, bookkeeping), each worker's warm-up steps left out; "
+               "phases no group spent time in are left out. Error bars are on the total. "
+               + _BARS, system.time_breakdown),
     FigureSpec("idleness", "Worker idleness",
                "Share of each worker's iteration time spent waiting (for a barrier, a quorum "
                "or a server); dots are single workers of single runs. " + _BARS,
@@ -81,6 +89,16 @@ FIGURES = (
                "Bytes each process sent and received per second (from its cumulative "
                "counters), averaged over the processes of a role. " + _BANDS,
                resources.network_over_time),
+    FigureSpec("bytes_vs_accuracy", "Bytes per step against validation accuracy",
+               "Final validation accuracy against the bytes sent per worker step, one point "
+               "per group: a strategy and what it compressed its messages with (and any "
+               "other field that varies). Bytes per step: the bytes every rank sent, point "
+               "to point plus the payload it handed to Gloo's own collectives (not Gloo's "
+               "wire traffic, which depends on its algorithm), summed over the ranks and "
+               "divided by the steps of all workers together; log scale. Marker: the "
+               "compressor; colour: the strategy where there are several. Only in reports "
+               "with a compressed run; error bars on both axes. " + _BARS,
+               compression.bytes_vs_accuracy, shown=compression.compressed),
     FigureSpec("shards", "How the training set was split across workers",
                "Examples of each class on each worker (one group of bars per worker; "
                "'+k copies': examples every worker holds, distribution-aware sharding's "
@@ -101,10 +119,13 @@ class Rendered:
 
 
 def render(groups: list[Group]) -> list[Rendered]:
-    """Every figure as PNG bytes, or the reason it has no data."""
+    """Every figure the groups call for (FigureSpec.shown) as PNG bytes, or the reason it
+    has no data."""
     rendered = []
     with matplotlib.rc_context(STYLE):
         for spec in FIGURES:
+            if not spec.shown(groups):
+                continue
             try:
                 fig = spec.draw(groups)
             except NoData as exc:

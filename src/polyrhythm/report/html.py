@@ -30,7 +30,8 @@ figure img { max-width: 100%; height: auto; border: 1px solid #eee; }
 .nodata { color: #777; font-style: italic; padding: 1em; background: #f7f7f7; }
 """
 
-_TEXT_COLUMNS = {"run id", "status", "group", "strategy", "error"}
+_TEXT_COLUMNS = {"run id", "status", "group", "strategy", "error", "compressor",
+                 "error feedback"}
 
 
 def _table(table: Table) -> str:

@@ -82,6 +82,18 @@ def weight_updates(run: Run) -> float | None:
     return float(Counter(servers.tolist()).most_common(1)[0][1]) if len(servers) else None
 
 
+def bytes_per_step(run: Run) -> float | None:
+    """Bytes every rank sent (point to point, and the payload it handed to Gloo's own
+    collectives), summed over the ranks, per worker step (the workers' steps summed)."""
+    traffic = run.summary.get("traffic_per_rank") or []
+    steps = sum(_number(w.get("steps")) or 0.0 for w in run.summary.get("per_worker") or [])
+    if not traffic or not steps:
+        return None
+    return sum((_number(rank.get("bytes_sent")) or 0.0)
+               + (_number(rank.get("native_collective_bytes")) or 0.0)
+               for rank in traffic) / steps
+
+
 def staleness_counts(run: Run) -> dict[int, int]:
     """{staleness: applied gradients} from the servers' pushes, else the summary."""
     pushes = run.column("pushes", "staleness")

@@ -103,17 +103,19 @@ def points(ax, x: list[float], values: list[Stats], color: str, marker: str, lab
     spread(ax, x, values, color)
 
 
-def spread(ax, x, values: list[Stats], color: str = "0.15") -> None:
-    """Thick ±1 std and thin capped min-max bars where repeats differ."""
+def spread(ax, x, values: list[Stats], color: str = "0.15", across: bool = False) -> None:
+    """Thick ±1 std and thin capped min-max bars where repeats differ: vertical bars at
+    positions x, or (across) horizontal ones at heights x."""
     repeated = [(xi, s) for xi, s in zip(x, values, strict=True) if s.n > 1 and s.max > s.min]
     if not repeated:
         return
     xs = [xi for xi, _ in repeated]
     mean = np.array([s.mean for _, s in repeated])
-    ax.errorbar(xs, mean, yerr=[mean - [s.min for _, s in repeated],
-                                [s.max for _, s in repeated] - mean],
+    at, err = ((mean, xs), "xerr") if across else ((xs, mean), "yerr")
+    ax.errorbar(*at, **{err: [mean - [s.min for _, s in repeated],
+                              [s.max for _, s in repeated] - mean]},
                 fmt="none", ecolor=color, elinewidth=0.8, capsize=4, zorder=4)
-    ax.errorbar(xs, mean, yerr=[s.std for _, s in repeated], fmt="none", ecolor=color,
+    ax.errorbar(*at, **{err: [s.std for _, s in repeated]}, fmt="none", ecolor=color,
                 elinewidth=3, alpha=0.6, zorder=4)
 
 
