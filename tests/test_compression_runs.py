@@ -43,7 +43,8 @@ def test_a_push_and_a_reply_carry_exactly_their_compressed_size(tmp_path, replie
         assert w["bytes_sent"] == (STEPS + 1) * push and w["messages_sent"] == STEPS + 1
         assert w["bytes_received"] == STEPS * reply
     assert server["bytes_sent"] == 2 * STEPS * reply
-    assert summary["compression"]["ratio"] == pytest.approx(2 * k / numel)
+    assert summary["compression"]["dense_share"] == pytest.approx(2 * k / numel)
+    assert summary["compression"]["ratio"] == 0.01  # the setting, beside it
     assert summary["compression"]["compress_replies"] is replies
 
 

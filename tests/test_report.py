@@ -94,7 +94,7 @@ def fabricate_run(store: RunStore, tmp_path, strategy: str, seed: int, workers: 
                        for w in range(workers)],
         "traffic_per_rank": traffic(rng, servers, workers, share),
         "compression": None if share == 1 else {
-            "compressor": compressor, "ratio": share, "error_feedback": compressor == "topk",
+            "compressor": compressor, "dense_share": share, "error_feedback": compressor == "topk",
             "compress_replies": False, "compress_s": sum(it[9] for it in iterations),
             "server_compress_s": 0.0},
         "data": {"sharding": "random", "train_examples": 400 * workers, "val_examples": 100,

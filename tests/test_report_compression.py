@@ -168,7 +168,7 @@ def test_real_runs_report_the_bytes_their_traffic_says(tmp_path, capsys):
         assert float(row[5].replace(",", "")) == pytest.approx(traffic_per_step(summary),
                                                                abs=0.5)
     assert topk[2] == "topk ratio=0.01" and float(topk[6]) < 0.1
-    assert float(topk[7]) == pytest.approx(summaries[1]["compression"]["ratio"], rel=1e-2)
+    assert float(topk[7]) == pytest.approx(summaries[1]["compression"]["dense_share"], rel=1e-2)
     assert (tmp_path / "md" / "bytes_vs_accuracy.png").read_bytes().startswith(PNG_MAGIC)
 
     assert runs.run(Namespace(out=str(tmp_path / "runs"), json=False)) == 0

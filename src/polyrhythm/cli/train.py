@@ -99,8 +99,8 @@ def compression_line(c: dict) -> str:
     """What a run compressed with, its share of the dense bytes, and its encoding time."""
     feedback = "with error feedback" if c["error_feedback"] else "without error feedback"
     replies = ", replies too" if c["compress_replies"] else ""
-    return (f"compressed by {c['compressor']} {feedback}{replies}: {c['ratio']:.2%} of the "
-            f"dense bytes a message; {c['compress_s']:.2f} s encoding and decoding on the "
+    return (f"compressed by {c['compressor']} {feedback}{replies}: {c['dense_share']:.2%} of "
+            f"the dense bytes a message; {c['compress_s']:.2f} s encoding and decoding on the "
             f"workers, {c['server_compress_s']:.2f} s on the servers")
 
 

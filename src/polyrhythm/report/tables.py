@@ -180,7 +180,7 @@ def compression_table(groups: list[Group]) -> Table | None:
                 f"{p.bytes.mean / base.bytes.mean:.3g}"
             delta = NONE if not (base and p.accuracy and base.accuracy) else \
                 f"{p.accuracy.mean - base.accuracy.mean:+.2f}"
-        share = 1.0 if p.compressor == "none" else p.compression.get("ratio")
+        share = 1.0 if p.compressor == "none" else p.compression.get("dense_share")
         feedback = p.compression.get("error_feedback")
         rows.append((p.group.label, p.group.strategy, p.compressor,
                      NONE if feedback is None else "on" if feedback else "off",

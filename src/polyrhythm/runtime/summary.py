@@ -139,7 +139,7 @@ def _worker_times(worker: dict) -> dict:
 
 def _compression(config, workers: list[dict], servers: list[dict]) -> dict | None:
     """What the run compressed with: the compressor and its settings, whether its error
-    feedback was on, the share of the bytes its whole-model message sends (`ratio`), and the
+    feedback was on, the share of the bytes its whole-model message sends (`dense_share`), and the
     seconds every rank spent encoding and decoding (workers', servers')."""
     settings = config.compression
     spec = COMPRESSORS[settings.name]
@@ -148,7 +148,7 @@ def _compression(config, workers: list[dict], servers: list[dict]) -> dict | Non
     return {"compressor": settings.name, **{p.name: settings[p.name] for p in spec.params},
             "error_feedback": spec.error_feedback(settings),
             "compress_replies": settings.compress_replies,
-            "ratio": wire_ratio(settings, workers[0]["shapes"]),
+            "dense_share": wire_ratio(settings, workers[0]["shapes"]),
             "compress_s": sum(w["spans"].get("compress", 0.0) for w in workers),
             "server_compress_s": sum(s.get("compress_s", 0.0) for s in servers)}
 
