@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 WORD = 4  # bytes: a message is float32 words
 CHUNK = 512  # values sharing one scale (signsgd's mean magnitude, qsgd's norm), as QSGD's buckets
-# PowerSGD compresses a matrix only where its factors take at most half its size, as the
+# PowerSGD compresses a matrix only where its factors take less than half its size, as the
 # PowerSGD hook's min_compression_rate does by default.
 MIN_COMPRESSION_RATE = 2
 
@@ -83,11 +83,11 @@ def qsgd_bits(levels: int) -> int:
 
 def compressed_matrices(extent: Extent, rank: int) -> list[tuple[Matrix, int]]:
     """The matrices PowerSGD compresses, each with its rank (at most its smaller side):
-    those whose factors take at most 1/MIN_COMPRESSION_RATE of it."""
+    those whose factors take less than 1/MIN_COMPRESSION_RATE of it."""
     out = []
     for m in extent.matrices:
         r = min(rank, m.rows, m.cols)
-        if (m.rows + m.cols) * r * MIN_COMPRESSION_RATE <= m.numel:
+        if (m.rows + m.cols) * r * MIN_COMPRESSION_RATE < m.numel:
             out.append((m, r))
     return out
 
@@ -143,6 +143,13 @@ def all_reduce_parts(name: str, settings: Mapping[str, Any],
         plain, p, q = lowrank_sizes(extent, settings["rank"])
         return [(SUM, WORD * (plain + p)), (SUM, WORD * q)]
     return [(GATHER, WORD * payload_words(name, settings, extent))]
+
+
+def summand_bytes(name: str) -> int:
+    """Bytes of one value of a SUM codec's summand as an all-reduce moves it (half precision:
+    two; random-k's values and dense ones: a word): what the simulator schedules a SUM part's
+    all-reduce by, as the real one is scheduled by its tensor's values."""
+    return 2 if name in ("fp16", "bf16") else WORD
 
 
 def bucket_words(settings: Mapping[str, Any], buckets: Sequence[tuple[int, int, int]],
