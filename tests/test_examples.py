@@ -233,6 +233,22 @@ def test_mnist_cnn_learns_and_its_saved_model_is_the_runs(tmp_path: Path) -> Non
 
 # -- the strategy survey -----------------------------------------------------------------
 
+@pytest.mark.parametrize(("strategy", "compression"), [
+    ("bsp", {"compress": "topk", "ratio": 0.05, "compress_replies": True}),
+    ("allreduce", {"compress": "powersgd", "rank": 2}),
+    ("gossip", {"compress": "qsgd"}),
+])
+def test_a_script_trains_the_lm_with_its_messages_compressed(tmp_path: Path, strategy: str,
+                                                            compression: dict) -> None:
+    """The user's own model and optimizer, its pushes and replies, all-reduces or model
+    exchanges compressed: the loss falls, and the run records the compression."""
+    summary = run(tmp_path, "char_lm", TINY_LM, strategy=strategy, **compression)
+    assert summary["status"] == "completed"
+    assert summary["compression"]["compressor"] == compression["compress"]
+    assert summary["compression"]["dense_share"] < 0.5
+    assert_lm_trained(summary)
+
+
 @pytest.mark.parametrize("strategy", list(STRATEGIES))
 def test_every_strategy_trains_the_lm(tmp_path: Path, strategy: str) -> None:
     """Each strategy with its defaults (a parameter-server strategy gets its one server):
