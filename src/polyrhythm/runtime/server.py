@@ -181,8 +181,11 @@ class ParameterServerShard:
                 bucket.end()
         ranks = {w: r for w, r in ((w, self.ctx.topology.worker_ranks[w])
                                    for w in served.decision.release) if r not in self.lost}
-        with self.ctx.spans("compress"):  # encoded replies (none: nothing to time)
-            replies = {w: bucket.reply(w) for w in ranks}
+        if bucket.replies is None:  # the outbox as it is, to every worker
+            replies = dict.fromkeys(ranks, bucket.outbox)
+        else:
+            with self.ctx.spans("compress"):
+                replies = {w: bucket.reply(w) for w in ranks}
         for work in [self._send(replies[w], r, key) for w, r in ranks.items()]:
             try:
                 if work is not None:
