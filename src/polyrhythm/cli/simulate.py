@@ -25,7 +25,9 @@ def add_parser(commands) -> None:
         "--cpu, --slowdown; a link speed or CPU share without a host count means a host per "
         "worker), with each step's compute time (--compute-time) or the costs measured by "
         "stored runs (--calibrate RUN_ID). The model is sized for the data set the run "
-        "would use (--dataset), or by --model-mb. Prints a table (samples/s, efficiency, "
+        "would use (--dataset), or by --model-mb. With --compress, messages have their "
+        "compressed sizes and each step its encoding time (timed here on the model, or the "
+        "calibrating run's). Prints a table (samples/s, efficiency, "
         "iteration time, idleness, staleness, server load) and writes the throughput and "
         "efficiency plot. Lists take spaces or commas: --workers 2 8 64 or 2,8,64.")
     sim.add_argument("--config", metavar="FILE.toml", help="config file; flags override it")
@@ -39,7 +41,8 @@ def add_parser(commands) -> None:
                      help="a stored run (under --out) to predict from its own measured "
                      "costs, beside its measurement; repeat for several")
     sim.add_argument("--model-mb", type=float, metavar="MB", help="the model's size in MB "
-                     "(float32), instead of --model's size on --dataset's samples")
+                     "(float32), instead of --model's size on --dataset's samples; it has "
+                     "no matrices, so PowerSGD sends its values as they are")
     sim.add_argument("--update-time", metavar="DURATION", help="a server's optimizer step "
                      "on the whole model (default: 2 ns per parameter)")
     sim.add_argument("--reduce-time", metavar="DURATION", default="0ms",
@@ -72,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
         key = repr((config.model.to_dict(), config.data.to_dict()))
         if key not in costs:
             costs[key] = _costs(args, config)
+        costs[key] = _codecs_timed(costs[key], config)
         predictions += predict([config], costs[key], args.iterations)
     print(format_predictions(predictions))
     from polyrhythm.sim.plot import scaling_png
@@ -111,17 +115,34 @@ def _configs(args, flags: dict) -> list:
 
 def _costs(args, config):
     """The costs of `config`'s model, sized for its data (or by --model-mb); says so."""
-    from polyrhythm.cli.sizing import model_parameters
+    from polyrhythm.cli.sizing import model_values
     from polyrhythm.sim import Costs
 
-    parameters, sized = model_parameters(config, args.model_mb)
+    parameters, shapes, sized = model_values(config, args.model_mb)
     print(sized)
     update = duration(args.update_time, "--update-time") if args.update_time else None
-    return Costs.estimated(parameters, update, duration(args.reduce_time, "--reduce-time"))
+    return Costs.estimated(parameters, update, duration(args.reduce_time, "--reduce-time"),
+                           shapes)
+
+
+def _codecs_timed(costs, config):
+    """`costs` with `config`'s compressor's encoding and decoding timed here, once (said)."""
+    from polyrhythm.cli.sizing import describe_codecs, time_codecs
+    from polyrhythm.sim.compressed import settings_key
+
+    key = settings_key(config.compression)
+    if key == "none" or key in costs.codec_s:
+        return costs
+    costs = time_codecs(costs, [config.compression])
+    print(describe_codecs(costs, [key]))
+    return costs
 
 
 def _row(p) -> dict:
-    return {**p.result.summary(), "efficiency": p.efficiency, "measured_samples_per_s":
+    from polyrhythm.sim.compressed import settings_key
+
+    return {**p.result.summary(), "compression": settings_key(p.config.compression),
+            "efficiency": p.efficiency, "measured_samples_per_s":
             p.measured, "error": p.error, "run_id": p.run_id}
 
 

@@ -1,13 +1,16 @@
-"""The advisor: every strategy and server layout that fits the user's hosts, ranked by the
-simulator's time per epoch, with what is known of each one's accuracy (the store's runs,
-else the documents: sim/evidence.py), and a recommendation with its expected error."""
+"""The advisor: every strategy and server layout that fits the user's hosts, each with every
+compressor asked for (its default settings), ranked by the simulator's time per epoch, with
+what is known of each one's accuracy (the store's runs, else the documents, else that it is
+unknown: sim/evidence.py), and a recommendation with its expected error."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from polyrhythm.compression import NONE
 from polyrhythm.config import make_config
+from polyrhythm.sim.compressed import settings_key
 from polyrhythm.sim.evidence import StoredRun, judge
 from polyrhythm.sim.run import simulate
 from polyrhythm.sim.setup import Costs
@@ -59,17 +62,23 @@ def options(hosts: int) -> list[tuple[str, dict]]:
 
 
 def advise(base: dict, costs: Costs, hosts: int, iterations: int = 60,
-           runs: Sequence[StoredRun] = ()) -> list[Option]:
-    """Every option, fastest first; `base`: the fields every option shares (cluster links,
-    compute, batch, model and data), `runs` the stored runs that say what staleness costs
-    (evidence.stored_runs)."""
+           runs: Sequence[StoredRun] = (), compressors: Sequence[str] = (NONE,)
+           ) -> list[Option]:
+    """Every option with every compressor of `compressors` (its defaults), fastest first;
+    `base`: the fields every option shares (cluster links, compute, batch, model and data),
+    `runs` the stored runs that say what staleness and compression cost
+    (evidence.stored_runs); `costs` has each compressor's codec timed (Costs.codec_s)."""
     ranked = []
-    for label, fields in options(hosts):
-        config = make_config({**base, **fields})
-        result = simulate(config, costs, iterations)
-        said = judge(fields["strategy"], fields["workers"], result.staleness_mean, runs)
-        ranked.append(Option(label, fields, result.samples_per_s, result.staleness_mean,
-                             said.text, said.caution, said.run_ids))
+    for label, strategy in options(hosts):
+        for name in compressors:
+            fields = {**strategy, "compress": name}
+            config = make_config({**base, **fields})
+            result = simulate(config, costs, iterations)
+            said = judge(fields["strategy"], fields["workers"], result.staleness_mean, runs,
+                         settings_key(config.compression))
+            ranked.append(Option(label if name == NONE else f"{label} + {name}", fields,
+                                 result.samples_per_s, result.staleness_mean, said.text,
+                                 said.caution, said.run_ids))
     return sorted(ranked, key=lambda o: -o.samples_per_s)
 
 
@@ -79,6 +88,8 @@ def recommend(ranked: list[Option], error: float) -> str:
     best = next((o for o in ranked if not o.caution), ranked[0])
     text = (f"Recommended: {best.label} (--strategy {best.fields['strategy']}"
             + (f" --servers {best.fields['servers']}" if "servers" in best.fields else "")
+            + (f" --compress {best.fields['compress']}"
+               if best.fields.get("compress", NONE) != NONE else "")
             + f"), {best.samples_per_s:.0f} samples/s predicted, expected error "
             f"±{100 * error:.0f} %.")
     if ranked[0] is not best:

@@ -9,7 +9,10 @@ script's run (`polyrhythm run`) is calibrated alike: its model is the script's f
 its compute each step's time between the script's optimizer steps, and its global batch
 the workers' loaders' (its summary's `batch_size`), not the config's. The
 reduce cost R_w is not measured apart: the servers' update spans leave the adding of pushes
-out, which is small next to the links the simulator is for.
+out, which is small next to the links the simulator is for. Under compression: the
+parameters' shapes (its summary's), each worker's mean seconds per step encoding and decoding
+after the warm-up (the iterations' compress_s), and the servers' per whole-model push they
+decoded (their compress seconds over the pushes they took, a bucket's push a share).
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ from pathlib import Path
 
 from polyrhythm.config import RunConfig, make_config
 from polyrhythm.errors import StoreError
+from polyrhythm.layout import BucketLayout
 from polyrhythm.metrics.records import completed_run, compute_series, config_fields
+from polyrhythm.sim.compressed import settings_key
 from polyrhythm.sim.setup import Costs, compute_stretch
 
 
@@ -70,8 +75,27 @@ def calibrate(out: str | Path, run_id: str) -> Calibration:
     measured = {"samples_per_s": summary["samples_per_s"],
                 "idleness": sum(w["idleness"] for w in workers) / len(workers),
                 "staleness_mean": summary["staleness_mean"]}
-    return Calibration(run_id, config, Costs(summary["parameters"], update_s, 0.0, compute,
-                                             message_s), steps, measured)
+    after = [row["compress_s"] for row in rows if row["step"] >= warmup] or [
+        row["compress_s"] for row in rows]
+    costs = Costs(summary["parameters"], update_s, 0.0, compute, message_s,
+                  shapes=summary.get("parameter_shapes", []),
+                  compressor=settings_key(config.compression),
+                  compress_s=sum(after) / max(1, len(after)),
+                  server_compress_s=_server_compress_s(config, summary, store, run_id))
+    return Calibration(run_id, config, costs, steps, measured)
+
+
+def _server_compress_s(config, summary: dict, store, run_id: str) -> float | None:
+    """The servers' seconds decoding (and with compressed replies encoding) per whole-model
+    push: their compress seconds over the pushes they took (the pushes table: a row a
+    bucket's push), None for a run without servers or compression."""
+    compression = summary.get("compression")
+    if not summary["servers"] or not compression:
+        return None
+    buckets = len(BucketLayout(summary["parameters"], summary["servers"],
+                               config.bucket_kb).buckets)
+    pushes = len(store.series("pushes", run_id)) / buckets
+    return compression["server_compress_s"] / pushes if pushes else None
 
 
 def _script_batch(summary: dict, run_id: str) -> dict:

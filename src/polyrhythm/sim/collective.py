@@ -5,7 +5,11 @@ Every worker computes its step, then the workers run the all-reduce schedule of 
 once the previous round is done, and finishes the round once its sends are out and its
 receives are in, adding what it receives (its share of R_w). Then it steps its optimizer
 copy (U_w). `allreduce`, Gloo's own, is simulated as the ring. Local SGD all-reduces the
-model every tau steps and steps on its own in between.
+model every tau steps and steps on its own in between. Under compression a step that
+all-reduces first encodes (its seconds), and the all-reduce is the compressor's collectives
+one after the other (sim/compressed.py): an all-reduce of the summand's values, or an
+all-gather of every member's message by the same algorithm's gather schedule
+(layout.GATHERS), or PowerSGD's two.
 """
 
 from __future__ import annotations
@@ -14,50 +18,55 @@ from collections import Counter
 
 import numpy as np
 
-from polyrhythm.layout import ALGORITHMS, RECV_ADD, SEND, ring_schedule
+from polyrhythm.layout import ALGORITHMS, GATHERS, RECV_ADD, SEND
+from polyrhythm.sim.compressed import Part
 from polyrhythm.sim.network import Network
 from polyrhythm.sim.result import SimResult, WorkerLog
-from polyrhythm.sim.setup import BYTES, Setup
+from polyrhythm.sim.setup import Setup
 
 # A round: its messages (sender, receiver, bytes) and each member's values to add.
 Round = tuple[list[tuple[int, int, int]], dict[int, int]]
 
 
-def rounds_of(algorithm: str, n: int, numel: int) -> list[Round]:
+def schedule_of(algorithm: str, part: Part):
+    """The schedule function of one collective: the algorithm's all-reduce, or its
+    all-gather where the part is gathered."""
+    return (GATHERS if part.gather else ALGORITHMS)[algorithm]
+
+
+def rounds_of(algorithm: str, n: int, part: Part) -> list[Round]:
     """Every member's schedule, round by round (the ring: see ring_rounds)."""
-    schedules = [ALGORITHMS[algorithm](n, i, numel) for i in range(n)]
+    schedules = [schedule_of(algorithm, part)(n, i, part.values) for i in range(n)]
     built = []
     for r in range(max((len(s) for s in schedules), default=0)):
         sends, adds = [], {}
         for i, schedule in enumerate(schedules):
             for op in schedule[r] if r < len(schedule) else ():
                 if op.op == SEND:
-                    sends.append((i, op.peer, op.numel * BYTES))
+                    sends.append((i, op.peer, op.numel * part.value_bytes))
                 elif op.op == RECV_ADD:
                     adds[i] = adds.get(i, 0) + op.numel
         built.append((sends, adds))
     return built
 
 
-def ring_rounds(n: int, numel: int) -> list[tuple[int, int]]:
+def ring_rounds(n: int, part: Part) -> list[tuple[int, int]]:
     """The ring's rounds as (bytes each member sends to the next, values it adds). The ring
     is the same for every member up to a rotation, so they come from member 0's schedule
     (sizes differ by one value at most), not from N schedules of 2(N-1) rounds each."""
-    built = []
-    for ops in ring_schedule(n, 0, numel):
-        send = next(op for op in ops if op.op == SEND)
-        built.append((send.numel * BYTES, sum(op.numel for op in ops if op.op == RECV_ADD)))
-    return built
+    return [(sum(op.numel for op in ops if op.op == SEND) * part.value_bytes,
+             sum(op.numel for op in ops if op.op == RECV_ADD))
+            for ops in schedule_of("ring", part)(n, 0, part.values)]
 
 
-def plan(algorithm: str, hosts: list[int], numel: int, apart: bool = True) -> tuple:
-    """An all-reduce's rounds, made once for the run, and the function that runs them. A
+def plan(algorithm: str, hosts: list[int], part: Part, apart: bool = True) -> tuple:
+    """One collective's rounds, made once for the run, and the function that runs them. A
     ring whose members each have a host of their own runs a round at a time for all of
     them (_ring_apart; `apart=False`: member by member, as any other schedule)."""
     n = len(hosts)
     if algorithm != "ring":
-        return rounds_of(algorithm, n, numel), _all_reduce
-    rounds = ring_rounds(n, numel)
+        return rounds_of(algorithm, n, part), _all_reduce
+    rounds = ring_rounds(n, part)
     if apart and len(set(hosts)) == n:
         return rounds, _ring_apart
     return [([(i, (i + 1) % n, size) for i in range(n)],
@@ -78,17 +87,24 @@ def simulate_collective(setup: Setup, name: str, algorithm: str, every: int = 1,
     algorithm = "ring" if algorithm == "native" else algorithm
     hosts = [setup.worker_host(i) for i in range(n)]
     per_value = setup.costs.reduce_s / max(1, setup.costs.parameters)
-    rounds, reduce = plan(algorithm, hosts, setup.costs.parameters)
+    plans = [plan(algorithm, hosts, part) for part in setup.parts]
+    encoding = setup.codecs.reduce
     t = list(start or [0.0] * n)
     for step in range(first, last):
+        exchanges = (step + 1) % every == 0 and n > 1
         ready = []
         for i in range(n):
             seconds = setup.compute[i]()
             logs[i].begin_step(t[i], setup.batch[i])  # first: it zeroes the warm-up's
             logs[i].compute_s += seconds
+            if exchanges and encoding:
+                logs[i].compress_s += encoding
+                seconds += encoding
             ready.append(t[i] + seconds)
-        if (step + 1) % every == 0 and n > 1:
-            done = reduce(net, rounds, ready, hosts, per_value, setup.costs.message_s)
+        if exchanges:
+            done = ready
+            for rounds, reduce in plans:
+                done = reduce(net, rounds, done, hosts, per_value, setup.costs.message_s)
             for i in range(n):
                 logs[i].wait_s += done[i] - ready[i]
             ready = done

@@ -6,8 +6,10 @@ bucket's reply, as strategies/ps.py does; when to push and fetch is the real `Pu
 cadence (Downpour). Each server takes its pushes in arrival order, one at a time, and asks
 the bucket's policy (strategies/consistency.py, the very class the real server runs) what to
 do, through the very function the real server decides with (strategies/serving.py): adding
-a gradient costs its share of R_w, an update its share of U_w, and each worker released gets
-the bucket back over the network (sim/network.py). Staleness is counted as the real server
+a gradient costs its share of R_w (and of decoding a compressed push), an update its share of
+U_w, and each worker released gets the bucket back over the network (sim/network.py). Under
+compression a push and a reply have their compressed sizes and a worker's step that pushes
+takes its encoding time too (sim/compressed.py). Staleness is counted as the real server
 counts it: the bucket's version at the push minus the one the worker last pulled. The run
 ends as the real one does: after the policy's fixed rounds, or with shared epochs once the
 run's global batches' worth of gradient is applied (each push adds its worker's batch
@@ -21,9 +23,10 @@ import itertools
 import math
 from collections import Counter
 
+from polyrhythm.sim.compressed import HEADER
 from polyrhythm.sim.network import Network
 from polyrhythm.sim.result import SimResult, WorkerLog
-from polyrhythm.sim.setup import HEADER, Setup
+from polyrhythm.sim.setup import Setup
 from polyrhythm.strategies.cadence import PushFetch
 from polyrhythm.strategies.consistency import ConsistencyPolicy
 from polyrhythm.strategies.serving import DONE, GRADIENT, REPLY, Course, Served, serve
@@ -89,10 +92,12 @@ class _ParameterServers:
         self.weight = setup.weights
         # With shared epochs a worker takes steps until the servers end the run.
         self.steps = math.inf if setup.shared_epochs else setup.iterations
-        total = sum(size for _, size in buckets)
+        total = max(1, sum(setup.values))
         costs = setup.costs
-        self.update_s = [costs.update_s * size / total for _, size in buckets]
-        self.reduce_s = [costs.reduce_s * size / total for _, size in buckets]
+        self.update_s = [costs.update_s * size / total for size in setup.values]
+        # Adding a pushed gradient, after decoding it where it came compressed.
+        self.reduce_s = [(costs.reduce_s + setup.codecs.server) * size / total
+                         for size in setup.values]
         self.server_host = [setup.host[s] for s in range(setup.servers)]
         self.pulled = [[done] * len(buckets) for _ in range(n)]
         self.busy = [0.0] * setup.servers  # when each server is next free
@@ -111,6 +116,7 @@ class _ParameterServers:
         self.count = len(buckets)
         self.bucket_server = [server for server, _ in buckets]
         self.bucket_size = [size for _, size in buckets]
+        self.reply_size = setup.replies
         self.message_s = costs.message_s
 
     def _at(self, t: float, kind: int, w: int, k: int, flags: int) -> None:
@@ -146,6 +152,9 @@ class _ParameterServers:
         log.begin_step(t, s.batch[w])  # first: it zeroes the warm-up's figures
         log.compute_s += seconds
         pushing, fetching = self.cadence[w].step()
+        if pushing and s.codecs.push:  # encoding its pushes (and decoding the replies)
+            log.compress_s += s.codecs.push
+            seconds += s.codecs.push
         flags = (GRADIENT if pushing else 0) | (REPLY if fetching else 0) | (
             self.cadence[w].pushes << CLOCK_SHIFT)
         end = self.computed[w] = t + seconds
@@ -201,7 +210,7 @@ class _ParameterServers:
         busy = self.busy[server]
         done = self.busy[server] = (t if t > busy else busy) + cost
         self.busy_s[server] += cost
-        host, size, over = self.server_host[server], self.bucket_size[k], bucket.over
+        host, size, over = self.server_host[server], self.reply_size[k], bucket.over
         if len(released) == 1:
             r = released[0]
             self.pulled[r][k] = version

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 class WorkerLog:
     """One simulated worker's account: steps, and as a run's summary measures them (after
     the warm-up steps: from the start of the first step after them) its samples, steps,
-    start and end; its seconds computing and waiting for parameters or peers."""
+    start and end; its seconds computing, encoding and decoding compressed messages, and
+    waiting for parameters or peers."""
 
     warmup: int = 0
     steps: int = 0
@@ -19,12 +20,13 @@ class WorkerLog:
     start: float = 0.0
     end: float = 0.0
     compute_s: float = 0.0
+    compress_s: float = 0.0
     wait_s: float = 0.0
 
     def begin_step(self, t: float, batch: int) -> None:
         if self.steps == self.warmup and self.warmup:  # measured from here on
             self.start, self.samples, self.measured = t, 0, 0
-            self.compute_s = self.wait_s = 0.0
+            self.compute_s = self.compress_s = self.wait_s = 0.0
         self.steps += 1
         self.measured += 1
         self.samples += batch
@@ -62,6 +64,12 @@ class SimResult:
         return sum(log.end - log.start for log in self.logs) / steps if steps else 0.0
 
     @property
+    def compress_s(self) -> float:
+        """A worker's seconds encoding and decoding per step (the mean over its steps)."""
+        steps = sum(log.measured for log in self.logs)
+        return sum(log.compress_s for log in self.logs) / steps if steps else 0.0
+
+    @property
     def idleness(self) -> float:
         shares = [log.wait_s / (log.end - log.start) for log in self.logs
                   if log.end > log.start]
@@ -80,7 +88,8 @@ class SimResult:
         """The figures as plain values (`polyrhythm simulate --json`)."""
         return {"strategy": self.strategy, "workers": self.workers, "servers": self.servers,
                 "samples_per_s": self.samples_per_s, "iteration_s": self.iteration_s,
-                "idleness": self.idleness, "staleness_mean": self.staleness_mean,
+                "idleness": self.idleness, "compress_s": self.compress_s,
+                "staleness_mean": self.staleness_mean,
                 "staleness_max": max(self.staleness, default=0),
                 "staleness_histogram": {str(k): v for k, v in sorted(self.staleness.items())},
                 "weight_updates": self.weight_updates, "makespan_s": self.makespan_s,

@@ -6,6 +6,7 @@ import math
 
 from polyrhythm.errors import ConfigError
 from polyrhythm.sim.collective import simulate_collective
+from polyrhythm.sim.compressed import HEADER
 from polyrhythm.sim.ps import simulate_ps
 from polyrhythm.sim.result import SimResult
 from polyrhythm.sim.setup import BYTES, Costs, setup
@@ -50,8 +51,10 @@ def _switch(s, settings) -> SimResult:
                                  phase=(0, switch_at), net=net)
     start = [log.end for log in before.logs]
     handover = max(start)
-    for server, size in s.buckets:  # weights and momentum of each bucket, from worker 0
-        arrives = net.send(handover, s.worker_host(0), s.host[server], 2 * size)
+    for (server, _), values in zip(s.buckets, s.values, strict=True):
+        # Weights and momentum of each bucket, dense, from worker 0.
+        arrives = net.send(handover, s.worker_host(0), s.host[server],
+                           2 * (values * BYTES + HEADER))
         handover = max(handover, arrives)
     return simulate_ps(s, "switch", lambda: then.policy(settings.to, s.workers), settings.to,
                        net=net, start=[max(t, handover) for t in start], logs=before.logs,

@@ -1,13 +1,14 @@
 """What a simulation needs, from a run's config (the same flags as `polyrhythm train`) and
 the costs of its pieces: who is on which host, each host's link, the latency, each worker's
-compute time per step, the model's size and its buckets, and the servers' update cost."""
+compute time per step, the model's size and its buckets, the servers' update cost, and under
+compression each message's size and the codecs' seconds (sim/compressed.py)."""
 
 from __future__ import annotations
 
 import math
 import struct
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from polyrhythm.config import RunConfig, layered, make_config
@@ -15,11 +16,11 @@ from polyrhythm.config.emulation import compute_times, host_ranks, per_host, rep
 from polyrhythm.data.sharding import worker_batch_sizes
 from polyrhythm.errors import ConfigError
 from polyrhythm.layout import BucketLayout
+from polyrhythm.sim.compressed import Part, Seconds, all_reduce_of, push_bytes, seconds
 from polyrhythm.sim.network import Network
 from polyrhythm.units import Delay, duration, rate
 
 BYTES = 4  # float32
-HEADER = 6 * BYTES  # a push's header (comm/messages.py): small next to any model
 # Cluster settings that describe hosts: given without a host count, the simulator gives each
 # worker a host (simulation_config).
 HOST_SETTINGS = ("bandwidth", "cpu", "placement")
@@ -33,22 +34,33 @@ class Costs:
     """The costs a simulation cannot read from the config: the model's size (float32
     values), a server's optimizer step on the whole model (U_w) and the adding of one
     whole-model gradient (R_w), in seconds; `compute`, measured seconds per step of each
-    worker to replay (calibration), else the config's compute time is drawn."""
+    worker to replay (calibration), else the config's compute time is drawn.
+
+    Compression (sim/compressed.py): the parameters' `shapes` in flat order (PowerSGD's
+    matrices; none: no matrices), each compressor's whole-model (encode, decode) seconds
+    timed here (`codec_s`, by compressed.codec_key), and the seconds a run measured under
+    its `compressor`: a worker's mean per step (`compress_s`) and a server's per
+    whole-model push (`server_compress_s`); None where not measured."""
 
     parameters: int
     update_s: float = 0.0
     reduce_s: float = 0.0
     compute: list[list[float]] | None = None
     message_s: float = 0.0  # a process's own time to hand one message over (LogP's o)
+    shapes: list[list[int]] = field(default_factory=list)
+    codec_s: dict[str, list[float]] = field(default_factory=dict)
+    compressor: str = "none"
+    compress_s: float | None = None
+    server_compress_s: float | None = None
 
     @classmethod
     def estimated(cls, parameters: int, update_s: float | None = None,
-                  reduce_s: float = 0.0) -> Costs:
+                  reduce_s: float = 0.0, shapes=()) -> Costs:
         """Costs no run calibrates, of a model of `parameters` values (cli/sizing.py sizes
-        a registered one for the run's data): the update time given, else estimated from
-        the size (UPDATE_S_PER_PARAMETER)."""
+        a registered one for the run's data) with parameters of `shapes`: the update time
+        given, else estimated from the size (UPDATE_S_PER_PARAMETER)."""
         update = parameters * UPDATE_S_PER_PARAMETER if update_s is None else update_s
-        return cls(parameters, update, reduce_s)
+        return cls(parameters, update, reduce_s, shapes=[list(s) for s in shapes])
 
 
 @dataclass
@@ -62,7 +74,11 @@ class Setup:
     latency: Callable[[], float]
     compute: list[Callable[[], float]]  # each worker's seconds per step
     batch: list[int]  # each worker's samples per step
-    buckets: list[tuple[int, int]]  # (server, bytes) of each bucket
+    buckets: list[tuple[int, int]]  # (server, bytes of a push) of each bucket
+    replies: list[int]  # bytes of each bucket's reply
+    values: list[int]  # values of each bucket (its share of the servers' costs)
+    parts: list[Part]  # the collectives of one all-reduce of the model
+    codecs: Seconds  # compression's seconds, worker's and server's (sim/compressed.py)
     costs: Costs
     iterations: int  # steps per worker (global batches where the servers count them)
     warmup: int = 0  # first steps of each worker left out of throughput, as in a run
@@ -113,10 +129,13 @@ def setup(config, costs: Costs, iterations: int) -> Setup:
     compute = [_compute(config, costs, w, factor)
                for w, factor in enumerate(compute_stretch(config))]
     sizes = worker_batch_sizes(config.batch_size, workers)
-    buckets = [(s, (b - a) * BYTES + HEADER)
-               for s, a, b in BucketLayout(costs.parameters, max(1, servers),
-                                           config.bucket_kb).buckets] if servers else []
-    return Setup(workers, servers, host, rates, latency, compute, sizes, buckets, costs,
+    layout = BucketLayout(costs.parameters, max(1, servers),
+                          config.bucket_kb).buckets if servers else []
+    pushes, replies = push_bytes(config.compression, layout, costs.shapes)
+    buckets = [(s, size) for (s, _, _), size in zip(layout, pushes, strict=True)]
+    parts = all_reduce_of(config.compression, costs.parameters, costs.shapes)
+    return Setup(workers, servers, host, rates, latency, compute, sizes, buckets, replies,
+                 [b - a for _, a, b in layout], parts, seconds(config, costs), costs,
                  iterations, config.warmup_steps, None if jitter else mean,
                  config.shared_epochs)
 
