@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from browser import Chromium, chromium_path, why_no_chromium
+from polyrhythm.cli import main
 from polyrhythm.config import make_config
 from polyrhythm.errors import PolyrhythmError, StoreError
 from polyrhythm.metrics.recorder import SPAN_NAMES
@@ -215,6 +216,41 @@ def test_markdown_report_has_the_tables_and_references_the_pngs(fabricated, tmp_
     for name in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text):
         assert (path.parent / name).read_bytes().startswith(PNG_MAGIC)
     assert len(re.findall(r"!\[", text)) == len(FIGURE_NAMES)
+
+
+def test_a_target_accuracy_adds_each_groups_time_to_it(fabricated, tmp_path, capsys):
+    store_path, ids = fabricated
+    store = RunStore(store_path)
+    path = write_report(store_path, ids, tmp_path / "md", "Strategies", fmt="md",
+                        target_accuracy=0.9)
+    text = path.read_text(encoding="utf-8")
+    assert "## Time to 90 % validation accuracy" in text
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ")
+            for line in text.split("## Time to 90 %", 1)[1].split("\n## ", 1)[0].splitlines()
+            if line.startswith("| ") and not line.startswith("| group")}
+    by_strategy = {}
+    for run_id in ids:
+        run = store.run(run_id)
+        if run["status"] != "completed" or "topk" in run["config"]:
+            continue
+        # The end of the first epoch at or above 90 %, read from the store here.
+        times = [e["wall_s"] for e in store.epochs(run_id) if e["val_accuracy"] >= 0.9]
+        by_strategy.setdefault(run["strategy"], []).append(times[0] if times else None)
+    for strategy, times in by_strategy.items():
+        row = rows[strategy]
+        reached = [t for t in times if t is not None]
+        assert row[1] == f"{len(reached)} of {len(times)}"
+        if reached:
+            assert float(row[3].split(" – ")[0]) == pytest.approx(min(reached), abs=0.05)
+            assert float(row[3].split(" – ")[1]) == pytest.approx(max(reached), abs=0.05)
+    assert "## Time to" not in write_report(store_path, ids, tmp_path / "plain", "S",
+                                            fmt="md").read_text(encoding="utf-8")
+    for bad in ("0", "1.5"):
+        assert main(["report", "--latest", "--target-accuracy", bad, "--out",
+                     str(tmp_path)]) == 2
+        err = capsys.readouterr().err
+        assert err == f"polyrhythm: error: --target-accuracy must be a fraction in (0, 1], got " \
+                      f"{float(bad):g}\n"
 
 
 def _one_line_error(excinfo) -> str:

@@ -39,9 +39,10 @@ __all__ = ["FIGURE_NAMES", "FORMATS", "write_report"]
 
 
 def write_report(store_path: str | Path, run_ids: list[str], out_dir: str | Path, title: str,
-                 fmt: str = "html") -> Path:
+                 fmt: str = "html", target_accuracy: float | None = None) -> Path:
     """Write the report on these runs of the store into out_dir; return the report's path
-    (for TensorBoard, the directory of the runs' event files).
+    (for TensorBoard, the directory of the runs' event files). With `target_accuracy` (a
+    fraction), a table of each group's time to it.
 
     Raises ConfigError for an unknown format or no run ids, StoreError for a missing store,
     unknown run ids, no completed run among them, or an out_dir that cannot be written.
@@ -66,7 +67,7 @@ def write_report(store_path: str | Path, run_ids: list[str], out_dir: str | Path
              f"group{'s' if len(groups) != 1 else ''}, from {Path(store_path)}; "
              f"generated {datetime.now(UTC):%Y-%m-%d %H:%M} UTC.")
     name, writer = FORMATS[fmt]
-    text = writer(title, intro, tables(runs, groups), figures)
+    text = writer(title, intro, tables(runs, groups, target_accuracy), figures)
     drawn = {f.spec.name: f.png for f in figures}
     try:
         for spec in FIGURES:

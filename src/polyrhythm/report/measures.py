@@ -64,6 +64,16 @@ def final_accuracy(run: Run) -> float | None:
     return _headline(run, "final_val_accuracy")
 
 
+def time_to_accuracy(run: Run, target: float) -> float | None:
+    """Seconds from the job's start to the end of the first epoch whose validation accuracy
+    reached `target` (a fraction); None if none did."""
+    for epoch in sorted(run.epochs, key=lambda e: e["epoch"]):
+        accuracy, wall = _number(epoch.get("val_accuracy")), _number(epoch.get("wall_s"))
+        if accuracy is not None and wall is not None and accuracy >= target:
+            return wall
+    return None
+
+
 def throughput(run: Run) -> float | None:
     """Samples/s of the whole cluster, warm-up excluded."""
     return _headline(run, "samples_per_s")

@@ -16,6 +16,7 @@ from polyrhythm.report.measures import (
     staleness_mean,
     stats,
     throughput,
+    time_to_accuracy,
     wall_time,
     weight_updates,
 )
@@ -251,8 +252,28 @@ def lost_table(runs: list[Run]) -> Table | None:
                   "workers left"), rows)
 
 
-def tables(runs: list[Run], groups: list[Group]) -> list[Table]:
-    optional = [cluster_table(runs), switch_table(groups), compression_table(groups),
+def target_table(groups: list[Group], target: float) -> Table:
+    """Per group, how many runs reached `target` validation accuracy and when (the end of
+    the first epoch that did, from the job's start): the time to accuracy the studies
+    compare strategies by."""
+    rows = []
+    for g in groups:
+        times = [time_to_accuracy(r, target) for r in g.runs]
+        reached = [t for t in times if t is not None]
+        rows.append((g.label, f"{len(reached)} of {len(times)}",
+                     _mean_std(stats(reached), 1), _range(stats(reached), 1),
+                     _mean_std(stats(final_accuracy(r) for r in g.runs), 2, 100)))
+    return Table("target-table", f"Time to {100 * target:g} % validation accuracy",
+                 "Per group, the runs whose validation accuracy reached the target and the "
+                 "seconds from the job's start to the end of the first epoch that did (an "
+                 "epoch's granularity: validated once an epoch), over those runs.",
+                 ("group", "reached", "time to target (s) mean ± std", "min – max",
+                  "final val acc (%) mean ± std"), rows)
+
+
+def tables(runs: list[Run], groups: list[Group], target: float | None = None) -> list[Table]:
+    optional = [target_table(groups, target) if target is not None else None,
+                cluster_table(runs), switch_table(groups), compression_table(groups),
                 sharding_table(groups), lost_table(runs)]
     return [runs_table(runs), groups_table(groups), breakdown_table(groups),
             *(t for t in optional if t is not None)]
