@@ -1,26 +1,37 @@
 """A character-level causal transformer language model, trained as a polyrhythm job.
 
 It shows an ordinary PyTorch training loop (AdamW with two param groups, a warm-up then
-cosine schedule, gradient clipping, a held-out validation loss) made distributed by five
-polyrhythm lines: `pr.init()`, `job.wrap(model, opt)`, `job.epochs`, `job.loader` and
-`job.finish()`. The text ships with Python: the help texts of `pydoc_data.topics` (what
-`help("topics")` shows), about 460 KB, so nothing is downloaded.
+cosine schedule, gradient clipping, a held-out validation loss and next-character accuracy)
+made distributed by five polyrhythm lines: `pr.init()`, `job.wrap(model, opt)`, `job.epochs`,
+`job.loader` and `job.finish()`. The text ships with Python: the help texts of
+`pydoc_data.topics` (what `help("topics")` shows), about 460 KB, so nothing is downloaded.
 
     python examples/char_lm.py --steps 100                  # alone, as a plain script
     polyrhythm run --strategy allreduce --workers 2 examples/char_lm.py -- --steps 100
     polyrhythm run --strategy ssp --workers 2 examples/char_lm.py -- --steps 40
     polyrhythm run --strategy bsp --servers 2 --workers 2 examples/char_lm.py -- --steps 40
     torchrun --standalone --nproc-per-node 2 examples/char_lm.py --ddp --steps 100
+    torchrun --standalone --nproc-per-node 2 examples/char_lm.py --ddp --powersgd 4
 
 `--ddp` trains the same model under torch's own DistributedDataParallel (started by torchrun),
 on the very batches polyrhythm's all-reduce takes, to compare the two. With `--clip 0` both end
 with the same parameters; with clipping they differ a little, by design: polyrhythm clips each
 worker's own gradient before the exchange, DDP clips the averaged one after it.
 
+`--ddp --powersgd R` registers PyTorch's own PowerSGD communication hook (rank R, error
+feedback and warm start, matrices compressed where the factors take under half of them) to
+compare with polyrhythm's `--compress powersgd --rank R`. The hook sends the first 2 steps
+uncompressed: with error feedback or warm start, 2 is the least `start_powerSGD_iter` it
+allows (DDP rebuilds its buckets after its first step). Under polyrhythm the compression is the
+launcher's: `polyrhythm run --compress powersgd --rank R ...`, not an argument of the script.
+
 `--steps` counts each worker's optimizer steps (the loop stops there); an epoch is one pass
-over this worker's share of the training windows, and the validation loss is logged after
-each (and after the last, partial one). `--seed` seeds the model's initialisation; which
-windows each worker reads, and in which order, is the job's (`polyrhythm run --seed`).
+over this worker's share of the training windows, and the validation loss and accuracy (the
+share of the validation text's characters whose most likely prediction is the character that
+follows) are logged after each (and after the last, partial one): `job.log` under polyrhythm,
+and worker 0 prints `val_loss 1.2345 val_accuracy 0.6543` in every mode. `--seed` seeds the
+model's initialisation; which windows each worker reads, and in which order, is the job's
+(`polyrhythm run --seed`).
 """
 
 from __future__ import annotations
@@ -40,6 +51,7 @@ import polyrhythm as pr
 from polyrhythm.errors import ConfigError, PolyrhythmError
 
 VALIDATION_FRACTION = 0.1  # the tail of the text, never trained on
+ONE_BUCKET_MB = 1024  # --ddp --powersgd: every gradient in one DDP bucket
 
 
 def arguments(argv: list[str] | None = None) -> argparse.Namespace:
@@ -58,6 +70,10 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--save", help="worker 0 saves the model's state_dict here at the end")
     parser.add_argument("--ddp", action="store_true",
                         help="train under torch's DistributedDataParallel (torchrun) instead")
+    parser.add_argument("--powersgd", type=int, metavar="R",
+                        help="with --ddp: DDP's PowerSGD hook at rank R (error feedback, warm "
+                             "start, from step 3; under polyrhythm: polyrhythm run --compress "
+                             "powersgd --rank R)")
     parser.add_argument("--log-every", type=int, default=20,
                         help="print the step and its loss every K steps (worker 0; 0: never)")
     parser.add_argument("--seed", type=int, default=0, help="seeds the model's initialisation")
@@ -72,6 +88,11 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--width {args.width} must be a multiple of --heads {args.heads}")
     if args.lr <= 0:
         parser.error(f"--lr must be positive, not {args.lr}")
+    if args.powersgd is not None and not args.ddp:
+        parser.exit(2, f"{parser.prog}: error: --powersgd R is DDP's PowerSGD hook, for --ddp; "
+                       "under polyrhythm give polyrhythm run --compress powersgd --rank R\n")
+    if args.powersgd is not None and args.powersgd < 1:
+        parser.error(f"--powersgd must be at least 1, not {args.powersgd}")
     if args.measure_after is not None and not 0 <= args.measure_after < args.steps:
         parser.error(f"--measure-after must be from 0 to --steps - 1 ({args.steps - 1}), "
                      f"not {args.measure_after}")
@@ -209,18 +230,30 @@ def next_char_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def validation_loss(model: nn.Module, validation: CharWindows) -> float:
-    """The mean loss per character over every validation window."""
+def evaluate(model: nn.Module, windows: CharWindows) -> tuple[float, float]:
+    """The mean loss per character over every validation window, and the accuracy: the share
+    of characters the model's most likely next character is."""
     model.eval()
-    total, count = 0.0, 0
-    for x, y in torch.utils.data.DataLoader(validation, batch_size=64):
-        total += float(next_char_loss(model(x), y)) * y.numel()
+    total, right, count = 0.0, 0, 0
+    for x, y in torch.utils.data.DataLoader(windows, batch_size=64):
+        logits = model(x)
+        total += float(next_char_loss(logits, y)) * y.numel()
+        right += int((logits.argmax(-1) == y).sum())
         count += y.numel()
     model.train()
-    return total / count
+    return total / count, right / count
 
 
-def train(args, model, opt, schedule, batches, epochs, validation, log, talk: bool,
+def validation_loss(model: nn.Module, windows: CharWindows) -> float:
+    """The mean loss per character over every validation window."""
+    return evaluate(model, windows)[0]
+
+
+def validation_line(loss: float, accuracy: float) -> str:
+    return f"val_loss {loss:.4f} val_accuracy {accuracy:.4f}"
+
+
+def train(args, model, opt, schedule, batches, epochs, windows, log, talk: bool,
           clock: StepClock) -> None:
     """The loop, as a single-process script has it: stops after `args.steps` steps."""
     step = 0
@@ -240,7 +273,7 @@ def train(args, model, opt, schedule, batches, epochs, validation, log, talk: bo
                 print(f"step {step} loss {loss.item():.4f}", flush=True)
             if step == args.steps:
                 break
-        log(validation_loss(model, validation))
+        log(*evaluate(model, windows))
     if talk and args.measure_after is not None:
         print(clock.line(), flush=True)
 
@@ -253,10 +286,10 @@ def main(args: argparse.Namespace) -> None:
     batches = job.loader(train_set, batch_size=args.batch)
     epochs = job.epochs(math.ceil(args.steps / len(batches)))
 
-    def log(val_loss: float) -> None:
-        job.log(val_loss=val_loss)
+    def log(val_loss: float, val_accuracy: float) -> None:
+        job.log(val_loss=val_loss, val_accuracy=val_accuracy)
         if job.worker == 0:
-            print(f"val_loss {val_loss:.4f}", flush=True)
+            print(validation_line(val_loss, val_accuracy), flush=True)
 
     clock = StepClock(args.measure_after or 0, args.batch * job.workers)
     train(args, model, opt, schedule, batches, epochs, validation, log, job.worker == 0, clock)
@@ -280,13 +313,22 @@ def ddp(args: argparse.Namespace) -> None:
     batches = torch.utils.data.DataLoader(train_set, batch_size=args.batch, sampler=sampler)
     epochs = range(math.ceil(args.steps / len(batches)))
 
-    def log(val_loss: float) -> None:
+    def log(val_loss: float, val_accuracy: float) -> None:
         if rank == 0:
-            print(f"val_loss {val_loss:.4f}", flush=True)
+            print(validation_line(val_loss, val_accuracy), flush=True)
 
     clock = StepClock(args.measure_after or 0, args.batch * dist.get_world_size())
-    train(args, torch.nn.parallel.DistributedDataParallel(model), opt, schedule, batches,
-          epochs, validation, log, rank == 0, clock)
+    if args.powersgd is None:
+        wrapped = torch.nn.parallel.DistributedDataParallel(model)
+    else:
+        # One bucket for the whole model (DDP's default splits one of 1 MiB off after the
+        # first step). With two buckets under Gloo (torch 2.13, width 128) the hook failed
+        # within 30 steps, with Gloo's "Received data size doesn't match expected size" (a
+        # collective mismatch) or in a hang: likely each bucket's chain of three
+        # all-reduces, issued from callbacks, reaching Gloo in different orders on the ranks.
+        wrapped = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=ONE_BUCKET_MB)
+        powersgd_hook(wrapped, args.powersgd)
+    train(args, wrapped, opt, schedule, batches, epochs, validation, log, rank == 0, clock)
     if args.save and rank == 0:
         torch.save(model.state_dict(), args.save)
     dist.barrier()
@@ -295,6 +337,19 @@ def ddp(args: argparse.Namespace) -> None:
     # done; every rank's output is saved and flushed by now.
     sys.stdout.flush()
     os._exit(0)
+
+
+def powersgd_hook(model, rank: int) -> None:
+    """PyTorch's PowerSGD hook on a DDP model: rank-`rank` factors with error feedback and
+    warm start, for matrices whose factors take under half of them (min_compression_rate 2,
+    polyrhythm's rule), from the third step: 2 is the least start_powerSGD_iter the hook
+    allows with error feedback or warm start, so its first 2 steps are all-reduced whole."""
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+
+    state = powersgd.PowerSGDState(process_group=None, matrix_approximation_rank=rank,
+                                   start_powerSGD_iter=2, min_compression_rate=2,
+                                   use_error_feedback=True, warm_start=True)
+    model.register_comm_hook(state, powersgd.powerSGD_hook)
 
 
 if __name__ == "__main__":
