@@ -28,6 +28,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/overhead.py
 	$(BIN)/python benchmarks/script.py
+	$(BIN)/python benchmarks/compression.py
 	$(BIN)/python benchmarks/collectives.py
 	$(BIN)/python benchmarks/instrumentation.py
 	$(BIN)/python benchmarks/face.py

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from polyrhythm.errors import ClusterError
+from polyrhythm.launch.cluster import can_emulate, leftovers
 from polyrhythm.layout import ALGORITHMS
 
 BENCHMARKS = Path(__file__).parent.parent / "benchmarks"
@@ -232,6 +234,65 @@ def test_script_benchmark_smoke_prints_both_ratios():
         assert follows(verdict, ratio, lambda r, t=float(target): r >= t), row.group(0)
 
 
+def _no_emulated_cluster() -> str | None:
+    """Why no emulated cluster can be made here (not root, no ip or tc), or None."""
+    try:
+        can_emulate()
+    except ClusterError as exc:
+        return str(exc)
+    return None
+
+
+def differs_by(points: str, ours: str, theirs: str) -> bool:
+    """Whether the printed `points` can be 100 x (ours - theirs) for accuracies that print as
+    those figures."""
+    (p0, p1), (a0, a1), (b0, b1) = bounds(points), bounds(ours), bounds(theirs)
+    slack = 1e-9
+    return 100 * (a0 - b1) - slack <= p1 and p0 <= 100 * (a1 - b0) + slack
+
+
+@pytest.mark.skipif(_no_emulated_cluster() is not None,
+                    reason=f"no emulated cluster here: {_no_emulated_cluster()}")
+def test_compression_benchmark_smoke_prints_both_figures_and_leaves_nothing():
+    """polyrhythm's PowerSGD against DDP's hook, each on an emulated 2-host cluster: the
+    ratio of samples/s and the difference of final accuracy follow from the figures they are
+    printed with, and neither cluster is left behind."""
+    before = leftovers()
+    out = smoke("compression.py")
+    assert leftovers() == before
+    assert re.search(r"^examples/char_lm\.py --steps 12 --measure-after 4 --log-every 0 .*: "
+                     r"2 hosts at 100mbit, powersgd rank 4, 1 repeats, (side by side, one core "
+                     r"each|in turn on one core), 1 torch thread a process$", out,
+                     re.MULTILINE), out
+    ours, theirs = "polyrhythm allreduce + powersgd", "DDP + powerSGD_hook"
+    repeats = re.findall(rf"^  repeat (\d+)/1  {re.escape(ours)} ({NUMBER})/s accuracy "
+                         rf"(\d\.\d{{4}})  {re.escape(theirs)} ({NUMBER})/s accuracy "
+                         rf"(\d\.\d{{4}})  ratio (\d+\.\d{{3}})  other load "
+                         rf"(?:\d+\.\d\d|\?) cores$", out, re.MULTILINE)
+    assert [number for number, *_ in repeats] == ["1"], out  # --quick: one repeat
+    ((_, rate, accuracy, base_rate, base_accuracy, paired),) = repeats
+    assert is_quotient(paired, rate, base_rate), repeats
+    speed = re.search(rf"^samples/s {re.escape(ours)} / {re.escape(theirs)}: (\d+\.\d{{3}}) "
+                      rf"\(target >= (\d\.\d\d)\) (PASS|MISS)  \[repeats: (\d+\.\d{{3}})-"
+                      rf"(\d+\.\d{{3}}); median samples/s ({NUMBER}) and ({NUMBER})\]$", out,
+                      re.MULTILINE)
+    assert speed, out
+    ratio, target, verdict, least, most, median, median_base = speed.groups()
+    # One repeat: the medians are that repeat's figures.
+    assert ratio == least == most == paired and (median, median_base) == (rate, base_rate)
+    assert follows(verdict, ratio, lambda r: r >= float(target)), speed.group(0)
+    accuracy_row = re.search(
+        rf"^final validation accuracy {re.escape(ours)} - {re.escape(theirs)}: ([+-]\d+\.\d\d) "
+        rf"points \(target within (\d\.\d\d)\) (PASS|MISS)  \[repeats: ([+-]\d+\.\d\d) to "
+        rf"([+-]\d+\.\d\d); median accuracy (\d\.\d{{4}}) and (\d\.\d{{4}})\]$", out,
+        re.MULTILINE)
+    assert accuracy_row, out
+    points, target, verdict, least, most, median, median_base = accuracy_row.groups()
+    assert points == least == most and (median, median_base) == (accuracy, base_accuracy)
+    assert differs_by(points, accuracy, base_accuracy), accuracy_row.group(0)
+    assert follows(verdict, points, lambda p: abs(p) <= float(target)), accuracy_row.group(0)
+
+
 def script_benchmark(monkeypatch):
     """benchmarks/script.py as a module (benchmarks are scripts, not a package), known to
     sys.modules while the test runs, as its dataclass needs, and its folder on the path, as
@@ -277,3 +338,73 @@ def test_script_benchmark_reads_a_jobs_figure_and_names_its_failure(capsys, monk
                         r"terminate called without an active exception \(its output: (\S+)\); "
                         r"its figure stands\n", note), note
     Path(re.search(r"its output: (\S+)\)", note).group(1)).unlink()
+
+
+def compression_benchmark(monkeypatch):
+    """benchmarks/compression.py as a module, as script_benchmark loads script.py (it imports
+    script.py and machine_load.py from its folder)."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    spec = importlib.util.spec_from_file_location("compression_benchmark",
+                                                  BENCHMARKS / "compression.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_compression_benchmark_without_a_cluster_says_skip(capsys, monkeypatch):
+    bench = compression_benchmark(monkeypatch)
+
+    def cannot() -> None:
+        raise ClusterError("an emulated cluster needs root (network namespaces, tc, cgroups)")
+    monkeypatch.setattr(bench, "can_emulate", cannot)
+    assert bench.main(["--quick"]) == 0
+    assert capsys.readouterr().out == (
+        "polyrhythm allreduce + powersgd / DDP + powerSGD_hook on an emulated cluster: SKIP "
+        "(an emulated cluster needs root (network namespaces, tc, cgroups))\n")
+
+
+def test_compression_benchmark_reads_a_jobs_figures_and_names_its_failure(tmp_path, capsys,
+                                                                          monkeypatch):
+    bench = compression_benchmark(monkeypatch)
+
+    def job(name: str, code: int, *hosts: list[str]):
+        """A job whose hosts printed these lines into their logs and exited with `code`."""
+        logs = []
+        for host, lines in enumerate(hosts):
+            logs.append(tmp_path / f"{name}-{host}.log")
+            logs[-1].write_text("".join(f"{line}\n" for line in lines))
+        return bench.Job(name, [finished(code=code)], logs)
+
+    figure = "samples/s 265.8 over 180 steps of 32 samples (21.670 s)"
+    validated = "val_loss 2.1707 val_accuracy 0.4165"
+    summary = '{"run_id": "x", "cluster": {"name": null}}'
+    assert bench.figures(job(bench.POLYRHYTHM, 0, [validated, figure, summary])) == (265.8,
+                                                                                     0.4165)
+    assert bench.figures(job(bench.DDP, 0, [validated, figure], [])) == (265.8, 0.4165)
+    # A line torchrun's --tee passed on with its next line's mark (polyrhythm run --hosts).
+    assert bench.figures(job(bench.POLYRHYTHM, 0, [validated + "[default0]:", figure,
+                                                   summary])) == (265.8, 0.4165)
+    assert capsys.readouterr().out == ""
+    # A job that ended well without its figures says which it did not print.
+    with pytest.raises(bench.JobFailed) as failed:
+        bench.figures(job(bench.DDP, 0, [figure], []))
+    assert str(failed.value).startswith("DDP + powerSGD_hook failed (exit code 0): worker 0 "
+                                        "printed no val_accuracy line (its output: ")
+    Path(re.search(r"its output: (\S+)\)", str(failed.value)).group(1)).unlink()
+    # The polyrhythm side on someone's standing cluster rather than one of its own.
+    standing = '{"run_id": "x", "cluster": {"name": "default"}}'
+    with pytest.raises(bench.JobFailed, match="ran on the standing cluster 'default', not one "
+                                              "of its own"):
+        bench.figures(job(bench.POLYRHYTHM, 0, [validated, figure, standing]))
+    # A rank that failed on host 1 before worker 0's figures: one line with its error line.
+    with pytest.raises(bench.JobFailed) as failed:
+        bench.figures(job(bench.DDP, 1, ["W socket warning"],
+                          ["Traceback (most recent call last):",
+                           "RuntimeError: Connection reset by peer"]))
+    message = str(failed.value)
+    assert re.fullmatch(r"DDP \+ powerSGD_hook failed \(exit code 1\): RuntimeError: "
+                        r"Connection reset by peer \(its output: (\S+)\)", message), message
+    kept = Path(re.search(r"its output: (\S+)\)", message).group(1))
+    assert "==> DDP + powerSGD_hook-1.log <==" in kept.read_text()
+    kept.unlink()
