@@ -214,7 +214,8 @@ for k in range(5):
     run_id = f"p{{p}}-r{{k}}"
     store.add_run(run_id, f"2026-01-01T00:00:{{k:02d}}", columns, "x = 1")
     epochs = [dict(epoch=e, train_loss=1.0, val_loss=1.0, val_accuracy=0.5) for e in range(2)]
-    rows = [(w, s, 0, s * 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.5) for w in range(2) for s in range(200)]
+    rows = [(w, s, 0, s * 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.0, 0.5) for w in range(2)
+            for s in range(200)]
     store.complete_run(run_id, dict(final_val_accuracy=0.5, samples_per_s=1.0, wall_s=1.0),
                        epochs, dict(iterations=rows))
 """
@@ -287,7 +288,7 @@ def test_a_schema_3_store_opens_and_gains_the_launcher_column(tmp_path):
         _, stderr = proc.communicate(timeout=60)
         assert proc.returncode == 0, stderr
     with sqlite3.connect(path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
         columns = [r[1] for r in conn.execute("PRAGMA table_info(runs)")]
     conn.close()
     assert columns[-1] == "launcher"

@@ -388,8 +388,9 @@ def test_every_experiment_file_parses_and_every_point_is_valid(path):
     assert header.startswith("# "), "each file opens with a comment: study and duration"
     sweep = load_sweep(path)
     assert sweep.sweep_id == path.stem
-    # Sized for a 2-core machine; the largest is switch.toml's 5 x 2 groups x 3 repeats.
-    assert 2 <= len(sweep.plan()) <= 30
+    # Sized for a 2-core machine; the largest is compression.toml's 3 setups x 5 compressors
+    # x 3 repeats, as the study asks (about 50 minutes).
+    assert 2 <= len(sweep.plan()) <= 45
 
 
 def test_the_experiments_are_there():
