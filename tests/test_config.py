@@ -104,6 +104,14 @@ def test_a_sweep_drops_what_a_point_does_not_read():
     assert unread_fields({**fields, "strategy": "allreduce"}) == {
         "tau", "synthetic_size", "servers", "bucket_kb"}
     assert set(flat_keys()) >= {"strategy", "dataset", "model", "tau", "lr", "workers"}
+    # Compression: replies only where servers reply, its settings only where it compresses,
+    # each compressor's parameters only for it.
+    compressed = {"strategy": "bsp", "compress": "topk", "ratio": 0.1, "levels": 3,
+                  "compress_replies": True, "error_feedback": False}
+    assert unread_fields(compressed) == {"levels"}
+    assert unread_fields({**compressed, "strategy": "ring"}) == {"levels", "compress_replies"}
+    assert unread_fields({**compressed, "compress": "none"}) == {
+        "levels", "ratio", "compress_replies", "error_feedback"}
 
 
 def test_a_config_pickles_and_copies_to_the_same_run():

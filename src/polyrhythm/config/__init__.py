@@ -35,6 +35,7 @@ from typing import Any
 
 import tomli_w
 
+from polyrhythm.compression import NONE
 from polyrhythm.config.composed import into_halves
 from polyrhythm.config.compression import check_compression, uncompressed_left_out
 from polyrhythm.config.declared import GENERAL, OPTIMIZER, check_optimizer, stored
@@ -254,11 +255,12 @@ def _check_run(run: Settings) -> None:
 
 
 def unread_fields(fields: Mapping[str, Any]) -> set[str]:
-    """Those of a run's flat `fields` that it does not read: other strategies', data sets' or
-    models' parameters; servers and bucket_kb for a strategy without servers; bucket_kb where
-    the policy decides on whole gradients. RunConfig rejects them (servers = 0 aside); a sweep
-    drops them from a point. A section whose component is not a known name reads all (the
-    config's validation then says what is wrong with it)."""
+    """Those of a run's flat `fields` that it does not read: other strategies', data sets',
+    models' or compressors' parameters; servers, bucket_kb and compress_replies for a
+    strategy without servers; bucket_kb where the policy decides on whole gradients; the
+    compression settings where nothing is compressed. RunConfig rejects them (servers = 0
+    aside); a sweep drops them from a point. A section whose component is not a known name
+    reads all (the config's validation then says what is wrong with it)."""
     given = sectioned(fields)
     given["strategy"] = into_halves(given["strategy"], STRATEGIES,
                                     COMPONENTS["strategy"].default)
@@ -271,9 +273,11 @@ def unread_fields(fields: Mapping[str, Any]) -> set[str]:
     name = given["strategy"].get("name", COMPONENTS["strategy"].default)
     spec = STRATEGIES.get(name) if isinstance(name, str) else None
     if spec is not None and not spec.uses_servers:
-        unread |= {"servers", "bucket_kb", "placement", "shared_epochs"}
+        unread |= {"servers", "bucket_kb", "placement", "shared_epochs", "compress_replies"}
     elif spec is not None and spec.whole_gradient(given["strategy"]):
         unread.add("bucket_kb")
+    if given["compression"].get("name", COMPONENTS["compression"].default) == NONE:
+        unread |= {"error_feedback", "compress_replies"}
     return unread & set(fields)
 
 
