@@ -291,3 +291,29 @@ def test_calibrating_a_run_without_per_step_times_is_one_line_naming_the_flag(tm
                          capture_output=True, text=True)
     assert run.returncode == 2 and run.stderr.count("\n") == 1
     assert "--calibrate: run" in run.stderr and "instrumentation off" in run.stderr
+
+
+def test_an_emulated_runs_prediction_is_no_more_than_its_machines_cores_allow():
+    """Emulated hosts share this machine's cores: the bound is the cores over the CPU
+    seconds the hosts ran per sample (the fidelity guard's used cores over samples/s)."""
+    from polyrhythm.cli.simulate import format_predictions
+    from polyrhythm.sim.calibrate import cores_bound
+    from polyrhythm.sim.result import SimResult, WorkerLog
+    from polyrhythm.sim.study import Prediction
+
+    guard = {"machine_cores": 2, "samples": 40,
+             "hosts": [{"used_cores": 0.25}, {"used_cores": 0.75}]}
+    assert cores_bound({"samples_per_s": 400.0, "cluster": guard}) == 800.0
+    assert cores_bound({"samples_per_s": 400.0}) is None  # hosts of their own
+    assert cores_bound({"samples_per_s": 400.0, "cluster": {**guard, "samples": 0}}) is None
+
+    config = cluster("ring", 2)
+    hosts = SimResult("ring", 2, 0, [WorkerLog(samples=500, end=1.0)] * 2, 1.0)
+    bound = Prediction(config, hosts, 1.0, measured=640.0, run_id="r1", cores_bound=800.0)
+    assert (bound.samples_per_s, bound.bound_by_cores) == (800.0, True)
+    assert bound.error == pytest.approx(800 / 640 - 1)
+    free = Prediction(config, hosts, 1.0, measured=900.0, run_id="r2", cores_bound=5000.0)
+    assert (free.samples_per_s, free.bound_by_cores) == (1000.0, False)
+    table = format_predictions([bound, free]).splitlines()
+    assert table[1].endswith(" *") and "800.0" in table[1] and not table[2].endswith("*")
+    assert table[3].startswith("* run r1's") and table[3].endswith("1000.0")

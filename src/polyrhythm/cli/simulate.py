@@ -141,13 +141,16 @@ def _codecs_timed(costs, config):
 def _row(p) -> dict:
     from polyrhythm.sim.compressed import settings_key
 
-    return {**p.result.summary(), "compression": settings_key(p.config.compression),
+    return {**p.result.summary(), "samples_per_s": p.samples_per_s,
+            "hosts_samples_per_s": p.result.samples_per_s, "cores_bound": p.cores_bound,
+            "compression": settings_key(p.config.compression),
             "efficiency": p.efficiency, "measured_samples_per_s":
             p.measured, "error": p.error, "run_id": p.run_id}
 
 
 def format_predictions(predictions) -> str:
-    """The table `simulate` prints."""
+    """The table `simulate` prints; a prediction its emulating machine's cores bound is
+    starred, with what hosts of their own would do below."""
     lines = [f"{'strategy':<18} {'N':>5} {'S':>3} {'samples/s':>10} {'eff %':>6} "
              f"{'iter ms':>8} {'idle %':>6} {'stale':>6} {'max':>5} {'srv load %':>10} "
              f"{'measured':>9} {'error':>7}"]
@@ -157,8 +160,12 @@ def format_predictions(predictions) -> str:
         measured = f"{p.measured:.0f}" if p.measured else "-"
         error = f"{100 * p.error:+.1f}%" if p.error is not None else "-"
         lines.append(f"{r.strategy:<18} {r.workers:>5} {r.servers:>3} "
-                     f"{r.samples_per_s:>10.1f} {100 * p.efficiency:>6.0f} "
+                     f"{p.samples_per_s:>10.1f} {100 * p.efficiency:>6.0f} "
                      f"{1000 * r.iteration_s:>8.1f} {100 * r.idleness:>6.1f} "
                      f"{r.staleness_mean:>6.2f} {max(r.staleness, default=0):>5} "
-                     f"{load:>10} {measured:>9} {error:>7}")
+                     f"{load:>10} {measured:>9} {error:>7}" + " *" * p.bound_by_cores)
+    lines += [f"* run {p.run_id}'s emulated hosts shared this machine's cores, which allow "
+              f"{p.cores_bound:.1f} samples/s (the fidelity guard: the CPU its hosts ran per "
+              f"sample); as hosts of their own: {p.result.samples_per_s:.1f}"
+              for p in predictions if p.bound_by_cores]
     return "\n".join(lines)

@@ -13,6 +13,12 @@ out, which is small next to the links the simulator is for. Under compression: t
 parameters' shapes (its summary's), each worker's mean seconds per step encoding and decoding
 after the warm-up (the iterations' compress_s), and the servers' per whole-model push they
 decoded (their compress seconds over the pushes they took, a bucket's push a share).
+
+An emulated run's hosts share this machine's cores: it trains no faster than those cores
+allow (cores_bound, samples/s), the machine's cores over the CPU seconds its hosts' threads
+ran per sample trained (the fidelity guard's used cores, launch/fidelity.py). The simulator
+models hosts of their own; where a run was emulator-bound, the bound is what it could reach
+here (study.Prediction).
 """
 
 from __future__ import annotations
@@ -39,17 +45,18 @@ class Calibration:
     costs: Costs
     iterations: int
     measured: dict
+    cores_bound: float | None = None  # samples/s: an emulated run's, its machine's cores
 
     def to_dict(self) -> dict:
         """Plain values: a test fixture holds these (tests/fixtures/sim/)."""
         return {"run_id": self.run_id, "config": self.config.to_dict(),
                 "costs": vars(self.costs), "iterations": self.iterations,
-                "measured": self.measured}
+                "measured": self.measured, "cores_bound": self.cores_bound}
 
     @classmethod
     def from_dict(cls, values: dict) -> Calibration:
         return cls(values["run_id"], RunConfig(**values["config"]), Costs(**values["costs"]),
-                   values["iterations"], values["measured"])
+                   values["iterations"], values["measured"], values.get("cores_bound"))
 
 
 def calibrate(out: str | Path, run_id: str) -> Calibration:
@@ -82,7 +89,18 @@ def calibrate(out: str | Path, run_id: str) -> Calibration:
                   compressor=settings_key(config.compression),
                   compress_s=sum(after) / max(1, len(after)),
                   server_compress_s=_server_compress_s(config, summary, store, run_id))
-    return Calibration(run_id, config, costs, steps, measured)
+    return Calibration(run_id, config, costs, steps, measured, cores_bound(summary))
+
+
+def cores_bound(summary: dict) -> float | None:
+    """The samples/s an emulated run's machine allows: its cores over the CPU seconds the
+    hosts' threads ran per sample (the mean cores they used over the samples/s trained);
+    None for a run on real hosts or too short for the fidelity guard to sample."""
+    cluster = summary.get("cluster") or {}
+    used = sum(host["used_cores"] for host in cluster.get("hosts", []))
+    if not cluster.get("samples") or not used or not summary["samples_per_s"]:
+        return None
+    return cluster["machine_cores"] / (used / summary["samples_per_s"])
 
 
 def _server_compress_s(config, summary: dict, store, run_id: str) -> float | None:

@@ -22,7 +22,7 @@ def scaling_png(predictions: list[Prediction], heading: str) -> bytes:
         for label, points in lines.items():
             points.sort(key=lambda p: p.config.workers)
             workers = [p.config.workers for p in points]
-            line, = throughput.plot(workers, [p.result.samples_per_s for p in points],
+            line, = throughput.plot(workers, [p.samples_per_s for p in points],
                                     marker=".", label=f"{label} (simulated)")
             efficiency.plot(workers, [100 * p.efficiency for p in points], marker=".",
                             color=line.get_color(), label=label)

@@ -16,20 +16,34 @@ from polyrhythm.sim.setup import Costs
 @dataclass
 class Prediction:
     """One config's simulation; `efficiency` is samples/s over N times one worker's;
-    `measured` the calibrating run's samples/s (None: no run)."""
+    `measured` the calibrating run's samples/s (None: no run), `cores_bound` what its
+    emulating machine's cores allow (None: no bound, hosts of their own)."""
 
     config: RunConfig
     result: SimResult
     efficiency: float
     measured: float | None = None
     run_id: str | None = None
+    cores_bound: float | None = None
+
+    @property
+    def samples_per_s(self) -> float:
+        """The simulated hosts' samples/s, no more than the emulating machine allows."""
+        if self.cores_bound is None:
+            return self.result.samples_per_s
+        return min(self.result.samples_per_s, self.cores_bound)
+
+    @property
+    def bound_by_cores(self) -> bool:
+        """Whether the emulating machine's cores, not the simulated hosts, set the pace."""
+        return self.samples_per_s < self.result.samples_per_s
 
     @property
     def error(self) -> float | None:
         """(predicted - measured) / measured."""
         if not self.measured:
             return None
-        return self.result.samples_per_s / self.measured - 1.0
+        return self.samples_per_s / self.measured - 1.0
 
 
 def predict(configs: list[RunConfig], costs: Costs, iterations: int) -> list[Prediction]:
@@ -43,6 +57,7 @@ def predict_runs(calibrations: list[Calibration]) -> list[Prediction]:
     for cal in calibrations:
         p = _predicted(cal.config, cal.costs, cal.iterations)
         p.measured, p.run_id = cal.measured["samples_per_s"], cal.run_id
+        p.cores_bound = cal.cores_bound
         out.append(p)
     return out
 
