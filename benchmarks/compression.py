@@ -63,7 +63,7 @@ from pathlib import Path
 from machine_load import OtherLoad, shared_warning  # benchmarks/, this script's folder
 from polyrhythm.errors import ClusterError
 from polyrhythm.launch.cluster import ClusterShape, EmulatedCluster, can_emulate
-from script import ERROR, MEASURED, SCRIPT, end_session  # benchmarks/script.py
+from script import ERROR, MEASURED, SCRIPT, end_session, parse_paired  # benchmarks/script.py
 
 HOSTS, BANDWIDTH = 2, "100mbit"
 SHAPE = ClusterShape(HOSTS, (BANDWIDTH,) * HOSTS, (None,) * HOSTS)
@@ -272,20 +272,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rank", type=int, default=4,
                         help="PowerSGD's rank on both sides (default 4)")
-    parser.add_argument("--steps", type=int, default=200,
-                        help="steps per run, warm-up included (default 200)")
-    parser.add_argument("--warmup", type=int, default=20,
-                        help="leading steps left out of the throughput (default 20)")
-    parser.add_argument("--repeats", type=int, default=5, help="paired repeats (default 5)")
-    parser.add_argument("--quick", action="store_true",
-                        help="smoke run: a smaller model, 12 steps (4 warm-up), 1 repeat")
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.steps, args.warmup, args.repeats = 12, 4, 1
-    if not 0 <= args.warmup < args.steps - 1:
-        parser.error("--warmup must leave at least two measured steps")
-    if args.repeats < 1 or args.rank < 1:
-        parser.error("--repeats and --rank must be at least 1")
+    args = parse_paired(parser, argv, "steps per run, warm-up included (default 200)")
+    if args.rank < 1:
+        parser.error("--rank must be at least 1")
     return args
 
 

@@ -197,9 +197,15 @@ def load_of(comp: Comparison) -> str:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=200,
-                        help="steps per run, warm-up included (default 200: one epoch of "
-                             "two workers is 204)")
+    return parse_paired(parser, argv, "steps per run, warm-up included (default 200: one "
+                                      "epoch of two workers is 204)")
+
+
+def parse_paired(parser: argparse.ArgumentParser, argv: list[str] | None,
+                 steps_help: str) -> argparse.Namespace:
+    """The flags of a benchmark of paired repeats (--steps, --warmup, --repeats, --quick)
+    added to `parser`, parsed and checked (benchmarks/compression.py shares them)."""
+    parser.add_argument("--steps", type=int, default=200, help=steps_help)
     parser.add_argument("--warmup", type=int, default=20,
                         help="leading steps left out of the throughput (default 20)")
     parser.add_argument("--repeats", type=int, default=5, help="paired repeats (default 5)")
