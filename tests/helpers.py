@@ -4,7 +4,6 @@ a launched run's processes and progress."""
 from __future__ import annotations
 
 import io
-import multiprocessing as mp
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -22,7 +21,7 @@ from polyrhythm.config import RunConfig, make_config
 from polyrhythm.context import RankContext, Topology
 from polyrhythm.data.sharding import batch_slice, epoch_order, steps_per_epoch, worker_batch_sizes
 from polyrhythm.flat import RunningStatistics
-from polyrhythm.launch.local import PRELOAD
+from polyrhythm.launch import forkserver
 from polyrhythm.losses import LOSSES, Loss
 from polyrhythm.models.build import build_model
 from polyrhythm.optim import TORCH_OPTIMIZERS, lr_at, optimizer_name
@@ -180,8 +179,7 @@ def play_ranks(tmp_path: Path, config: RunConfig,
     shard) in place of the job's run, `build()` making another such role; returns
     {rank: (role name, what play returned)}. States travel through torch.save and come back
     through torch.load(weights_only=True)."""
-    ctx = mp.get_context("forkserver")  # as the launcher: torch imported once
-    ctx.set_forkserver_preload(PRELOAD)
+    ctx = forkserver.context()  # as the launcher: torch imported once
     results = ctx.Queue()
     procs = [ctx.Process(target=_play_rank, args=(rank, config.to_dict(),
                                                   str(tmp_path / "rendezvous"), play, results))

@@ -25,15 +25,26 @@ def add_parser(commands) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.resume:
+        start_forkserver()
         from polyrhythm.api import resume
 
         return resumed(args, resume, show_progress=sys.stderr.isatty())
     config = load_config(args.config, **config_flags(args))  # bad input fails before torch
+    if not config.cluster.hosts:
+        start_forkserver()
     from polyrhythm.api import train
 
     summary = train(config, show_progress=sys.stderr.isatty())
     print(summary_json_line(summary) if args.json else format_summary(summary))
     return 0
+
+
+def start_forkserver() -> None:
+    """A local run's ranks' forkserver, started before this process imports torch, to import
+    it at the same time (launch/forkserver.py)."""
+    from polyrhythm.launch import forkserver
+
+    forkserver.start()
 
 
 def resumed(args: argparse.Namespace, resume, **options) -> int:

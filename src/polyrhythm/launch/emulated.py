@@ -30,8 +30,9 @@ from polyrhythm.launch.cgroups import CpuGroup
 from polyrhythm.launch.cluster import ClusterShape, EmulatedCluster, standing_of_shape
 from polyrhythm.launch.failures import Kind, cause, rank_failed, read_reports, recorded_failure
 from polyrhythm.launch.fidelity import FidelityGuard
+from polyrhythm.launch.forkserver import CHILD_ENVIRONMENT
 from polyrhythm.launch.janitor import Janitor
-from polyrhythm.launch.local import CHILD_ENVIRONMENT, GRACE_S, raise_interrupt, signal_handlers
+from polyrhythm.launch.local import GRACE_S, raise_interrupt, signal_handlers
 from polyrhythm.metrics.records import RunRecord, amend_run, read_summary
 
 PORT = 29500

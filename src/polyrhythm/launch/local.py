@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
-import multiprocessing as mp
 import os
 import queue
 import signal
@@ -33,7 +32,7 @@ import torch.distributed as dist
 from polyrhythm.config.servers import CONTINUE
 from polyrhythm.context import Topology
 from polyrhythm.errors import RunFailed
-from polyrhythm.launch import runlock
+from polyrhythm.launch import forkserver, runlock
 from polyrhythm.launch.failures import (
     Kind,
     RankFailure,
@@ -48,12 +47,9 @@ from polyrhythm.launch.progress import ProgressBoard
 from polyrhythm.metrics.records import RunRecord, read_summary
 from polyrhythm.runtime.checkpoint import Resume, tidy
 
-# Imported once by the forkserver; every rank is forked with them loaded.
-PRELOAD = ["polyrhythm.launch.local", "polyrhythm.launch.rank"]
 RENDEZVOUS_TIMEOUT = timedelta(seconds=120)
 RENDEZVOUS_FILE = "rendezvous"
 GRACE_S = 3.0
-CHILD_ENVIRONMENT = {"GOMP_SPINCOUNT": "10000", "GLOO_SOCKET_IFNAME": "lo"}
 _PR_SET_NAME, PR_SET_PDEATHSIG = 15, 1
 
 
@@ -78,8 +74,7 @@ def launch_local(config, record: RunRecord, progress: ProgressBoard | None = Non
         with signal_handlers(sigterm=raise_interrupt):
             rendezvous = record.dir / RENDEZVOUS_FILE
             rendezvous.unlink(missing_ok=True)  # a resumed run's old one
-            ctx = mp.get_context("forkserver")
-            ctx.set_forkserver_preload(PRELOAD)
+            ctx = forkserver.context()
             events = ctx.Queue()
             # Nobody writes into `alive`: a rank that reads end-of-file knows its launcher is
             # gone.
@@ -88,7 +83,7 @@ def launch_local(config, record: RunRecord, progress: ProgressBoard | None = Non
                                  args=(config.to_dict(), rank, str(rendezvous), record,
                                        events, alive, resume))
                      for rank in range(topology.world_size)]
-            with _child_environment():
+            with forkserver.child_environment():
                 for p in procs:
                     p.start()
             _supervise(procs, events, board, topology, record,
@@ -122,29 +117,6 @@ def signal_handlers(**handlers) -> Iterator[None]:
     finally:
         for n, h in previous.items():
             signal.signal(n, h)
-
-
-@contextlib.contextmanager
-def _child_environment() -> Iterator[None]:
-    """Environment the ranks start with (read by OpenMP when a rank imports torch).
-
-    OpenMP's idle threads spin for a long time by default; on a machine shared by several
-    ranks, a worker's spinning thread steals the core its server and Gloo's I/O threads need
-    during push/pull (measured on 2 cores: push 1.9 ms -> 0.3 ms per step). Passive waiting
-    (no spin) slows compute instead (+10 % per step), as threads sleep between operators; a
-    short spin keeps them warm within a step and asleep between steps. Gloo binds loopback
-    only (GLOO_SOCKET_IFNAME=lo): torch.distributed has no authentication, so a local run
-    listens to nobody beyond this machine. A value the user set
-    is kept. Ranks fork from the forkserver, so they get the environment it was started
-    with, by the first run of this process: later changes do not reach them.
-    """
-    added = {k: v for k, v in CHILD_ENVIRONMENT.items() if k not in os.environ}
-    os.environ.update(added)
-    try:
-        yield
-    finally:
-        for key in added:
-            del os.environ[key]
 
 
 def raise_interrupt(signum, frame) -> None:

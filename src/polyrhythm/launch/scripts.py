@@ -48,8 +48,8 @@ from polyrhythm.launch.failures import (
     recorded_failure,
     training_began,
 )
+from polyrhythm.launch.forkserver import CHILD_ENVIRONMENT
 from polyrhythm.launch.local import (
-    CHILD_ENVIRONMENT,
     GRACE_S,
     PR_SET_PDEATHSIG,
     raise_interrupt,

@@ -25,18 +25,18 @@ def check_model(model, shape: tuple[int, ...], classes: int,
                 loss: str = "cross_entropy") -> None:
     """Raise the model's own one-line error for samples of `shape` (an image model given
     feature vectors), or a ConfigError where its output does not fit the `loss` (a model of
-    10 outputs for mse), before any process starts. The model is built, and run on a batch
-    of two samples, on PyTorch's meta device: no memory, no arithmetic, and no draw from the
-    random generator of the caller. Only the builder's own errors and the output's shape
-    count: anything else a model may not do on the meta device is left to the ranks, which
-    build and run it for real."""
+    10 outputs for mse), before any process starts. The model is built and run on a batch
+    of two samples on the CPU, the caller's random generator forked around it (the draws of
+    its initialisation are not the caller's). Not on PyTorch's meta device: its kernels
+    (relu's, empty_like's) import torch._dynamo and sympy, a second and a half of the
+    launcher's start-up, more than building any registered model takes. Only the builder's
+    own errors and the output's shape count: anything else is left to the ranks, which
+    build and run the model themselves."""
     task = LOSSES[loss]
     try:
-        with torch.device("meta"):
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
             net = _build(model, shape, task.outputs(classes)).eval()
-            with torch.no_grad():
-                output = net(torch.empty(2, *shape))
-            shape_out = tuple(output.shape)
+            shape_out = tuple(net(torch.zeros(2, *shape)).shape)
     except PolyrhythmError:
         raise
     except Exception:  # noqa: BLE001 - not a verdict on the data: see above
