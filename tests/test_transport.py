@@ -6,7 +6,6 @@ lost go on in a group of their own."""
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import os
 import signal
 import time
@@ -20,7 +19,7 @@ import torch.distributed as dist
 from polyrhythm.comm.faults import PeerLost, PeerSilent, translated
 from polyrhythm.comm.network_threads import LOOP_THREAD, LOWEST
 from polyrhythm.comm.transport import WORKERS, WORLD, Transport
-from polyrhythm.launch.local import PRELOAD
+from polyrhythm.launch import forkserver
 from polyrhythm.metrics.sampler import ResourceSampler
 
 GO, DATA, BEFORE, WINDOW, AFTER = 1, 2, 3, 4, 5  # tags
@@ -196,8 +195,7 @@ def pair(tmp_path: Path, scenario: str, timeout_s: float = 60,
          world: int = 2) -> tuple[list, list[int]]:
     """Run `scenario` on ranks 0 and 1 (or `world` ranks, the last two its workers); (what
     each wrote, None if nothing; exit codes)."""
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(PRELOAD)
+    ctx = forkserver.context()
     procs = [ctx.Process(target=_rank, args=(r, scenario, str(tmp_path), timeout_s, world))
              for r in range(world)]
     for p in procs:
