@@ -389,7 +389,7 @@ def test_every_experiment_file_parses_and_every_point_is_valid(path):
     sweep = load_sweep(path)
     assert sweep.sweep_id == path.stem
     # Sized for a 2-core machine; the largest is compression.toml's 3 setups x 5 compressors
-    # x 3 repeats, as the study asks (about 50 minutes).
+    # x 3 repeats, as the study asks (about 40 minutes).
     assert 2 <= len(sweep.plan()) <= 45
 
 
