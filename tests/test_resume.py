@@ -107,11 +107,34 @@ def test_a_killed_run_resumed_ends_where_an_uninterrupted_one_ends(tmp_path, str
     assert len(summary["epoch_metrics"]) == EPOCHS
     whole = polyrhythm.train({**fields, "out": str(tmp_path / "w")})
     assert max_diff(stored_parameters(summary), stored_parameters(whole)) <= 1e-5
-    (row,) = [r for r in RunStore(out / "polyrhythm.db").runs() if r["run_id"] == run_id]
-    assert row["status"] == "completed" and len(RunStore(out / "polyrhythm.db").epochs(
-        run_id)) == EPOCHS
+    store = RunStore(out / "polyrhythm.db")
+    (row,) = [r for r in store.runs() if r["run_id"] == run_id]
+    assert row["status"] == "completed" and len(store.epochs(run_id)) == EPOCHS
+    # The records made before the kill survive it, on one time line with those after.
+    _assert_one_time_line(store, run_id, summary, RunStore(tmp_path / "w" / "polyrhythm.db"),
+                          whole["run_id"], servers=strategy == "bsp")
     assert _checkpoint_folders(out / run_id) == [f"epoch-{EPOCHS - 1:04d}",
                                                  f"epoch-{EPOCHS:04d}"]
+
+
+def _assert_one_time_line(store: RunStore, run_id: str, summary: dict, twin: RunStore,
+                          twin_id: str, servers: bool) -> None:
+    """Every step of every worker is in the resumed run's iterations, as many as the
+    uninterrupted run's, each worker's in order on one clock that never goes back; so are
+    the epochs' wall times and (with servers) the pushes; the run's training time covers
+    every epoch's."""
+    resumed = store.series("iterations", run_id)
+    assert len(resumed) == len(twin.series("iterations", twin_id))
+    for worker in (0, 1):
+        rows = [r for r in resumed if r["worker"] == worker]
+        assert [r["step"] for r in rows] == list(range(len(rows)))
+        assert all(a["t"] < b["t"] for a, b in zip(rows, rows[1:]))
+    walls = [e["wall_s"] for e in summary["epoch_metrics"]]
+    assert walls == sorted(walls) and summary["wall_s"] >= walls[-1]
+    if servers:
+        pushes = store.series("pushes", run_id)
+        assert len(pushes) == len(twin.series("pushes", twin_id))
+        assert all(a["t"] <= b["t"] for a, b in zip(pushes, pushes[1:]))
 
 
 def test_a_run_whose_launcher_was_killed_resumes_at_once_and_ends_as_an_uninterrupted_one(

@@ -108,6 +108,8 @@ def resume(run_id: str, out: str | Path = "runs", *, show_progress: bool = False
                           f"it with `polyrhythm run --resume {run_id}`")
     config, point, done = _reopened(record, out, overrides, RESUMABLE, say)
     say(f"resuming run {run_id} after epoch {done} of {config.epochs}")
+    if config.cluster.hosts:
+        return launch_emulated(config, record, show_progress, resume=point)
     board = ProgressBoard(config.workers, enabled=True) if show_progress else None
     return launch_local(config, record, board, resume=point)
 
@@ -129,6 +131,9 @@ def resume_script(run_id: str, out: str | Path = "runs", *, say=print,
     # The ranks run in the script's folder, maybe not this one: they find the store by an
     # absolute path.
     config = resolve_config(config, out=str(Path(out).resolve()))
+    if config.cluster.hosts:
+        return launch_emulated(config, record, show_progress=True,
+                               program=script_on_cluster(config, record, call, resume=point))
     return launch_script(config, record, call, resume=point)
 
 
@@ -151,10 +156,11 @@ def _reopened(record: RunRecord, out: str | Path, overrides: dict, resumable: se
     stored = load_config(record.dir / "config.toml", out=str(out))
     config = resolve_config(stored, **overrides)
     if config.cluster.hosts:
-        raise ConfigError("resuming a run on an emulated cluster is not supported yet")
+        can_emulate()
     check_resumable(record)
-    # A killed launcher's ranks leave once they see it gone: wait for them, so that none
-    # writes a checkpoint any more when the newest is chosen and the new ranks start.
+    # A killed launcher's ranks leave once they see it gone (on an emulated cluster its
+    # janitor ends them): wait for them, so that none writes a checkpoint any more when the
+    # newest is chosen and the new ranks start.
     runlock.wait_until_free(record.dir)
     point, done = latest(record.dir, stored.workers, stored.servers, say=say)
     reopen_run(record)

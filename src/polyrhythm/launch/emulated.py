@@ -28,12 +28,20 @@ from polyrhythm.context import Topology
 from polyrhythm.errors import ClusterError, RunFailed
 from polyrhythm.launch.cgroups import CpuGroup
 from polyrhythm.launch.cluster import ClusterShape, EmulatedCluster, standing_of_shape
-from polyrhythm.launch.failures import Kind, cause, rank_failed, read_reports, recorded_failure
+from polyrhythm.launch.failures import (
+    Kind,
+    cause,
+    clear_reports,
+    rank_failed,
+    read_reports,
+    recorded_failure,
+)
 from polyrhythm.launch.fidelity import FidelityGuard
 from polyrhythm.launch.forkserver import CHILD_ENVIRONMENT
 from polyrhythm.launch.janitor import Janitor
 from polyrhythm.launch.local import GRACE_S, raise_interrupt, signal_handlers
 from polyrhythm.metrics.records import RunRecord, amend_run, read_summary
+from polyrhythm.runtime.checkpoint import Resume, resumed_config
 
 PORT = 29500
 POLL_S = 0.2
@@ -56,11 +64,18 @@ class RankProgram:
     show: Callable[[int, str], None]
 
 
-def node_program(record: RunRecord) -> RankProgram:
+def node_program(config, record: RunRecord, resume: Resume | None = None) -> RankProgram:
     """`polyrhythm train`'s job: every rank runs polyrhythm.node, whose workers each log a
-    line an epoch; the launcher shows those, each with its host."""
-    return RankProgram(("-m", "polyrhythm.node", str(record.dir / "config.toml"), "--run-id",
-                        record.run_id), lambda host: {}, False, _show_epoch_line)
+    line an epoch; the launcher shows those, each with its host. Resumed (`resume`, the
+    checkpoint the launcher chose), every rank goes on from the run's newest usable
+    checkpoint, which nothing writes any more, so each finds that one too."""
+    if resume is None:
+        argv = (str(record.dir / "config.toml"), "--run-id", record.run_id)
+    else:
+        argv = (str(resumed_config(config, record.dir)), "--run-id", record.run_id,
+                "--resume", record.run_id)
+    return RankProgram(("-m", "polyrhythm.node", *argv), lambda host: {}, False,
+                       _show_epoch_line)
 
 
 def _show_epoch_line(host: int, line: str) -> None:
@@ -69,10 +84,11 @@ def _show_epoch_line(host: int, line: str) -> None:
 
 
 def launch_emulated(config, record: RunRecord, show_progress: bool = False,
-                    program: RankProgram | None = None) -> dict:
+                    program: RankProgram | None = None, resume: Resume | None = None) -> dict:
     """Run the job on an emulated cluster, each rank running `program` (polyrhythm.node by
-    default); return the summary or raise RunFailed."""
-    program = program or node_program(record)
+    default, going on from `resume` if given); return the summary or raise RunFailed."""
+    program = program or node_program(config, record, resume)
+    clear_reports(record.dir)  # an earlier launch's, which would name its failures
     shape = ClusterShape.of(config.cluster)
     layout = host_ranks(config.cluster, config.servers, config.workers)
     own: EmulatedCluster | None = None

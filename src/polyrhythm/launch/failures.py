@@ -236,10 +236,8 @@ def recorded_failure(record: RunRecord, exc: BaseException, config=None,
     fail_run(record, reason, "diverged" if diverged else "failed")
     done = complete_epochs(record.dir, config.workers, config.servers) if config else []
     # A script's epochs are its own (job.epochs(n)), not the config's: whatever checkpoint a
-    # failed script run left, the script has not finished after it. Not on an emulated
-    # cluster, whose runs cannot be resumed yet (api.resume says so).
-    left = (done and not diverged and (script or done[-1] < config.epochs)
-            and not config.cluster.hosts)
+    # failed script run left, the script has not finished after it.
+    left = done and not diverged and (script or done[-1] < config.epochs)
     command = "run" if script else "train"
     hint = (f"; `polyrhythm {command} --resume {record.run_id} --out {config.out}` goes on "
             f"after epoch {done[-1]}" if left else "")

@@ -35,7 +35,6 @@ from polyrhythm.comm.transport import Transport
 from polyrhythm.config import RunConfig, load_config
 from polyrhythm.context import ProgressSink, RankContext, Topology, no_progress
 from polyrhythm.errors import ConfigError, RunFailed
-from polyrhythm.launch import runlock
 from polyrhythm.launch.failures import (
     RankFailure,
     lost_a_peer,
@@ -79,9 +78,8 @@ def init() -> Job:
         raise ConfigError(f"the launcher started {world} processes but the run needs "
                           f"{config.world_size} ({config.servers} servers + {config.workers} "
                           "workers)")
+    # job_record holds the run until this process ends: a resume waits for it (runlock.py).
     record, run_dir = job_record(config, rank, os.environ.get(ENV_RUN_ID), script=sys.argv[0])
-    if run_dir is not None:  # until this process ends: a resume waits for it (runlock.py)
-        runlock.hold(run_dir)
     rendezvous = os.environ.get(ENV_RENDEZVOUS)
     # Under polyrhythm run (its file store) the launcher, which sees every rank end, records
     # a failure: rank 0 may only have lost a peer that explains it (a server, when a worker
@@ -195,7 +193,7 @@ def _serve(ctx: RankContext) -> dict:
     if ctx.resume is not None:
         shard.resume(ctx.resume)
     ctx.transport.barrier()  # the workers' first step starts the clock
-    ctx.started = time.perf_counter()
+    ctx.started = time.perf_counter() - shard.resumed_s
     return play(ctx, shard)
 
 

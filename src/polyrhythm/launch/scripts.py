@@ -63,11 +63,10 @@ from polyrhythm.launch.script import (
     ENV_RUN_ID,
 )
 from polyrhythm.metrics.records import RunRecord, read_summary
-from polyrhythm.runtime.checkpoint import Resume, tidy
+from polyrhythm.runtime.checkpoint import Resume, resumed_config, tidy
 from polyrhythm.runtime.job import thread_count
 
 SCRIPT_FILE = "script.json"  # in the run's folder: what started the script (ScriptCall)
-RESUMED_CONFIG = "resumed.toml"  # beside config.toml: the config a resumed launch runs with
 
 
 @dataclass(frozen=True)
@@ -119,11 +118,8 @@ def launch_script(config, record: RunRecord, call: ScriptCall, show: TextIO | No
             rendezvous.unlink(missing_ok=True)
             (run_dir / "logs").mkdir(exist_ok=True)
             clear_reports(run_dir)  # an earlier launch's, which would name its failures
-            job = {ENV_CONFIG: str(_job_config(config, run_dir, call, resume)),
-                   ENV_RUN_ID: record.run_id, ENV_RENDEZVOUS: str(rendezvous)}
-            if resume is not None:
-                job |= {ENV_RESUME: str(resume.folder.resolve()),
-                        ENV_RESUME_SERVERS: str(resume.servers)}
+            job = {**_job(config, run_dir, call, resume, record),
+                   ENV_RENDEZVOUS: str(rendezvous)}
             for rank in range(topology.world_size):
                 procs.append(subprocess.Popen(
                     [sys.executable, call.script, *call.args], cwd=call.cwd,
@@ -155,32 +151,31 @@ def launch_script(config, record: RunRecord, call: ScriptCall, show: TextIO | No
                 reader.join(GRACE_S)
 
 
-def _job_config(config, run_dir: Path, call: ScriptCall, resume: Resume | None) -> Path:
-    """The config file the ranks read: the record's own, which a first launch writes its
-    call beside; a resumed launch's, which may have other servers or checkpoints, its own."""
+def _job(config, run_dir: Path, call: ScriptCall, resume: Resume | None,
+         record: RunRecord) -> dict[str, str]:
+    """What every rank finds in its environment: the run's id and the config file it reads
+    (the record's own, which a first launch writes its call beside; a resumed launch's,
+    which may have other servers or checkpoints, its own) and, resuming, the checkpoint."""
     if resume is None:
         call.remember(run_dir)
-        return run_dir / "config.toml"
-    path = run_dir / RESUMED_CONFIG
-    path.write_text(config.to_toml())
-    return path
+        return {ENV_CONFIG: str(run_dir / "config.toml"), ENV_RUN_ID: record.run_id}
+    return {ENV_CONFIG: str(resumed_config(config, run_dir)), ENV_RUN_ID: record.run_id,
+            ENV_RESUME: str(resume.folder.resolve()), ENV_RESUME_SERVERS: str(resume.servers)}
 
 
-def script_on_cluster(config, record: RunRecord, call: ScriptCall,
-                      show=None) -> RankProgram:
+def script_on_cluster(config, record: RunRecord, call: ScriptCall, show=None,
+                      resume: Resume | None = None) -> RankProgram:
     """`call`'s script as every rank of a job on an emulated cluster, told the run's config
-    and record; worker 0's output is shown on `show` (sys.stdout as it is now) as on
-    loopback, every rank's is kept in its host's log, each line marked with the rank's
-    place on its host."""
+    and record (and, resumed, the checkpoint `resume`); worker 0's output is shown on `show`
+    (sys.stdout as it is now) as on loopback, every rank's is kept in its host's log, each
+    line marked with the rank's place on its host."""
     show = show or sys.stdout
     layout = host_ranks(config.cluster, config.servers, config.workers)
     topology = Topology(config.servers, config.workers)
     first = topology.worker_ranks[0]
     first_host = next(h for h, ranks in enumerate(layout) if first in ranks)
     label = f"[default{layout[first_host].index(first)}]:"  # torchrun's mark of its lines
-    run_dir = record.dir.resolve()
-    job = {ENV_CONFIG: str(_job_config(config, run_dir, call, None)),
-           ENV_RUN_ID: record.run_id}
+    job = _job(config, record.dir.resolve(), call, resume, record)
 
     def environment(host: int) -> dict[str, str]:
         return {**job, "OMP_NUM_THREADS": str(_threads(config, topology, layout[host]))}

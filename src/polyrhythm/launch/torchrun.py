@@ -7,6 +7,13 @@ workers). Rank 0 creates the run record under the config's `out` directory on it
 starts (before the rendezvous, so a job that never gathers is recorded as failed too), or
 completes the one named by --run-id (the emulated cluster's launcher makes it).
 
+    torchrun ... -m polyrhythm.node runs/RUN_ID/config.toml --resume RUN_ID
+
+carries a failed run on from its newest usable checkpoint, in its record (rank 0 reopens it,
+unless a launcher that names it with --run-id did): every rank reads the checkpoint from the
+run's folder, which must be the same folder on every node (a shared disk), as the ranks
+wrote their checkpoints there.
+
 With `hosts` set in the config, torchrun's node n runs the job ranks the placement gives host
 n (config/emulation.py: host_ranks), whatever ranks torchrun numbered its processes with: so
 `placement = "collocated"` puts a server beside the workers of every node.
@@ -15,6 +22,7 @@ n (config/emulation.py: host_ranks), whatever ranks torchrun numbered its proces
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -28,10 +36,18 @@ from polyrhythm.config import load_config
 from polyrhythm.config.emulation import host_ranks
 from polyrhythm.context import Topology
 from polyrhythm.errors import ConfigError, PolyrhythmError
+from polyrhythm.launch import runlock
 from polyrhythm.launch.failures import Kind, RankFailure, kind_of, one_line, rank_ended
 from polyrhythm.launch.local import raise_interrupt
 from polyrhythm.launch.rank import lifecycle
-from polyrhythm.metrics.records import RunRecord, start_run, summary_json_line
+from polyrhythm.metrics.records import (
+    RunRecord,
+    check_resumable,
+    reopen_run,
+    start_run,
+    summary_json_line,
+)
+from polyrhythm.runtime.checkpoint import Resume, latest
 
 START = "start this module with torchrun"
 
@@ -53,7 +69,29 @@ def job_record(config, rank: int, run_id: str | None,
     if rank == 0:
         record = (RunRecord(Path(config.out), run_id) if run_id
                   else start_run(config, script=script))
-    return record, (record.dir if record else (Path(config.out) / run_id if run_id else None))
+    run_dir = record.dir if record else (Path(config.out) / run_id if run_id else None)
+    if run_dir is not None:
+        with contextlib.suppress(OSError):  # not here: a node without the run's disk
+            runlock.hold(run_dir)  # a resume waits for this process to leave
+    return record, run_dir
+
+
+def resumed_record(config, rank: int, run_id: str | None,
+                   resume: str) -> tuple[RunRecord | None, Path, Resume]:
+    """job_record's, for a rank going on with failed run `resume` from its newest usable
+    checkpoint; rank 0 reopens the record unless a launcher did (`run_id` given)."""
+    record, run_dir = job_record(config, rank, run_id or resume)
+    if record is not None and run_id is None:
+        check_resumable(record)
+        reopen_run(record)
+    stored = load_config(run_dir / "config.toml")
+    point, done = latest(run_dir, stored.workers, stored.servers,
+                         say=lambda line: rank == 0 and print(f"polyrhythm: {line}",
+                                                              file=sys.stderr))
+    if rank == 0 and run_id is None:
+        print(f"polyrhythm: resuming run {resume} after epoch {done} of {config.epochs}",
+              file=sys.stderr, flush=True)
+    return record, run_dir, point
 
 
 def _log_progress(event: dict) -> None:
@@ -90,8 +128,10 @@ def job_rank(config, start: str = START) -> int:
     return host_of_this_rank(config, start)[env_int("LOCAL_RANK", start)]
 
 
-def run_node(config_path: str, run_id: str | None = None) -> dict | None:
-    """Run this rank of a torchrun job; job rank 0 returns the completed summary."""
+def run_node(config_path: str, run_id: str | None = None,
+             resume: str | None = None) -> dict | None:
+    """Run this rank of a torchrun job (going on with failed run `resume`, if given); job
+    rank 0 returns the completed summary."""
     config = load_config(config_path)
     world = env_int("WORLD_SIZE")
     if world != config.world_size:
@@ -100,7 +140,11 @@ def run_node(config_path: str, run_id: str | None = None) -> dict | None:
                           "workers)")
     here = host_of_this_rank(config)
     rank = here[env_int("LOCAL_RANK")]
-    record, run_dir = job_record(config, rank, run_id)
+    point = None
+    if resume is None:
+        record, run_dir = job_record(config, rank, run_id)
+    else:
+        record, run_dir, point = resumed_record(config, rank, run_id, resume)
     # torchrun stops the surviving ranks with SIGTERM when one fails: let rank 0 record it.
     signal.signal(signal.SIGTERM, raise_interrupt)
     try:
@@ -109,7 +153,8 @@ def run_node(config_path: str, run_id: str | None = None) -> dict | None:
                                                          timeout=timedelta(
                                                              seconds=config.timeout)),
                          record, progress=_log_progress,
-                         local_workers=sum(r >= config.servers for r in here), run_dir=run_dir)
+                         local_workers=sum(r >= config.servers for r in here), run_dir=run_dir,
+                         resume=point)
     except BaseException as exc:
         stopped = isinstance(exc, KeyboardInterrupt)
         failure = None if stopped else RankFailure.of(rank, exc)
@@ -123,9 +168,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("config", help="run config (TOML), the same file on every host")
     parser.add_argument("--run-id", help="complete this run record (made by a launcher) "
                         "rather than a new one")
+    parser.add_argument("--resume", metavar="RUN_ID", help="carry on this failed run (under "
+                        "the config's out, on a disk every node shares) from its newest "
+                        "usable checkpoint, in its record")
     args = parser.parse_args(argv)
     try:
-        summary = run_node(args.config, args.run_id)
+        summary = run_node(args.config, args.run_id, args.resume)
     except PolyrhythmError as exc:
         print(f"polyrhythm: error: {exc}", file=sys.stderr)
         return exc.exit_code

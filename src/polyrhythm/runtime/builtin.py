@@ -129,6 +129,10 @@ class BuiltinWorker:
         self.job.resume(resume)
 
     @property
+    def resumed_s(self) -> float:
+        return self.job.resumed_s
+
+    @property
     def strategy(self):
         return self.job.strategy
 

@@ -35,6 +35,7 @@ from polyrhythm.errors import DataError
 FOLDER = "checkpoints"
 SERVERS_EXPECTED = "servers-expected"  # worker 0's mark: this checkpoint needs server files
 MODEL = "model.pt"  # worker 0's: the model and optimizer as plain PyTorch loads them
+RESUMED_CONFIG = "resumed.toml"  # beside config.toml: the config a resumed launch runs with
 SNAPSHOTS = "snapshots"
 _EPOCH = re.compile(r"epoch-(\d{4,})$")
 
@@ -149,10 +150,31 @@ def plain_sgd_state(flat, momentum: torch.Tensor | None) -> dict:
     return {"state": state, "param_groups": [{"params": list(range(len(flat.params)))}]}
 
 
+def packed(rows: list[tuple]) -> torch.Tensor:
+    """Event rows (an iteration's, a push's: numbers) as one float64 tensor, compact in a
+    checkpoint however long the run (a list of tuples would pickle object by object)."""
+    return torch.tensor(rows, dtype=torch.float64) if rows else torch.zeros(0)
+
+
+def unpacked(table: torch.Tensor, ints: tuple[int, ...]) -> list[tuple]:
+    """`packed`'s rows as they were: the fields at `ints` integers again (ranks, counts)."""
+    return [tuple(int(v) if i in ints else v for i, v in enumerate(row))
+            for row in table.tolist()]
+
+
 def load(path: Path) -> dict:
     """A checkpoint file, loaded with weights_only: tensors and plain values only, nothing
     else is unpickled."""
     return torch.load(path, weights_only=True)
+
+
+def resumed_config(config, run_dir: Path) -> Path:
+    """The config file a resumed launch's ranks read: the run's own, as the resume changed it
+    (other servers, epochs or checkpoints), beside the record's config.toml, which keeps what
+    the run was started with."""
+    path = Path(run_dir) / RESUMED_CONFIG
+    path.write_text(config.to_toml())
+    return path
 
 
 @dataclass(frozen=True)
@@ -162,6 +184,12 @@ class Resume:
 
     folder: Path
     servers: int
+
+    @classmethod
+    def at(cls, folder: Path) -> Resume:
+        """The checkpoint in `folder`, written by as many servers as left their files there
+        (a resumed run may have changed their number since the run's config was stored)."""
+        return cls(Path(folder), len(list(Path(folder).glob("server-*.pt"))))
 
     def load(self, name: str) -> dict:
         """One file of the checkpoint (see `load`)."""
@@ -181,7 +209,7 @@ def latest(run_dir: Path, workers: int, servers: int,
     unreadable one is passed over, and `say` says so. One-line DataError if none is left."""
     complete = complete_epochs(run_dir, workers, servers)
     for epochs_done in reversed(complete):
-        resume = Resume(epoch_dir(run_dir, epochs_done), servers)
+        resume = Resume.at(epoch_dir(run_dir, epochs_done))
         try:
             for p in sorted(resume.folder.glob("*.pt")):
                 resume.load(p.name)

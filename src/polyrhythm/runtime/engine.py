@@ -24,6 +24,7 @@ from polyrhythm.strategies.base import EpochEnd
 PROGRESS_INTERVAL_S = 0.25
 # A worker's state's own entries (state_dict): what a script keeps (Job.keep) goes beside.
 OWN_STATE = ("model", "optimizer", "rng", "strategy", "taken")
+ITERATION_INTS = (0, 1, 2)  # an iteration row's worker, step and epoch; seconds after
 
 
 class WorkerEngine:
@@ -58,6 +59,9 @@ class WorkerEngine:
         self.rates: list[float] = []  # the optimizer's group rates when wrapped
         self._taken, self._started, self._begun = 0, False, None
         self.resumed = False  # its state is a checkpoint's (ctx.resume), loaded
+        # Resumed: the job's clock at the checkpoint's end of epoch, where it goes on from,
+        # so that its records (iterations, epochs' wall time) carry on the run's time line.
+        self.resumed_s = 0.0
         self._measured_from: float | None = None
         self._last_progress = 0.0
         config, i = ctx.config if ctx else None, self.worker
@@ -92,7 +96,7 @@ class WorkerEngine:
         self.strategy.start()
         if self.scripted:  # a script's run: its clock starts with its first step
             self.ctx.transport.barrier()
-            self.ctx.started = time.perf_counter()
+            self.ctx.started = time.perf_counter() - self.resumed_s
         self._last = self._epoch_began = time.perf_counter()
 
     def begin_step(self) -> None:
@@ -271,7 +275,8 @@ class WorkerEngine:
     def checkpoint_state(self) -> dict:
         """This worker's part of a checkpoint: its state, and what its report needs of the
         epochs done (their records; the validation's)."""
-        state = {"worker": self.state_dict(), "epochs": self.epochs_done}
+        state = {"worker": self.state_dict(), "epochs": self.epochs_done,
+                 "iterations": checkpoint.packed(self.iterations)}
         if self.validation is not None:
             state["validation"] = self.validation.state_dict()
         return state
@@ -281,6 +286,9 @@ class WorkerEngine:
         state = resume.load(f"worker-{self.worker}.pt")
         self.load_state_dict(state["worker"])
         self.epochs_done = list(state["epochs"])
+        self.iterations = checkpoint.unpacked(state.get("iterations", checkpoint.packed([])),
+                                              ITERATION_INTS)
+        self.resumed_s = self.epochs_done[-1]["wall_s"] if self.epochs_done else 0.0
         if self.validation is not None:
             self.validation.load_state_dict(state["validation"], len(self.epochs_done))
         self._reset_epoch()

@@ -126,10 +126,15 @@ def run_rank(ctx: RankContext, local_workers: int | None = None) -> RunResult | 
     set_threads(config, role_name, local_workers or config.workers, ctx.rank)
     plan, source = agree_on_plan(ctx)
     role = build_role(ctx, plan, source)  # before the clock starts: building is set-up
+    resumed_s = 0.0
     if ctx.resume is not None:
         role.resume(ctx.resume)
+        # The clock goes on from the checkpoint's time, the first worker's (every rank's
+        # the same): the run's records keep one time line.
+        resumed_s = ctx.transport.broadcast_object(role.resumed_s,
+                                                   src=ctx.topology.worker_ranks[0])
     ctx.transport.barrier()  # start the clock when every process is ready
-    ctx.started, trained_from = time.perf_counter(), time.time()
+    ctx.started, trained_from = time.perf_counter() - resumed_s, time.time()
     if config.instrumentation:
         with ResourceSampler(ctx.rank, role_name, ctx.now,
                              ctx.transport.counters.moved) as sampler:

@@ -28,6 +28,8 @@ from polyrhythm.runtime import checkpoint
 from polyrhythm.runtime.bucket import Bucket, MakeUpdater, run_updater
 from polyrhythm.strategies.serving import DONE, Course, Served, serve
 
+PUSH_INTS, UPDATE_INTS = (0, 2, 3, 4), (0,)  # the integer fields of the records' rows
+
 
 class ParameterServerShard:
     """Owns the buckets of one server and applies workers' gradients to them."""
@@ -68,6 +70,7 @@ class ParameterServerShard:
         self.record = ctx.config.instrumentation
         self.pushes: list[tuple] = []  # (server, t, worker, staleness, queue) per gradient
         self.updates: list[tuple] = []  # (server, t, seconds) per weight update
+        self.resumed_s = 0.0  # resumed: the job's clock at the checkpoint (engine.py's)
         # Checkpoints: after every `checkpoint_every` epochs' worth of global batches.
         self.every = ctx.config.checkpoint_every
         self.checkpointed = 0  # epochs done at the last checkpoint written
@@ -85,6 +88,7 @@ class ParameterServerShard:
         states = resume.server_states()
         epochs_done = int(resume.folder.name.split("-")[1])
         self.checkpointed = epochs_done
+        self._resume_records(states)
         self.handover, self.switched = False, True if self.handover else self.switched
         mine = states[self.ctx.rank] if resume.servers == self.ctx.topology.servers else None
         if mine is not None and mine["ranges"] == [(b.start, b.stop)
@@ -230,11 +234,24 @@ class ParameterServerShard:
         self._save(due)
 
     def _save(self, epochs_done: int) -> None:
-        """Write this server's file of the checkpoint after `epochs_done` epochs."""
+        """Write this server's file of the checkpoint after `epochs_done` epochs: its state,
+        and its records so far with the job's clock now, for a resumed run to go on with."""
         ctx, config, own = self.ctx, self.ctx.config, f"server-{self.ctx.rank}.pt"
-        checkpoint.save(self.state_dict(), checkpoint.epoch_dir(ctx.run_dir, epochs_done) / own)
+        records = {"clock": ctx.now(), "pushes": checkpoint.packed(self.pushes),
+                   "updates": checkpoint.packed(self.updates)}
+        checkpoint.save(self.state_dict() | records,
+                        checkpoint.epoch_dir(ctx.run_dir, epochs_done) / own)
         checkpoint.prune(ctx.run_dir, [own], config.workers, config.servers)
         self.checkpointed = epochs_done
+
+    def _resume_records(self, states: list[dict]) -> None:
+        """The records the checkpoint's servers kept (each old server's with one of the
+        servers now, should their number have changed) and the clock to go on from."""
+        mine = states[self.ctx.rank::self.ctx.topology.servers]
+        self.resumed_s = max(s.get("clock", 0.0) for s in states)
+        for state in (s for s in mine if "clock" in s):  # one written before they were kept
+            self.pushes += checkpoint.unpacked(state["pushes"], PUSH_INTS)
+            self.updates += checkpoint.unpacked(state["updates"], UPDATE_INTS)
 
     def state_dict(self) -> dict:
         """Every bucket's state, by bucket id, and the buckets' places in the flat model."""
