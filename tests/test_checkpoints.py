@@ -7,8 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 import polyrhythm
+from polyrhythm.comm.messages import REPLY_HEADER
 from polyrhythm.runtime import checkpoint
 from polyrhythm.runtime.checkpoint import (
     MODEL,
@@ -130,3 +132,41 @@ def test_a_run_of_five_epochs_ends_with_its_last_two_checkpoints(tmp_path):
         "epoch-0004", "epoch-0005"]
     assert complete_epochs(run, 2, 1) == [4, 5]
     assert (epoch_dir(run, 5) / MODEL).is_file()
+
+
+@pytest.mark.parametrize(("fields", "servers_hold"), [
+    ({"strategy": "switch", "to": "asp", "at": 0.5, "servers": 1}, True),  # ends on servers
+    ({"strategy": "switch", "at": 1.0}, False),  # never switched: ends on the workers
+    ({"strategy": "bsp", "servers": 1}, True),
+], ids=["switched", "never-switched", "bsp"])
+def test_model_pt_carries_the_momentum_of_the_phase_the_run_ended_in(tmp_path, fields,
+                                                                    servers_hold):
+    """The last checkpoint's model.pt is the model and momentum the checkpoint holds: the
+    servers' where they hold the model (a switch run's asynchronous phase), the workers'
+    where they step it; and plain torch.optim.SGD loads it by the parameters' names."""
+    summary = polyrhythm.train({"workers": 2, "epochs": 4, "dataset": "digits",
+                                "steps_per_epoch": 5, "out": str(tmp_path / "runs"),
+                                **fields})
+    folder = epoch_dir(Path(summary["run_dir"]), 4)
+    saved = checkpoint.load(folder / MODEL)
+    if servers_hold:
+        server = checkpoint.load(folder / "server-0.pt")
+        buckets = [server["buckets"][k] for k in sorted(server["buckets"])]
+        weights = torch.cat([b["outbox"][REPLY_HEADER:] for b in buckets])
+        momentum = torch.cat([b["optimizer"]["momentum_buffer"] for b in buckets])
+    else:
+        worker = checkpoint.load(folder / "worker-0.pt")["worker"]
+        momentum = worker["strategy"]["first"]["optimizer"]["momentum_buffer"]
+        weights = torch.cat([worker["model"][name].reshape(-1) for name in
+                             saved["optimizer"]["param_groups"][0]["param_names"]])
+    model = torch.nn.Sequential()  # any module: the names and shapes come from the file
+    names = saved["optimizer"]["param_groups"][0]["param_names"]
+    for i, name in enumerate(names):
+        model.register_parameter(f"p{i}", torch.nn.Parameter(saved["model"][name].clone()))
+    assert torch.equal(torch.cat([p.reshape(-1) for p in model.parameters()]), weights)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    sgd.load_state_dict(saved["optimizer"])
+    assert len(sgd.state) == len(names)
+    assert torch.equal(torch.cat([sgd.state[p]["momentum_buffer"].reshape(-1)
+                                  for p in model.parameters()]), momentum)
+    assert momentum.abs().max() > 0

@@ -5,8 +5,11 @@ per rank: `worker-<i>.pt` (the worker's state_dict and its epoch records so far)
 servers hold the model, `server-<j>.pt` (its buckets, with their place in the flat model, so
 a resume may use another number of servers). Worker
 0 also writes `model.pt`, its model's plain `state_dict` with the optimizer's momentum in
-`torch.optim.SGD`'s layout, loadable by plain PyTorch. Each file is written atomically
-(written, flushed to disk, renamed), so a crash while writing leaves the previous one usable.
+`torch.optim.SGD`'s layout (its parameters named), loadable by plain PyTorch; where the
+servers hold the model (a parameter server's run, a Strategy-Switch's second phase), the
+rank that completes the checkpoint puts their weights and momentum in it. Each file is
+written atomically (written, flushed to disk, renamed), so a crash while writing leaves the
+previous one usable.
 A checkpoint is complete when every file it needs is there. While the run goes on, each rank
 removes its own files of the checkpoints older than the last two complete ones (worker 0's
 include `model.pt` and the servers' mark), and a folder goes with its last file; once no rank
@@ -30,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from polyrhythm.comm.messages import REPLY_HEADER
 from polyrhythm.errors import DataError
 
 FOLDER = "checkpoints"
@@ -61,7 +65,8 @@ def snapshot_file(run_dir: Path, worker: int, epoch: int) -> Path:
 def save(state: dict, path: Path) -> None:
     """Write `state` to `path` atomically: a reader sees the old file or the whole new one."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
+    # Its own partial file: two ranks completing one checkpoint write its model.pt at once.
+    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
     with partial.open("wb") as f:
         torch.save(state, f)
         f.flush()
@@ -112,7 +117,8 @@ def prune(run_dir: Path, own: list[str], workers: int, servers: int) -> None:
         folder = epoch_dir(run_dir, epochs_done)
         for name in own:
             (folder / name).unlink(missing_ok=True)
-            (folder / f"{name}.partial").unlink(missing_ok=True)  # left by a crash
+            for partial in folder.glob(f"{name}.*partial"):  # left by a crash
+                partial.unlink(missing_ok=True)
         with contextlib.suppress(OSError):  # not empty yet: another rank's files are there
             folder.rmdir()
 
@@ -140,14 +146,50 @@ def _epoch_folders(run_dir: Path) -> list[int]:
                   if (m := _EPOCH.match(p.name))) if root.is_dir() else []
 
 
-def plain_sgd_state(flat, momentum: torch.Tensor | None) -> dict:
-    """A flat momentum buffer as torch.optim.SGD's state_dict (one entry per parameter, in
-    model.parameters() order), so plain PyTorch can carry on from a checkpoint."""
+def plain_sgd_state(flat, momentum: torch.Tensor | None, names: list[str]) -> dict:
+    """A flat momentum buffer as torch.optim.SGD's state_dict (one entry per trained
+    parameter, in model.parameters() order, each named as torch names them: `names`), so
+    plain PyTorch can carry on from a checkpoint."""
     state = {}
     if momentum is not None:
         state = {i: {"momentum_buffer": momentum[a:b].view_as(p).clone()}
                  for i, (p, (a, b)) in enumerate(zip(flat.params, flat.ranges, strict=True))}
-    return {"state": state, "param_groups": [{"params": list(range(len(flat.params)))}]}
+    return {"state": state, "param_groups": [{"params": list(range(len(flat.params))),
+                                              "param_names": list(names)}]}
+
+
+def complete_model(run_dir: Path, epochs_done: int, workers: int, servers: int) -> None:
+    """Once the checkpoint after `epochs_done` epochs is complete, where its servers hold the
+    model: its model.pt (worker 0's: the model's buffers, its parameters' names) takes the
+    servers' weights and momentum, the model the checkpoint holds, whichever phase of a run
+    wrote it. Every rank that finds it complete after writing its own file calls this; they
+    write the same file, each atomically."""
+    folder = epoch_dir(run_dir, epochs_done)
+    if not (folder / SERVERS_EXPECTED).exists() or not is_complete(folder, workers, servers):
+        return
+    try:
+        model = load(folder / MODEL)
+        files = [load(path) for path in folder.glob("server-*.pt")]
+    except OSError:  # pruned meanwhile: a newer checkpoint is complete
+        return
+    # Each server's buckets, in the order of their places in the flat model.
+    buckets = [b for _, b in sorted((start, b) for f in files for (start, _), b in
+                                    zip(f["ranges"], f["buckets"].values(), strict=True))]
+    weights = torch.cat([b["outbox"][REPLY_HEADER:] for b in buckets])
+    held = [b["optimizer"] or {} for b in buckets]
+    momentum = (torch.cat([h["momentum_buffer"] for h in held])
+                if all(isinstance(h.get("momentum_buffer"), torch.Tensor) for h in held) else None)
+    group = model["optimizer"]["param_groups"][0]
+    offset, state = 0, {}
+    for i, name in enumerate(group["param_names"]):
+        shape = model["model"][name].shape
+        n = model["model"][name].numel()
+        model["model"][name] = weights[offset:offset + n].view(shape).clone()
+        if momentum is not None:
+            state[i] = {"momentum_buffer": momentum[offset:offset + n].view(shape).clone()}
+        offset += n
+    save({"model": model["model"], "optimizer": {"state": state, "param_groups": [group]}},
+         folder / MODEL)
 
 
 def packed(rows: list[tuple]) -> torch.Tensor:

@@ -304,14 +304,20 @@ class WorkerEngine:
         if self.worker == 0:
             if self.strategy.servers_hold_model:
                 checkpoint.mark_servers_expected(ctx.run_dir, epochs_done)
+            # The workers' momentum where they step the model (the servers' replaces it once
+            # the checkpoint is complete, where they hold it: complete_model).
             momentum = getattr(getattr(self.strategy, "optimizer", None), "buffer", None)
+            names = {id(p): name for name, p in self.model.named_parameters()}
             checkpoint.save({"model": self.model.state_dict(),
-                             "optimizer": checkpoint.plain_sgd_state(self.flat, momentum)},
+                             "optimizer": checkpoint.plain_sgd_state(
+                                 self.flat, momentum, [names[id(p)] for p in self.flat.params])},
                             folder / checkpoint.MODEL)
         own = [f"worker-{self.worker}.pt"] + ([checkpoint.MODEL, checkpoint.SERVERS_EXPECTED]
                                               if self.worker == 0 else [])
         checkpoint.save(self.checkpoint_state(), folder / own[0])
-        checkpoint.prune(ctx.run_dir, own, ctx.config.workers, ctx.config.servers)
+        config = ctx.config
+        checkpoint.complete_model(ctx.run_dir, epochs_done, config.workers, config.servers)
+        checkpoint.prune(ctx.run_dir, own, config.workers, config.servers)
 
     # -- the report --------------------------------------------------------------------
 

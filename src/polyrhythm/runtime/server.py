@@ -241,6 +241,7 @@ class ParameterServerShard:
                    "updates": checkpoint.packed(self.updates)}
         checkpoint.save(self.state_dict() | records,
                         checkpoint.epoch_dir(ctx.run_dir, epochs_done) / own)
+        checkpoint.complete_model(ctx.run_dir, epochs_done, config.workers, config.servers)
         checkpoint.prune(ctx.run_dir, [own], config.workers, config.servers)
         self.checkpointed = epochs_done
 

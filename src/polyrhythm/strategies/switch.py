@@ -151,6 +151,12 @@ class SwitchWorker(Strategy):
         return self.current is self.second  # they wait, idle, until the handover
 
     @property
+    def optimizer(self):
+        """The optimizer the workers step, in the first phase (None after the switch: the
+        servers step theirs)."""
+        return getattr(self.first, "optimizer", None) if self.current is self.first else None
+
+    @property
     def progress(self) -> float | None:
         return float(self.steps) if self.current is self.first else self.second.progress
 
