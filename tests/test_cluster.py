@@ -95,7 +95,10 @@ def test_a_script_that_raises_on_the_cluster_names_the_worker_and_leaves_nothing
     message = str(failed.value)
     assert "rank 2 (worker 1) raised ValueError: the user's own bug (user_loop.py, line" \
         in message and "\n" not in message, message
-    assert "--resume" not in message  # a cluster's run cannot be resumed yet
+    # Its checkpoint after epoch 1 lets it go on, on the cluster, as `polyrhythm run` does.
+    run_id = _stored(tmp_path)["run_id"]
+    assert message.endswith(f"`polyrhythm run --resume {run_id} --out {tmp_path / 'runs'}` "
+                            "goes on after epoch 1"), message
     log = message.split("traceback in ")[1].split(";")[0]
     assert log.endswith("logs/host1.log")  # worker 1's host: its traceback is there
     assert "ValueError: the user's own bug" in Path(log).read_text()

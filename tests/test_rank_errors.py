@@ -179,21 +179,51 @@ def test_how_a_rank_ended_in_words():
     assert how(1, None, "L") == "failed: exit code 1"
 
 
+class _Host:
+    """A host's torchrun as the emulated launcher polls it: ended with `code`."""
+
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+    def poll(self) -> int:
+        return self.code
+
+
+class _Links:
+    """An emulated cluster as the launcher asks it which links are down."""
+
+    def __init__(self, down: list[int]) -> None:
+        self.down = down
+
+    def links_down(self) -> list[int]:
+        return self.down
+
+
 def test_the_emulated_launcher_names_a_bug_from_the_reports_the_ranks_left(tmp_path):
     record = RunRecord(tmp_path, "r")
     (record.dir / "logs").mkdir(parents=True)
     layout, topology = [[0, 1], [2, 3]], Topology(1, 3)
+    hosts, up = [_Host(1), _Host(1)], _Links([])
+
+    def failure(hosts=hosts, cluster=up):
+        return emulated._failure(0, layout, topology, record, hosts, cluster)
+
     write_report(record.dir, RankFailure(1, Kind.LOST, "PeerLost: rank 3 is gone: ..."))
-    failed = emulated._failure(0, 1, layout, topology, record)  # only a lost peer so far
-    assert str(failed) == (f"host 0 (ranks 0, 1) failed: PeerLost: rank 3 is gone: ... (log: "
-                           f"{record.dir / 'logs' / 'host0.log'})")
+    # Only a lost peer so far: the host whose torchrun failed.
+    assert str(failure()) == (f"host 0 (ranks 0, 1) failed: PeerLost: rank 3 is gone: ... "
+                              f"(log: {record.dir / 'logs' / 'host0.log'})")
+    # A host killed explains its peers' lost connections; a host cut off, their silence.
+    assert str(failure(hosts=[_Host(1), _Host(-9)])) == (
+        f"host 1 (ranks 2, 3) was killed by SIGKILL (log: {record.dir / 'logs' / 'host1.log'})")
+    assert str(failure(cluster=_Links([1]))).startswith(
+        "host 1 (ranks 2, 3) was cut off: its link is down")
     write_report(record.dir, RankFailure(3, Kind.BUG, "ValueError: x"))
     assert set(read_reports(record.dir)) == {1, 3}
-    failed = emulated._failure(0, 1, layout, topology, record)
-    assert str(failed) == (f"rank 3 (worker 2) raised ValueError: x; traceback in "
-                           f"{record.dir / 'logs' / 'host1.log'}")
+    assert str(failure(cluster=_Links([1]))) == (f"rank 3 (worker 2) raised ValueError: x; "
+                                                 f"traceback in "
+                                                 f"{record.dir / 'logs' / 'host1.log'}")
     write_report(record.dir, RankFailure(2, Kind.DIVERGED, "diverged at epoch 2, step 1"))
-    failed = emulated._failure(0, 1, layout, topology, record)
+    failed = failure()
     assert failed.diverged and str(failed) == "diverged at epoch 2, step 1 (worker 1)"
 
 

@@ -6,7 +6,8 @@ words (measured with two processes):
 - a peer whose process died, during a receive, a send or a collective: "Connection closed by
   peer [127.0.0.1]:PORT" (or "Read error ...: Connection reset by peer");
 - a wait that passed the process group's timeout: "Timed out waiting 3000ms for recv
-  operation to complete" (a peer stopped, or hanging);
+  operation to complete" (a peer stopped, or hanging, or cut off), and on the connection
+  that wait closed, "Application timeout caused pair closure";
 - a misuse, such as a buffer that is not contiguous: its own words ("input tensor has to be
   contiguous").
 
@@ -27,7 +28,9 @@ from polyrhythm.errors import one_line
 # (tcp/unbound_buffer.cc, for receives and sends alike).
 _CLOSED = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
            "Read error", "Write error")
-_TIMED_OUT = ("Timed out waiting",)
+_TIMED_OUT = ("Timed out waiting",
+              # a pair Gloo closed when a wait on it timed out, met by the next operation
+              "Application timeout caused pair closure")
 
 
 class PeerFault(Exception):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -24,11 +25,13 @@ import torch.distributed as dist
 from polyrhythm.comm.delay import DelayLine, Posted
 from polyrhythm.comm.faults import PeerFault, PeerLost, PeerSilent, on_the_wire, translated
 from polyrhythm.comm.network_threads import calm_network_threads, sharing_cores
+from polyrhythm.comm.waiting import NEVER, wait_within
 
 __all__ = ["NATIVE", "WORKERS", "WORLD", "Pending", "PeerFault", "PeerLost", "PeerSilent",
            "Receiver", "TrafficCounters", "Transport"]
 
 WORLD, WORKERS = "world", "workers"
+POLL_S = 0.05  # how often a Receiver with nothing to hand out looks for a silent source
 NATIVE = "native"  # the engine's own all-reduce (Gloo); other algorithms: comm/collectives.py
 
 
@@ -70,10 +73,16 @@ class Pending:
         self.peer = peer
         self._receiver, self._received = receiver, received  # a receive: who counts what
 
-    def wait(self) -> bool:
+    def wait(self, within: float | None = None) -> bool:
+        """Wait until it is done; with `within` (seconds), PeerSilent if it is not done by
+        then, on a clock of its own, never Gloo's (comm/waiting.py): a rank that means to go
+        on without a silent peer waits so."""
         if self._work is not None:
             with on_the_wire(self.peer):
-                self._work.wait()
+                if within is None:
+                    self._work.wait()
+                else:
+                    wait_within(self._work, self.peer, within)
             self._work = None
             if self._receiver is not None:
                 self._receiver.count_received(self._received)
@@ -93,13 +102,15 @@ class Transport:
         self._groups: dict[str, Any] = {}
         self._line: DelayLine | None = None
         self._calm = False  # whether Gloo's network threads share cores (network_threads.py)
+        self.timeout: float | None = None  # seconds a peer may be silent (open)
 
     def open(self, rank: int, world_size: int, workers: list[int],
-             latency: Callable[[], float] | None = None) -> None:
+             latency: Callable[[], float] | None = None, timeout: float | None = None) -> None:
         """Name the groups: WORLD, every rank, and WORKERS, the given ranks. With `latency`
         (a function drawing one message's extra one-way latency in seconds), every message
-        and collective pays it."""
-        self.rank = rank
+        and collective pays it. `timeout`: the process group's, in seconds, which a
+        Receiver keeps itself (see there)."""
+        self.rank, self.timeout = rank, timeout
         self._line = DelayLine(latency) if latency is not None else None
         # Ranks on this machine: torchrun says; the local launchers start them all here.
         self._calm = sharing_cores(int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
@@ -282,6 +293,10 @@ class Receiver:
     Bytes are counted when the caller takes a message, on one thread. A source whose
     connection broke or that fell silent makes `take()` raise PeerLost or PeerSilent; any
     other error of a receive (a bug) is raised by `take()` as it is, with its traceback.
+    Silence is told by this receiver's own clock (a receive posted that long ago and not
+    complete), not by Gloo's timeout, which would close every connection of the process
+    (Pending.wait): a caller may go on without a source fallen silent (cut off), whose
+    later messages, if any, are dropped.
     """
 
     def __init__(self, transport: Transport, sources: list[int], numel: int, tag: int = 0, *,
@@ -290,15 +305,24 @@ class Receiver:
         self._arrived: queue.SimpleQueue[tuple[int, torch.Tensor] | Exception] = (
             queue.SimpleQueue())
         self._go_on = {s: queue.SimpleQueue() for s in sources} if last is None else {}
+        self._posted: dict[int, float | None] = dict.fromkeys(sources)  # when, if waiting
+        self._dropped: set[int] = set()  # sources fallen silent
         for src in sources:
             threading.Thread(target=self._receive, args=(src,), daemon=True,
                              name=f"recv-from-{src}").start()
 
     def _receive(self, src: int) -> None:
         buffer = torch.empty(self.numel)
+        silence = self.transport.timeout
         try:
             while True:
-                dist.irecv(buffer, src, tag=self.tag).wait()  # counted in take(), one thread
+                self._posted[src] = time.monotonic()
+                work = dist.irecv(buffer, src, tag=self.tag)  # counted in take(), one thread
+                if silence is None:
+                    work.wait()
+                else:
+                    work.wait(NEVER)
+                self._posted[src] = None
                 self._arrived.put((src, buffer))
                 if self.last is None:
                     if not self._go_on[src].get():  # released, with more to come or not
@@ -313,14 +337,33 @@ class Receiver:
     def take(self, block: bool = True) -> tuple[int, torch.Tensor] | None:
         """The next message as (rank, buffer); None if none is in and not `block`. Raises
         what ended a source's receives: PeerLost, PeerSilent, or a bug's own error."""
-        try:
-            item = self._arrived.get(block=block)
-        except queue.Empty:
-            return None
-        if isinstance(item, Exception):
-            raise item
-        self.transport.count_received(item[1])
-        return item
+        while True:
+            try:
+                item = self._arrived.get(block=block, timeout=POLL_S if block else None)
+            except queue.Empty:
+                self._raise_silent()
+                if not block:
+                    return None
+                continue
+            if getattr(item, "rank", None) in self._dropped or (
+                    isinstance(item, tuple) and item[0] in self._dropped):
+                continue  # from a source this receiver went on without
+            if isinstance(item, Exception):
+                raise item
+            self.transport.count_received(item[1])
+            return item
+
+    def _raise_silent(self) -> None:
+        """PeerSilent for a source whose receive was posted longer than the timeout ago
+        (and none later: it is dropped)."""
+        silence, now = self.transport.timeout, time.monotonic()
+        if silence is None:
+            return
+        for src, posted in list(self._posted.items()):
+            if posted is not None and src not in self._dropped and now - posted > silence:
+                self._dropped.add(src)
+                raise PeerSilent(src, TimeoutError(f"Timed out waiting {silence:g} s for a "
+                                                   "message"))
 
     def waiting(self) -> int:
         """Messages arrived and not yet taken: a server's queue."""

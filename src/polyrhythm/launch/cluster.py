@@ -128,6 +128,15 @@ class EmulatedCluster:
         """`args` run on host `host`."""
         return ["ip", "netns", "exec", self.links[host].namespace, *args]
 
+    def set_link(self, host: int, up: bool) -> None:
+        """Take host `host`'s link down (its cable pulled: the bridge's end down, so nothing
+        reaches or leaves the host; its qdiscs stay) or bring it back up."""
+        netns.run("ip", "link", "set", self.links[host].peer, "up" if up else "down")
+
+    def links_down(self) -> list[int]:
+        """The hosts whose link is down now."""
+        return [link.host for link in self.links if netns.state(link.peer) != "up"]
+
     def status(self) -> list[dict]:
         """Each host: its namespace, address, link, CPU share and processes running."""
         return [{"host": link.host, "namespace": link.namespace, "address": link.address,

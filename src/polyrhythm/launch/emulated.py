@@ -5,7 +5,12 @@ group.
 
 The launcher makes the run record and the cluster (unless a standing one of the same shape
 is up), watches the hosts' torchruns, and stops and removes everything when the run ends,
-fails or is interrupted; a janitor process does so if the launcher itself is killed. While
+fails or is interrupted; a janitor process does so if the launcher itself is killed. A
+failed run is resumed on a cluster of its shape (`node_program`'s ranks go on from its
+newest usable checkpoint). With on_worker_failure = continue, a host whose ranks were all
+workers, lost (killed, or cut off), is gone without ending the run, as the local launcher
+goes on without a lost worker; a failure is explained by the rank that raised an error of
+its own, else by a host whose link is down, else by a host killed. While
 the run goes on, the fidelity guard samples whether the emulator was the bottleneck; its
 verdict is added to the run's summary (`cluster`).
 """
@@ -24,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from polyrhythm.config.emulation import host_ranks
+from polyrhythm.config.servers import CONTINUE
 from polyrhythm.context import Topology
 from polyrhythm.errors import ClusterError, RunFailed
 from polyrhythm.launch.cgroups import CpuGroup
@@ -32,9 +38,15 @@ from polyrhythm.launch.failures import (
     Kind,
     cause,
     clear_reports,
+    goes_on_without,
+    have_left,
+    how,
+    left_behind,
+    lost_a_peer,
     rank_failed,
     read_reports,
     recorded_failure,
+    training_began,
 )
 from polyrhythm.launch.fidelity import FidelityGuard
 from polyrhythm.launch.forkserver import CHILD_ENVIRONMENT
@@ -56,12 +68,14 @@ class RankProgram:
     `environment(host)`: what host `host`'s ranks find in their environment beside the
     launcher's; `labelled`: torchrun starts each line a rank writes with `[default<its local
     rank>]:`, so that a host's log tells its ranks apart; `show(host, line)`: shows a line of
-    host `host`'s log, or passes it over."""
+    host `host`'s log, or passes it over; `script`: a user's script (resumed with `polyrhythm
+    run --resume`), not polyrhythm train's job."""
 
     argv: tuple[str, ...]
     environment: Callable[[int], dict[str, str]]
     labelled: bool
     show: Callable[[int, str], None]
+    script: bool = False
 
 
 def node_program(config, record: RunRecord, resume: Resume | None = None) -> RankProgram:
@@ -114,7 +128,8 @@ def launch_emulated(config, record: RunRecord, show_progress: bool = False,
                                     program))
             guard = FidelityGuard([g.threads for g in groups], list(shape.cpu)).start()
             _supervise(hosts, layout, Topology(config.servers, config.workers), record,
-                       program.show if show_progress else None)
+                       program.show if show_progress else None, cluster,
+                       carry_on=config.on_worker_failure == CONTINUE)
             fidelity = guard.verdict_over(*read_summary(record)["training_window"])
         return amend_run(record, {"cluster": {"name": None if own else cluster.name,
                                               "placement": config.cluster.placement,
@@ -123,7 +138,7 @@ def launch_emulated(config, record: RunRecord, show_progress: bool = False,
                                               "tcp": cluster.network.congestion_control(),
                                               **fidelity}})
     except BaseException as exc:
-        raise recorded_failure(record, exc, config) from None
+        raise recorded_failure(record, exc, config, script=program.script) from None
     finally:
         with signal_handlers(sigterm=signal.SIG_IGN, sigint=signal.SIG_IGN):
             _tear_down(hosts, groups, own, guard, janitor)
@@ -181,18 +196,69 @@ def _start(cluster: EmulatedCluster, host: int, ranks: int, port: int, record: R
 
 
 def _supervise(hosts: list[subprocess.Popen], layout: list[list[int]], topology: Topology,
-               record: RunRecord, show: Callable[[int, str], None] | None) -> None:
+               record: RunRecord, show: Callable[[int, str], None] | None,
+               cluster: EmulatedCluster, carry_on: bool) -> None:
+    """Wait for every host's torchrun; raise RunFailed when one fails, unless the run may
+    `carry_on` (on_worker_failure = continue) without the host: every rank there a worker
+    lost (killed, or cut off from its peers), as the local launcher goes on without a lost
+    worker (failures.py's goes_on_without). torchrun ends a host's every rank when one
+    dies, so a lost worker is a lost host."""
     shown = [0] * len(hosts)
+    gone: set[int] = set()  # hosts the run goes on without
     while True:
         codes = [p.poll() for p in hosts]
         if show is not None:  # after the poll: a host that has ended has written its all
             _show_progress(record, shown, show)
-        failed = [h for h, code in enumerate(codes) if code not in (None, 0)]
-        if failed:
-            raise _failure(failed[0], codes[failed[0]], layout, topology, record)
-        if all(code == 0 for code in codes):
+        for h in (h for h, code in enumerate(codes) if code not in (None, 0) and h not in gone):
+            if not (carry_on and _goes_on_without(h, hosts, layout, topology, record, gone)):
+                raise _failure(h, layout, topology, record, hosts, cluster)
+            gone.add(h)
+            print(f"polyrhythm: host {h} ({', '.join(map(topology.describe, layout[h]))}) "
+                  f"lost: {_why(h, hosts, layout, record, cluster)}; the others go on",
+                  file=sys.stderr, flush=True)
+        left = [h for h in range(len(hosts)) if h not in gone]
+        if all(codes[h] == 0 for h in left):
+            return
+        # A worker the completed run went on without may still run (frozen, cut off), and
+        # the others' torchruns wait for a lost host's at their end (torchrun's exit
+        # barrier, five minutes): once every rank but those has done its part, it is done.
+        behind = left_behind(record) if gone or 0 in codes else set()
+        if (gone or behind) and have_left(record.dir, [r for h in left for r in layout[h]
+                                                       if r not in behind]):
             return
         time.sleep(POLL_S)
+
+
+def _goes_on_without(host: int, hosts: list[subprocess.Popen], layout: list[list[int]],
+                     topology: Topology, record: RunRecord, gone: set[int]) -> bool:
+    """Whether the run goes on without `host` (whose torchrun failed) and its ranks, once
+    training has begun: a rank there that reported nothing was killed (from outside, or by
+    its torchrun as a peer there died); one that reported an error is lost only if it lost
+    a peer."""
+    if not training_began(record.dir):
+        return False
+    reports = read_reports(record.dir)
+    where = {r: h for h, ranks in enumerate(layout) for r in ranks}
+
+    def exit_code(rank: int) -> int | None:
+        if where[rank] == host:
+            return 1 if rank in reports else -signal.SIGKILL
+        return hosts[where[rank]].poll()
+
+    lost = {r for h in gone for r in layout[h]}
+    return goes_on_without(layout[host], exit_code, reports, topology, lost)
+
+
+def _why(host: int, hosts: list[subprocess.Popen], layout: list[list[int]],
+         record: RunRecord, cluster: EmulatedCluster) -> str:
+    """How host `host` was lost, for a line that starts with it."""
+    if host in cluster.links_down():
+        return "its link is down"
+    reports = read_reports(record.dir)
+    said = [reports[r] for r in layout[host] if r in reports]
+    code = hosts[host].poll()
+    return how(code if code < 0 or not said else 1, said[0] if said else None,
+               _host_log(record, host))
 
 
 def _host_log(record: RunRecord, host: int) -> Path:
@@ -216,22 +282,45 @@ def _show_progress(record: RunRecord, shown: list[int], show: Callable[[int, str
             show(host, line)
 
 
-def _failure(host: int, code: int, layout: list[list[int]], topology: Topology,
-             record: RunRecord) -> RunFailed:
+def _failure(host: int, layout: list[list[int]], topology: Topology, record: RunRecord,
+             hosts: list[subprocess.Popen], cluster: EmulatedCluster) -> RunFailed:
     """What ended the run, from the reports the ranks left (launch/failures.py): a rank that
-    diverged or raised an error of its own, wherever it ran; else the host whose torchrun
-    failed, with what its ranks reported (a rank killed by a signal reports nothing: its
-    torchrun's log says which)."""
+    diverged or raised an error of its own, wherever it ran; else a host cut off (its link
+    down), whose peers heard nothing from it; else a host killed (its peers only lost it),
+    or the host whose torchrun failed (`host`), with what its ranks reported (a rank killed
+    by a signal reports nothing: its torchrun's log says which)."""
+    _await_a_cause(hosts, record)
     failures = read_reports(record.dir)
     own = [r for r, f in failures.items() if f.kind in (Kind.DIVERGED, Kind.BUG, Kind.USER)]
     if own:
         first = cause(own, {}, failures)
         where = next(h for h, ranks in enumerate(layout) if first in ranks)
         return rank_failed(first, None, failures[first], _host_log(record, where), topology)
-    said = [failures[r].error for r in layout[host] if r in failures]
-    why = (said or [f"torchrun exit code {code}"])[0][:300]
-    return RunFailed(f"host {host} (ranks {', '.join(map(str, layout[host]))}) failed: {why} "
-                     f"(log: {_host_log(record, host)})")
+    down = cluster.links_down()
+    killed = [h for h, p in enumerate(hosts) if (p.poll() or 0) < 0]
+    host = (down or killed or [host])[0]
+    ranks = ", ".join(map(str, layout[host]))
+    if down:
+        return RunFailed(f"host {host} (ranks {ranks}) was cut off: its link is down, and "
+                         "its peers heard nothing from it within the timeout (--timeout)")
+    said = [f"failed: {failures[r].error[:300]}" for r in layout[host] if r in failures]
+    code = hosts[host].poll()
+    why = (said or [how(code, None, "") if code < 0 else f"failed: torchrun exit code {code}"])
+    return RunFailed(f"host {host} (ranks {ranks}) {why[0]} (log: {_host_log(record, host)})")
+
+
+def _await_a_cause(hosts: list[subprocess.Popen], record: RunRecord) -> None:
+    """Give the hosts GRACE_S for the one that explains a failure to show it (an error of
+    its own reported, or its torchrun killed), when every rank that reported so far only
+    lost a peer: a killed host's peers can see its connections break first."""
+    deadline = time.monotonic() + GRACE_S
+    while time.monotonic() < deadline:
+        reports = read_reports(record.dir).values()
+        if (any(not lost_a_peer(f) for f in reports)
+                or any((p.poll() or 0) < 0 for p in hosts)
+                or all(p.poll() is not None for p in hosts)):
+            return
+        time.sleep(POLL_S)
 
 
 def _stop(hosts: list[subprocess.Popen]) -> None:

@@ -25,7 +25,7 @@ from typing import TextIO
 
 from polyrhythm.comm.faults import PeerLost, PeerSilent
 from polyrhythm.errors import Diverged, PolyrhythmError, RunFailed, one_line
-from polyrhythm.metrics.records import RunRecord, fail_run
+from polyrhythm.metrics.records import RunRecord, fail_run, read_summary
 from polyrhythm.runtime.checkpoint import complete_epochs
 
 LAUNCHER_LOG = "launcher.log"  # in the run's logs/: the traceback of a bug in the launcher
@@ -123,10 +123,11 @@ def read_reports(run_dir: Path) -> dict[int, RankFailure]:
 
 
 def clear_reports(run_dir: Path) -> None:
-    """Remove the reports and the training mark an earlier launch of the run left (a resumed
-    run's ranks write their own)."""
-    for path in (Path(run_dir) / "logs").glob("rank*.failure.json"):
-        path.unlink(missing_ok=True)
+    """Remove the reports and the marks an earlier launch of the run left (a resumed run's
+    ranks write their own)."""
+    for pattern in ("rank*.failure.json", "rank*.left"):
+        for path in (Path(run_dir) / "logs").glob(pattern):
+            path.unlink(missing_ok=True)
     (Path(run_dir) / "logs" / TRAINING_MARK).unlink(missing_ok=True)
 
 
@@ -179,6 +180,36 @@ def mark_training(run_dir: Path) -> None:
 def training_began(run_dir: Path) -> bool:
     """Whether a worker has left the mark (mark_training)."""
     return (Path(run_dir) / "logs" / TRAINING_MARK).exists()
+
+
+def left_behind(record: RunRecord) -> set[int]:
+    """The ranks of the workers a completed run went on without (its summary's
+    lost_workers): a launcher ends those still running, cut off or frozen, which nobody
+    waits for any more."""
+    try:
+        summary = read_summary(record)
+    except (OSError, ValueError):
+        return set()
+    if summary.get("status") != "completed":
+        return set()
+    return {lost["rank"] for lost in summary.get("lost_workers") or []}
+
+
+def _left_path(run_dir: Path, rank: int) -> Path:
+    return Path(run_dir) / "logs" / f"rank{rank}.left"
+
+
+def mark_left(run_dir: Path, rank: int) -> None:
+    """Leave the mark that rank `rank` has done its part and left the job, for a launcher
+    that sees only its host's torchrun, which may then wait for a lost host's at its exit
+    (launch/emulated.py)."""
+    with contextlib.suppress(OSError):
+        _left_path(run_dir, rank).touch()
+
+
+def have_left(run_dir: Path, ranks: list[int]) -> bool:
+    """Whether every rank of `ranks` has left the mark (mark_left)."""
+    return all(_left_path(run_dir, r).exists() for r in ranks)
 
 
 def cause(failed: list[int], codes: dict[int, int], failures: dict[int, RankFailure]) -> int:

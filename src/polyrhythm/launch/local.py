@@ -40,6 +40,7 @@ from polyrhythm.launch.failures import (
     goes_on_without,
     going_on_without,
     how,
+    left_behind,
     rank_failed,
     recorded_failure,
 )
@@ -140,7 +141,9 @@ def _supervise(procs: list, events, board: ProgressBoard, topology: Topology,
         ended = [running.pop(s) for s in ready]
         for r in ended:
             procs[r].join()  # sets exitcode
-        failed = [r for r in ended if procs[r].exitcode != 0]
+        if carry_on and procs[0].exitcode == 0:  # the run is recorded: nobody waits for
+            _end_left_behind(procs, record, lost)  # a worker it went on without
+        failed = [r for r in ended if procs[r].exitcode != 0 and r not in lost]
         if failed and carry_on and training and goes_on_without(
                 failed, lambda r: procs[r].exitcode, failures, topology, lost):
             for r in failed:
@@ -157,6 +160,15 @@ def _supervise(procs: list, events, board: ProgressBoard, topology: Topology,
             raise _failure(failed, procs, failures, topology, record)
     _drain(events, board, failures)
     board.draw(force=True)
+
+
+def _end_left_behind(procs: list, record: RunRecord, lost: set[int]) -> None:
+    """End the workers the completed run went on without that still run (frozen, or cut
+    off), as lost (one that has ended is seen as any other)."""
+    for r in left_behind(record) - lost:
+        if procs[r].is_alive():
+            lost.add(r)
+            procs[r].kill()
 
 
 def _drain(events, board: ProgressBoard, failures: dict[int, RankFailure]) -> bool:

@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 
 from polyrhythm.errors import ClusterError
 from polyrhythm.units import rate
@@ -55,6 +56,15 @@ def run(*args: str, ok_if: str | None = None) -> str:
             return ""
         raise ClusterError(f"{' '.join(args[:4])} ...: {line}")
     return done.stdout
+
+
+def state(device: str) -> str:
+    """A link's operational state in this namespace ("up", "down", "lowerlayerdown"...;
+    "gone" if it is not there)."""
+    try:
+        return (Path("/sys/class/net") / device / "operstate").read_text().strip()
+    except OSError:
+        return "gone"
 
 
 def address(host: int) -> str:

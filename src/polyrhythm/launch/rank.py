@@ -41,7 +41,8 @@ def lifecycle(config, rank: int, join: JoinGroup, record: RunRecord | None,
     join()
     topology = Topology(config.servers, config.workers)
     transport = Transport()
-    transport.open(rank, topology.world_size, topology.worker_ranks, latency(config, rank))
+    transport.open(rank, topology.world_size, topology.worker_ranks, latency(config, rank),
+                   config.timeout)
     ctx = RankContext(config, rank, topology, transport, progress=progress, run_dir=run_dir,
                       resume=resume)
     return leave_together(ctx, run_rank(ctx, local_workers), record)

@@ -38,6 +38,7 @@ from polyrhythm.errors import ConfigError, RunFailed
 from polyrhythm.launch.failures import (
     RankFailure,
     lost_a_peer,
+    mark_left,
     mark_training,
     rank_ended,
     rank_failed,
@@ -90,7 +91,7 @@ def init() -> Job:
                             timeout=timedelta(seconds=config.timeout))
     topology = Topology(config.servers, config.workers)
     transport = Transport()
-    transport.open(rank, world, topology.worker_ranks, latency(config, rank))
+    transport.open(rank, world, topology.worker_ranks, latency(config, rank), config.timeout)
     ctx = RankContext(config, rank, topology, transport, run_dir=run_dir,
                       resume=_resume_point(), progress=_marking_training(run_dir))
     register_optimizer_step_pre_hook(stepping_unwrapped)
@@ -99,7 +100,7 @@ def init() -> Job:
     if topology.role(rank) == "server":
         torch.set_num_threads(1)  # servers mostly wait
         _finish(ctx, _serve(ctx), record)
-        _leave(0)
+        _leave(0, ctx)
     return Job(ctx, describe_servers=_describe if topology.servers else None,
                finish=lambda job: _finish_worker(job, record))
 
@@ -219,7 +220,7 @@ def _finish(ctx: RankContext, report: dict, record: RunRecord | None) -> None:
     # destructors, which abort now and then ("terminate called without an active
     # exception", SIGABRT) while Gloo's threads wind down: a completed run would read as a
     # crash. Handlers registered before this one are skipped: stdio is flushed here.
-    atexit.register(_leave, 0)
+    atexit.register(_leave, 0, ctx)
 
 
 def _failed_on_its_own(ctx: RankContext, reports: list[dict],
@@ -239,8 +240,11 @@ def _failed_on_its_own(ctx: RankContext, reports: list[dict],
     return None
 
 
-def _leave(code: int) -> None:
-    """End the process now, stdio flushed (see _finish)."""
+def _leave(code: int, ctx: RankContext | None = None) -> None:
+    """End the process now, stdio flushed (see _finish); a rank of a job (`ctx`) that has
+    done its part leaves the mark that it has (failures.py)."""
+    if ctx is not None and ctx.run_dir is not None:
+        mark_left(ctx.run_dir, ctx.rank)
     for stream in (sys.stdout, sys.stderr, sys.__stderr__):
         stream.flush()
     os._exit(code)

@@ -42,6 +42,7 @@ from polyrhythm.launch.failures import (
     clear_reports,
     goes_on_without,
     going_on_without,
+    left_behind,
     lost_a_peer,
     rank_failed,
     read_reports,
@@ -185,7 +186,8 @@ def script_on_cluster(config, record: RunRecord, call: ScriptCall, show=None,
             show.write(line[len(label):] + "\n")
             show.flush()
 
-    return RankProgram((call.script, *call.args), environment, True, show_first_worker)
+    return RankProgram((call.script, *call.args), environment, True, show_first_worker,
+                       script=True)
 
 
 def _threads(config, topology: Topology, ranks: list[int]) -> int:
@@ -234,12 +236,17 @@ def _supervise(procs: list[subprocess.Popen], topology: Topology, record: RunRec
     running = set(range(len(procs)))
     lost: set[int] = set()
     while running:
+        if carry_on and procs[0].poll() == 0:  # the run is recorded: nobody waits for a
+            for rank in left_behind(record) - lost:  # worker it went on without that runs
+                if procs[rank].poll() is None:
+                    lost.add(rank)
+                    procs[rank].kill()
         for rank in sorted(running):
             code = procs[rank].poll()
             if code is None:
                 continue
             running.discard(rank)
-            if code == 0:
+            if code == 0 or rank in lost:
                 continue
             reports = read_reports(record.dir)
             if carry_on and training_began(record.dir) and goes_on_without(

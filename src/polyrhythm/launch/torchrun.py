@@ -37,7 +37,15 @@ from polyrhythm.config.emulation import host_ranks
 from polyrhythm.context import Topology
 from polyrhythm.errors import ConfigError, PolyrhythmError
 from polyrhythm.launch import runlock
-from polyrhythm.launch.failures import Kind, RankFailure, kind_of, one_line, rank_ended
+from polyrhythm.launch.failures import (
+    Kind,
+    RankFailure,
+    kind_of,
+    mark_left,
+    mark_training,
+    one_line,
+    rank_ended,
+)
 from polyrhythm.launch.local import raise_interrupt
 from polyrhythm.launch.rank import lifecycle
 from polyrhythm.metrics.records import (
@@ -94,11 +102,20 @@ def resumed_record(config, rank: int, run_id: str | None,
     return record, run_dir, point
 
 
-def _log_progress(event: dict) -> None:
-    if event["step"] == event["steps"]:  # one line per worker and epoch
-        print(f"[worker {event['worker']}] epoch {event['epoch']}/{event['epochs']} "
-              f"loss {event['loss']:.4f} {event['samples_per_s']:.1f} samples/s",
-              file=sys.stderr, flush=True)
+def _progress(run_dir: Path | None):
+    """A worker's progress sink: a line per epoch, and its first event marks that training
+    has begun (for a launcher that may go on without a lost host: failures.py)."""
+    marked: list[bool] = []
+
+    def log(event: dict) -> None:
+        if not marked and run_dir is not None:
+            mark_training(run_dir)
+            marked.append(True)
+        if event["step"] == event["steps"]:  # one line per worker and epoch
+            print(f"[worker {event['worker']}] epoch {event['epoch']}/{event['epochs']} "
+                  f"loss {event['loss']:.4f} {event['samples_per_s']:.1f} samples/s",
+                  file=sys.stderr, flush=True)
+    return log
 
 
 def host_of_this_rank(config, start: str = START) -> list[int]:
@@ -148,19 +165,25 @@ def run_node(config_path: str, run_id: str | None = None,
     # torchrun stops the surviving ranks with SIGTERM when one fails: let rank 0 record it.
     signal.signal(signal.SIGTERM, raise_interrupt)
     try:
-        return lifecycle(config, rank,
-                         lambda: dist.init_process_group("gloo", rank=rank, world_size=world,
-                                                         timeout=timedelta(
-                                                             seconds=config.timeout)),
-                         record, progress=_log_progress,
-                         local_workers=sum(r >= config.servers for r in here), run_dir=run_dir,
-                         resume=point)
+        summary = lifecycle(config, rank,
+                            lambda: dist.init_process_group(
+                                "gloo", rank=rank, world_size=world,
+                                timeout=timedelta(seconds=config.timeout)),
+                            record, progress=_progress(run_dir),
+                            local_workers=sum(r >= config.servers for r in here),
+                            run_dir=run_dir, resume=point)
     except BaseException as exc:
         stopped = isinstance(exc, KeyboardInterrupt)
         failure = None if stopped else RankFailure.of(rank, exc)
+        # A launcher that named the run (--run-id) sees every host and records what ended
+        # it; without one, rank 0 records its own end.
         rank_ended(rank, failure, "stopped by torchrun" if stopped else failure.error,
-                   Topology(config.servers, config.workers), run_dir, record)
+                   Topology(config.servers, config.workers), run_dir,
+                   record if run_id is None else None)
         raise
+    if run_dir is not None:
+        mark_left(run_dir, rank)
+    return summary
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,7 +18,7 @@ from functools import partial
 import torch
 
 from polyrhythm.comm.messages import HANDOVER, HANDOVER_HEADER, PUSH_HEADER, REPLY_HEADER
-from polyrhythm.comm.transport import PeerLost
+from polyrhythm.comm.transport import PeerFault
 from polyrhythm.compression.buckets import BucketCodecs, compressing
 from polyrhythm.config.servers import CONTINUE
 from polyrhythm.context import RankContext
@@ -122,7 +122,7 @@ class ParameterServerShard:
         while unfinished:
             try:
                 src, inbox = pushes.take()
-            except PeerLost as gone:
+            except PeerFault as gone:  # its connection broke, or it fell silent (cut off)
                 if not self.continues or gone.rank not in unfinished:
                     raise
                 self._lose(gone.rank)
@@ -192,9 +192,9 @@ class ParameterServerShard:
                 replies = {w: bucket.reply(w) for w in ranks}
         for work in [self._send(replies[w], r, key) for w, r in ranks.items()]:
             try:
-                if work is not None:
-                    work.wait()
-            except PeerLost:  # the worker died: its receive fails too, and says so
+                if work is not None:  # going on without a silent worker: never Gloo's timeout
+                    work.wait(self.ctx.config.timeout if self.continues else None)
+            except PeerFault:  # the worker died or is cut off: its receive fails too, and says so
                 if not self.continues:
                     raise
         if served.update:
@@ -206,7 +206,7 @@ class ParameterServerShard:
         """Start a reply; None if the worker's connection is already broken (continue)."""
         try:
             return self.ctx.transport.isend(outbox, rank, tag=key)
-        except PeerLost:
+        except PeerFault:
             if not self.continues:
                 raise
             return None

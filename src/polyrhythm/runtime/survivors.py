@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from polyrhythm.comm.messages import LOST, ROLL_CALL
-from polyrhythm.comm.transport import PeerLost
+from polyrhythm.comm.transport import PeerFault, PeerLost
 from polyrhythm.config.servers import CONTINUE
 from polyrhythm.context import RankContext
 
@@ -37,13 +37,17 @@ def agree_on_lost(ctx: RankContext, seen: set[int]) -> set[int]:
             flags[sorted(lost)] = 1
             for r in range(1, topology.world_size):
                 if r not in lost:
-                    transport.isend(flags, r, tag=LOST).wait()
+                    transport.isend(flags, r, tag=LOST).wait(ctx.config.timeout)
         else:
+            # Rank 0 may first wait out a silent worker's timeout while serving, then one
+            # for each worker it calls (one cut off after its last message): each survivor
+            # waits that long for it, on its own clock (Pending.wait), never Gloo's.
+            within = (topology.workers + 1) * ctx.config.timeout
             if topology.role(ctx.rank) == "worker":
                 here = torch.ones(1)
-                transport.irecv(here, 0, tag=ROLL_CALL).wait()
-                transport.isend(here, 0, tag=ROLL_CALL).wait()
-            transport.irecv(flags, 0, tag=LOST).wait()
+                transport.irecv(here, 0, tag=ROLL_CALL).wait(within)
+                transport.isend(here, 0, tag=ROLL_CALL).wait(ctx.config.timeout)
+            transport.irecv(flags, 0, tag=LOST).wait(within)
     lost = {r for r in range(topology.world_size) if flags[r]}
     if lost:
         transport.exclude(lost)
@@ -51,11 +55,13 @@ def agree_on_lost(ctx: RankContext, seen: set[int]) -> set[int]:
 
 
 def _answers(ctx: RankContext, rank: int) -> bool:
-    """Whether worker `rank` answers the roll call (False: its connection is broken)."""
-    box = torch.ones(1)
+    """Whether worker `rank` answers the roll call (False: its connection is broken, or it
+    says nothing within the timeout: cut off). The waits keep their own time: Gloo's
+    timeout would close every connection of this rank, the survivors' too."""
+    box, within = torch.ones(1), ctx.config.timeout
     try:
-        ctx.transport.isend(box, rank, tag=ROLL_CALL).wait()
-        ctx.transport.irecv(box, rank, tag=ROLL_CALL).wait()
-    except PeerLost:
+        ctx.transport.isend(box, rank, tag=ROLL_CALL).wait(within)
+        ctx.transport.irecv(box, rank, tag=ROLL_CALL).wait(within)
+    except PeerFault:
         return False
     return True

@@ -1,0 +1,202 @@
+"""Faults on an emulated cluster, as a real cluster meets them: a run resumed on its hosts, a
+worker host lost (its processes killed, or its link down for good) that an asp run goes on
+without, a lost server host, and links down for a moment or past the timeout. Runs only as
+root with `ip` and `tc`; skipped with the reason otherwise."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import polyrhythm
+from helpers import finished, max_diff, stored_parameters, wait_for_checkpoint
+from polyrhythm import api
+from polyrhythm.errors import ClusterError, RunFailed
+from polyrhythm.launch.cluster import ClusterShape, EmulatedCluster, can_emulate, leftovers
+from polyrhythm.metrics.store import RunStore
+from polyrhythm.runtime.checkpoint import complete_epochs, epoch_dir
+from script_reference import SCRIPT
+
+
+def _unavailable() -> str | None:
+    try:
+        can_emulate()
+    except ClusterError as exc:
+        return str(exc)
+    return None
+
+
+pytestmark = pytest.mark.skipif(_unavailable() is not None,
+                                reason=f"no emulated cluster here: {_unavailable()}")
+
+# Quick runs, each worker's steps slowed a little so that a fault lands between checkpoints.
+RUN = {"dataset": "digits", "steps_per_epoch": 10, "threads": 1, "worker_delay_s": "0.03,0.03",
+       "lr_decay_every": 1, "lr_decay": 0.5}
+
+
+@pytest.fixture(scope="module")
+def clusters():
+    """Standing clusters of 2 and 3 hosts, whose links the tests take down, used by every
+    run of this module (a run of the same shape takes a standing cluster); removed after,
+    leaving what was there before."""
+    before = leftovers()
+    made = {}
+    try:
+        for hosts in (2, 3):
+            made[hosts] = EmulatedCluster(f"faults{hosts}",
+                                          ClusterShape(hosts, (None,) * hosts, (None,) * hosts))
+            made[hosts].up(standing=True)
+        yield made
+    finally:
+        for cluster in made.values():
+            cluster.down()
+    assert leftovers() == before
+
+
+@pytest.fixture(autouse=True)
+def links_back_up(clusters):
+    """Every link up again after each test, whatever it did."""
+    yield
+    for cluster in clusters.values():
+        for host in cluster.links_down():
+            cluster.set_link(host, True)
+
+
+def _launch(out: Path, **fields) -> subprocess.Popen:
+    args = [sys.executable, "-m", "polyrhythm.cli", "train", "--out", str(out), "--json"]
+    for key, value in {**RUN, **fields}.items():
+        args += ["--" + key.replace("_", "-"), str(value)]
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _completed(out: Path, stdout: str, epochs: int) -> dict:
+    """The summary `polyrhythm train --json` printed, of a run completed with all its epochs
+    recorded."""
+    summary = json.loads(stdout.strip().splitlines()[-1])
+    assert summary["status"] == "completed"
+    assert len(RunStore(out / "polyrhythm.db").epochs(summary["run_id"])) == epochs
+    return summary
+
+
+def test_a_run_resumed_on_two_hosts_ends_where_an_uninterrupted_one_ends(tmp_path, clusters):
+    """bsp on 2 hosts (the server on one, both workers on the other): the workers' host is
+    lost after the checkpoint of epoch 2 of 4; the run fails saying how to go on, and goes
+    on on the cluster from that checkpoint to where the uninterrupted run ends."""
+    out, fields = tmp_path / "runs", {"strategy": "bsp", "servers": 1, "workers": 2,
+                                      "epochs": 4, "hosts": 2}
+    launcher = _launch(out, **fields)
+    run_dir, _ = wait_for_checkpoint(out, launcher, 2, 1, epochs=2)
+    clusters[2].host_group(1).kill()  # every process of host 1: its torchrun and ranks
+    _, stderr = finished(launcher, "after host 1 was lost")
+    assert launcher.returncode == 1, stderr
+    assert "host 1 (ranks 1, 2) was killed by SIGKILL" in stderr, stderr
+    assert f"`polyrhythm train --resume {run_dir.name} --out {out}` goes on after" in stderr
+    for later in complete_epochs(run_dir, 2, 1):  # the loss may have come later
+        if later > 2:
+            shutil.rmtree(epoch_dir(run_dir, later))
+    said = []
+    summary = polyrhythm.resume(run_dir.name, out, say=said.append)
+    assert said[-1] == f"resuming run {run_dir.name} after epoch 2 of 4"
+    assert summary["status"] == "completed" and len(summary["epoch_metrics"]) == 4
+    assert summary["cluster"]["layout"] == [[0], [1, 2]]
+    whole = polyrhythm.train({**RUN, **fields, "worker_delay_s": [0.03, 0.03],
+                              "out": str(tmp_path / "whole")})
+    assert max_diff(stored_parameters(summary), stored_parameters(whole)) <= 1e-5
+
+
+@pytest.mark.parametrize("how", ["killed", "cut off"])
+def test_asp_on_three_hosts_goes_on_without_a_lost_worker_host(tmp_path, clusters, how):
+    """asp with its server on host 0 and a worker on each of hosts 1 and 2: host 2 lost
+    (its processes killed; or its link down for good, its worker then silent past the
+    timeout) leaves the run going on with worker 0 to completion, worker 1 recorded lost."""
+    out = tmp_path / "runs"
+    launcher = _launch(out, strategy="asp", servers=1, workers=2, epochs=6, hosts=3, timeout=5)
+    wait_for_checkpoint(out, launcher, 2, 1, epochs=1)
+    if how == "killed":
+        clusters[3].host_group(2).kill()
+    else:
+        clusters[3].set_link(2, False)
+    stdout, stderr = finished(launcher, f"after host 2 was {how}")
+    assert launcher.returncode == 0, stderr
+    summary = _completed(out, stdout, 6)
+    assert [lost["worker"] for lost in summary["lost_workers"]] == [1]
+    why = "was killed by SIGKILL" if how == "killed" else "its link is down"
+    assert f"polyrhythm: host 2 (worker 1) lost: {why}; the others go on" in stderr, stderr
+
+
+def test_a_lost_server_host_fails_the_run_which_resumes_on_the_cluster(tmp_path, clusters):
+    """The server's host lost: no worker can go on; the run fails naming the host and how to
+    go on, and goes on from its last checkpoint on the cluster."""
+    out = tmp_path / "runs"
+    launcher = _launch(out, strategy="asp", servers=1, workers=2, epochs=4, hosts=3)
+    run_dir, _ = wait_for_checkpoint(out, launcher, 2, 1, epochs=1)
+    clusters[3].host_group(0).kill()
+    _, stderr = finished(launcher, "after the server's host was lost")
+    assert launcher.returncode == 1, stderr
+    assert "host 0 (ranks 0) was killed by SIGKILL" in stderr, stderr
+    assert f"--resume {run_dir.name}" in stderr
+    summary = polyrhythm.resume(run_dir.name, out, say=lambda line: None)
+    assert summary["status"] == "completed" and len(summary["epoch_metrics"]) == 4
+    assert summary["lost_workers"] == []
+
+
+@pytest.mark.parametrize(("strategy", "servers"), [("bsp", 1), ("asp", 1), ("allreduce", 0)])
+def test_a_link_down_for_less_than_the_timeout_costs_time_not_the_run(tmp_path, clusters,
+                                                                       strategy, servers):
+    """The workers' host's link down for 3 s during training (--timeout 30): every strategy
+    carries on once it is back, and completes."""
+    out = tmp_path / "runs"
+    launcher = _launch(out, strategy=strategy, servers=servers, workers=2, epochs=4, hosts=2)
+    wait_for_checkpoint(out, launcher, 2, servers, epochs=1)
+    clusters[2].set_link(1, False)
+    down = time.monotonic()
+    while time.monotonic() - down < 3:  # the outage, however long the run lasts
+        time.sleep(0.05)
+    clusters[2].set_link(1, True)
+    assert launcher.poll() is None  # the link came back while the run went on
+    stdout, stderr = finished(launcher, "after a 3 s outage")
+    assert launcher.returncode == 0, stderr
+    _completed(out, stdout, 4)
+
+
+def test_a_link_down_past_the_timeout_fails_the_run_naming_the_host(tmp_path, clusters):
+    """The workers' host cut off for good with --timeout 5: the run fails (no hang: how soon
+    is benchmarks/outage.py's figure), naming the host whose link is down, and the run is
+    recorded so."""
+    out = tmp_path / "runs"
+    launcher = _launch(out, strategy="bsp", servers=1, workers=2, epochs=50, hosts=2,
+                       timeout=5)
+    wait_for_checkpoint(out, launcher, 2, 1, epochs=1)
+    clusters[2].set_link(1, False)
+    _, stderr = finished(launcher, "after its link went down for good")
+    assert launcher.returncode == 1, stderr
+    assert "host 1 (ranks 1, 2) was cut off: its link is down" in stderr, stderr
+    (run,) = RunStore(out / "polyrhythm.db").runs()
+    assert run["status"] == "failed" and "was cut off" in run["error"]
+
+
+def test_a_script_run_resumed_on_two_hosts_ends_with_the_uninterrupted_runs_model(
+        tmp_path, clusters):
+    """A user's script on 2 hosts (bsp, its server on one, its workers on the other) fails
+    once in epoch 3; `polyrhythm run --resume` goes on on the cluster and ends with the
+    model an uninterrupted run on loopback ends with."""
+    job = {"strategy": "bsp", "servers": 1, "workers": 2, "seed": 0}
+    with pytest.raises(RunFailed) as failed:  # its schedule kept in the checkpoints
+        api.run_script(SCRIPT, ["--keep", str(tmp_path / "tally"),
+                                "--fail-once", str(tmp_path / "failed-once")],
+                       {**job, "hosts": 2, "out": str(tmp_path / "runs")})
+    run_id = failed.value.run_id
+    assert f"`polyrhythm run --resume {run_id} --out" in str(failed.value)
+    summary = api.resume_script(run_id, tmp_path / "runs", say=lambda line: None)
+    assert summary["status"] == "completed" and summary["cluster"]["layout"] == [[0], [1, 2]]
+    whole = api.run_script(SCRIPT, ["--keep", str(tmp_path / "whole-tally")],
+                           {**job, "out": str(tmp_path / "whole")})
+    resumed, model = (torch.load(Path(s["run_dir"]) / "model.pt") for s in (summary, whole))
+    assert max(max_diff(resumed[k], model[k]) for k in model) <= 1e-5
