@@ -19,7 +19,7 @@ a random epoch after the first checkpoint (a random share of an epoch's time lat
 instant a checkpoint is seen half-written; a twice-killed run is killed again while resumed.
 
     python benchmarks/soak.py           # 100 runs, about 20 minutes; cluster runs need root
-    python benchmarks/soak.py --quick   # smoke run: 3 runs
+    python benchmarks/soak.py --quick   # smoke run: 2 runs
 """
 
 from __future__ import annotations
@@ -66,10 +66,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=100, help="runs (default 100)")
     parser.add_argument("--seed", type=int, default=25, help="the chaos's seed (default 25)")
-    parser.add_argument("--quick", action="store_true", help="smoke run: 3 runs")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 2 runs")
     args = parser.parse_args(argv)
     if args.quick:
-        args.runs = 3
+        args.runs = 2
     if args.runs < 1:
         parser.error("--runs must be at least 1")
     return args
@@ -132,14 +132,13 @@ class Run:
         done = self._wait_for_checkpoint(launcher, after)
         if done is None:
             return
-        if self.during_write and self._wait_for_half_written(launcher):
-            self.events.append("killed mid-checkpoint")
-        else:
+        mid_checkpoint = self.during_write and self._wait_for_half_written(launcher)
+        if not mid_checkpoint:
             time.sleep(self.rng.uniform(0.0, 0.6))  # an epoch here takes about half that
         if launcher.poll() is not None:
             self.events.append("ended before the kill")
             return
-        self.events.append(self._kill(launcher))
+        self.events.append(self._kill(launcher) + (" mid-checkpoint" if mid_checkpoint else ""))
 
     def _wait_for_checkpoint(self, launcher: subprocess.Popen, after: int) -> int | None:
         deadline = time.monotonic() + HANG_S
@@ -232,9 +231,10 @@ class Run:
 
     def outcome(self) -> str:
         resumed = self.events.count("resumed")
+        said = {0: "", 1: "resumed once"}.get(resumed, f"resumed {resumed}x")
         if "went on without a lost worker" in self.events:
-            return "went on without a worker"
-        return {0: "no resume needed", 1: "resumed once"}.get(resumed, f"resumed {resumed}x")
+            return f"{said}, went on w/o a worker" if said else "went on w/o a worker"
+        return said or "completed, no resume"
 
 
 def rank_processes(launcher: int) -> dict[int, psutil.Process]:
@@ -338,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     outcomes: dict[str, Counter] = defaultdict(Counter)
     violations: list[str] = []
     twins: dict[str, dict] = {}
-    kills = Counter()
+    kills: Counter[str] = Counter()
     began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="polyrhythm-soak-") as folder:
         for i, (name, hosts) in enumerate(plan(args.runs, rng, cluster)):
@@ -348,12 +348,14 @@ def main(argv: list[str] | None = None) -> int:
             run.check(twin, before)
             where = f"{hosts} hosts" if hosts else "loopback"
             outcomes[f"{name} ({'cluster' if hosts else 'loopback'})"][run.outcome()] += 1
-            kills.update(e for e in run.events if "killed" in e)
+            kills.update(re.sub(r"(rank|host) \d+", r"\1", e) for e in run.events
+                         if "killed" in e)
             for v in run.violations:
                 violations.append(f"run {i} ({name}, {where}): {v}")
             print(f"run {i:3d} {name:9s} {where:9s} {run.outcome():26s} "
-                  f"{'; '.join(run.events)}{'  VIOLATION' if run.violations else ''}",
-                  flush=True)
+                  f"{'; '.join(run.events)} ({time.monotonic() - began:.0f} s)", flush=True)
+            for v in run.violations:
+                print(f"        VIOLATION: {v}", flush=True)
     print(f"\n{args.runs} runs in {time.monotonic() - began:.0f} s\n")
     columns = sorted({o for c in outcomes.values() for o in c})
     print(f"{'strategy':22s} " + " ".join(f"{c:>26s}" for c in columns))

@@ -20,8 +20,10 @@ from polyrhythm.comm.transport import Transport
 from polyrhythm.config import RunConfig, make_config
 from polyrhythm.context import RankContext, Topology
 from polyrhythm.data.sharding import batch_slice, epoch_order, steps_per_epoch, worker_batch_sizes
+from polyrhythm.errors import ClusterError
 from polyrhythm.flat import RunningStatistics
 from polyrhythm.launch import forkserver
+from polyrhythm.launch.cluster import can_emulate
 from polyrhythm.losses import LOSSES, Loss
 from polyrhythm.models.build import build_model
 from polyrhythm.optim import TORCH_OPTIMIZERS, lr_at, optimizer_name
@@ -259,3 +261,19 @@ def give_up(launcher: subprocess.Popen, awaited: str, timeout: float) -> NoRetur
     _, stderr = launcher.communicate()
     why = "the run ended first" if ended else f"it did not come in {timeout:.0f} s"
     pytest.fail(f"waiting for {awaited}: {why} (stderr: {(stderr or '')[-1000:]!r})")
+
+
+def no_emulated_cluster() -> str | None:
+    """Why no emulated cluster can be made here (not root, no ip or tc), or None."""
+    try:
+        can_emulate()
+    except ClusterError as exc:
+        return str(exc)
+    return None
+
+
+# A test (or module: pytestmark) that makes emulated clusters: skipped, saying why, where none
+# can be made.
+needs_emulated_cluster = pytest.mark.skipif(no_emulated_cluster() is not None,
+                                            reason=f"no emulated cluster here: "
+                                                   f"{no_emulated_cluster()}")

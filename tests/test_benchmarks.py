@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from helpers import needs_emulated_cluster
 from polyrhythm.errors import ClusterError
-from polyrhythm.launch.cluster import can_emulate, leftovers
+from polyrhythm.launch.cluster import leftovers
 from polyrhythm.layout import ALGORITHMS
 
 BENCHMARKS = Path(__file__).parent.parent / "benchmarks"
@@ -234,15 +235,6 @@ def test_script_benchmark_smoke_prints_both_ratios():
         assert follows(verdict, ratio, lambda r, t=float(target): r >= t), row.group(0)
 
 
-def _no_emulated_cluster() -> str | None:
-    """Why no emulated cluster can be made here (not root, no ip or tc), or None."""
-    try:
-        can_emulate()
-    except ClusterError as exc:
-        return str(exc)
-    return None
-
-
 def differs_by(points: str, ours: str, theirs: str) -> bool:
     """Whether the printed `points` can be 100 x (ours - theirs) for accuracies that print as
     those figures."""
@@ -251,8 +243,7 @@ def differs_by(points: str, ours: str, theirs: str) -> bool:
     return 100 * (a0 - b1) - slack <= p1 and p0 <= 100 * (a1 - b0) + slack
 
 
-@pytest.mark.skipif(_no_emulated_cluster() is not None,
-                    reason=f"no emulated cluster here: {_no_emulated_cluster()}")
+@needs_emulated_cluster
 def test_compression_benchmark_smoke_prints_both_figures_and_leaves_nothing():
     """polyrhythm's PowerSGD against DDP's hook, each on an emulated 2-host cluster: the
     ratio of samples/s and the difference of final accuracy follow from the figures they are
@@ -408,3 +399,33 @@ def test_compression_benchmark_reads_a_jobs_figures_and_names_its_failure(tmp_pa
     kept = Path(re.search(r"its output: (\S+)\)", message).group(1))
     assert "==> DDP + powerSGD_hook-1.log <==" in kept.read_text()
     kept.unlink()
+
+
+def test_outage_benchmark_smoke_completes_and_fails_as_it_must():
+    """The short outage's run completes, the long one's fails naming the host (the script
+    exits 1 otherwise); each ratio is the quotient of its figures."""
+    out = smoke("outage.py")
+    if "outages: SKIP" in out:
+        return
+    short = re.search(rf"^bsp +completed: +({NUMBER}) s with a 1 s outage, +({NUMBER}) s "
+                      rf"without: ratio ({NUMBER}) \(\+({NUMBER}) s\)$", out, re.MULTILINE)
+    assert short, out
+    with_outage, without, ratio, extra = short.groups()
+    assert is_quotient(ratio, with_outage, without), short.group(0)
+    long = re.search(rf"^long outage \(10 s, --timeout 3\): failed naming host 1 after "
+                     rf"({NUMBER}) s against (\d+) s: ratio ({NUMBER}) \(target <= 1\) "
+                     rf"(PASS|MISS)$", out, re.MULTILINE)
+    assert long, out
+    took, bound, ratio, verdict = long.groups()
+    assert bound == "13" and is_quotient(ratio, took, bound), long.group(0)
+    assert follows(verdict, ratio, lambda r: r <= 1), long.group(0)
+
+
+def test_soak_benchmark_smoke_checks_its_runs_and_finds_nothing_wrong():
+    """Two runs killed and resumed (the script exits 1 on any violation): each in the
+    table, none breaking an invariant."""
+    out = smoke("soak.py")
+    runs = re.findall(r"^run +\d+ (\w+) +(loopback|2 hosts) ", out, re.MULTILINE)
+    assert [name for name, _ in runs] == ["bsp", "asp"], out
+    assert re.search(r"^2 runs in \d+ s$", out, re.MULTILINE), out
+    assert "\nviolations: 0\n" in out

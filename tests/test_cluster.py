@@ -15,27 +15,17 @@ import pytest
 import torch
 
 import polyrhythm
-from helpers import equivalence_config, max_diff, stored_parameters
+from helpers import equivalence_config, max_diff, needs_emulated_cluster, stored_parameters
 from polyrhythm import api
 from polyrhythm.cli import main
 from polyrhythm.cli.train import cluster_line
 from polyrhythm.errors import ClusterError, RunFailed
-from polyrhythm.launch.cluster import ClusterShape, EmulatedCluster, can_emulate, leftovers
+from polyrhythm.launch.cluster import ClusterShape, EmulatedCluster, leftovers
 from polyrhythm.metrics.records import RunRecord
 from polyrhythm.metrics.store import RunStore
 from script_reference import SCRIPT, farthest, one_process
 
-
-def _unavailable() -> str | None:
-    try:
-        can_emulate()
-    except ClusterError as exc:
-        return str(exc)
-    return None
-
-
-pytestmark = pytest.mark.skipif(_unavailable() is not None,
-                                reason=f"no emulated cluster here: {_unavailable()}")
+pytestmark = needs_emulated_cluster
 
 
 @pytest.fixture(autouse=True)

@@ -16,25 +16,21 @@ import pytest
 import torch
 
 import polyrhythm
-from helpers import finished, max_diff, stored_parameters, wait_for_checkpoint
+from helpers import (
+    finished,
+    max_diff,
+    needs_emulated_cluster,
+    stored_parameters,
+    wait_for_checkpoint,
+)
 from polyrhythm import api
-from polyrhythm.errors import ClusterError, RunFailed
-from polyrhythm.launch.cluster import ClusterShape, EmulatedCluster, can_emulate, leftovers
+from polyrhythm.errors import RunFailed
+from polyrhythm.launch.cluster import ClusterShape, EmulatedCluster, leftovers
 from polyrhythm.metrics.store import RunStore
 from polyrhythm.runtime.checkpoint import complete_epochs, epoch_dir
 from script_reference import SCRIPT
 
-
-def _unavailable() -> str | None:
-    try:
-        can_emulate()
-    except ClusterError as exc:
-        return str(exc)
-    return None
-
-
-pytestmark = pytest.mark.skipif(_unavailable() is not None,
-                                reason=f"no emulated cluster here: {_unavailable()}")
+pytestmark = needs_emulated_cluster
 
 # Quick runs, each worker's steps slowed a little so that a fault lands between checkpoints.
 RUN = {"dataset": "digits", "steps_per_epoch": 10, "threads": 1, "worker_delay_s": "0.03,0.03",

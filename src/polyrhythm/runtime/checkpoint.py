@@ -117,8 +117,9 @@ def prune(run_dir: Path, own: list[str], workers: int, servers: int) -> None:
         folder = epoch_dir(run_dir, epochs_done)
         for name in own:
             (folder / name).unlink(missing_ok=True)
-            for partial in folder.glob(f"{name}.*partial"):  # left by a crash
-                partial.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # the folder gone: another rank emptied it
+                for partial in folder.glob(f"{name}.*partial"):  # left by a crash
+                    partial.unlink(missing_ok=True)
         with contextlib.suppress(OSError):  # not empty yet: another rank's files are there
             folder.rmdir()
 
