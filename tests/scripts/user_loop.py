@@ -26,7 +26,7 @@ parser.add_argument("--plain-epochs", action="store_true",
                     help="range(epochs), not job.epochs: each pass of the loader is an epoch")
 parser.add_argument("--fault", choices=["wrap-twice", "unwrapped", "seed", "raise", "exit",
                                         "no-val-loss", "uneven-val-loss", "counted-output",
-                                        "log-of-output"])
+                                        "log-of-output", "killed-after-finish"])
 parser.add_argument("--keep", metavar="FILE")
 parser.add_argument("--fail-once", metavar="MARKER")
 parser.add_argument("--kill", nargs=2, type=int, metavar=("WORKER", "STEP"),
@@ -160,6 +160,8 @@ def main(args) -> None:
         with open(args.keep, "w") as file:
             file.write(str(tally.steps))
     job.finish()
+    if args.fault == "killed-after-finish" and job.worker == 1:  # the run is recorded by now
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def fail_once(marker: str) -> None:

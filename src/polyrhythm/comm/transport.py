@@ -307,6 +307,7 @@ class Receiver:
         self._go_on = {s: queue.SimpleQueue() for s in sources} if last is None else {}
         self._posted: dict[int, float | None] = dict.fromkeys(sources)  # when, if waiting
         self._dropped: set[int] = set()  # sources fallen silent
+        self._looked = time.monotonic()  # when silence was last looked for
         for src in sources:
             threading.Thread(target=self._receive, args=(src,), daemon=True,
                              name=f"recv-from-{src}").start()
@@ -338,10 +339,11 @@ class Receiver:
         """The next message as (rank, buffer); None if none is in and not `block`. Raises
         what ended a source's receives: PeerLost, PeerSilent, or a bug's own error."""
         while True:
+            if time.monotonic() - self._looked > POLL_S:  # busy with the others' messages too
+                self._raise_silent()
             try:
                 item = self._arrived.get(block=block, timeout=POLL_S if block else None)
             except queue.Empty:
-                self._raise_silent()
                 if not block:
                     return None
                 continue
@@ -357,6 +359,7 @@ class Receiver:
         """PeerSilent for a source whose receive was posted longer than the timeout ago
         (and none later: it is dropped)."""
         silence, now = self.transport.timeout, time.monotonic()
+        self._looked = now
         if silence is None:
             return
         for src, posted in list(self._posted.items()):

@@ -38,6 +38,7 @@ from polyrhythm.launch.failures import (
     Kind,
     cause,
     clear_reports,
+    completed_summary,
     goes_on_without,
     have_left,
     how,
@@ -138,6 +139,8 @@ def launch_emulated(config, record: RunRecord, show_progress: bool = False,
                                               "tcp": cluster.network.congestion_control(),
                                               **fidelity}})
     except BaseException as exc:
+        if isinstance(exc, RunFailed) and (summary := completed_summary(record)) is not None:
+            return summary  # a host lost once the run was recorded, as the job left
         raise recorded_failure(record, exc, config, script=program.script) from None
     finally:
         with signal_handlers(sigterm=signal.SIG_IGN, sigint=signal.SIG_IGN):
@@ -213,20 +216,28 @@ def _supervise(hosts: list[subprocess.Popen], layout: list[list[int]], topology:
             if not (carry_on and _goes_on_without(h, hosts, layout, topology, record, gone)):
                 raise _failure(h, layout, topology, record, hosts, cluster)
             gone.add(h)
-            print(f"polyrhythm: host {h} ({', '.join(map(topology.describe, layout[h]))}) "
-                  f"lost: {_why(h, hosts, layout, record, cluster)}; the others go on",
-                  file=sys.stderr, flush=True)
+            _say_lost(h, layout, topology, _why(h, hosts, layout, record, cluster),
+                      "the others go on")
         left = [h for h in range(len(hosts)) if h not in gone]
         if all(codes[h] == 0 for h in left):
             return
         # A worker the completed run went on without may still run (frozen, cut off), and
         # the others' torchruns wait for a lost host's at their end (torchrun's exit
         # barrier, five minutes): once every rank but those has done its part, it is done.
-        behind = left_behind(record) if gone or 0 in codes else set()
+        behind = left_behind(record)
         if (gone or behind) and have_left(record.dir, [r for h in left for r in layout[h]
                                                        if r not in behind]):
+            for h in (h for h in left if set(layout[h]) <= behind):  # not ended by itself
+                _say_lost(h, layout, topology, "its link is down" if h in cluster.links_down()
+                          else "it fell silent", "the run went on without it")
             return
         time.sleep(POLL_S)
+
+
+def _say_lost(host: int, layout: list[list[int]], topology: Topology, why: str,
+              then: str) -> None:
+    print(f"polyrhythm: host {host} ({', '.join(map(topology.describe, layout[host]))}) lost: "
+          f"{why}; {then}", file=sys.stderr, flush=True)
 
 
 def _goes_on_without(host: int, hosts: list[subprocess.Popen], layout: list[list[int]],

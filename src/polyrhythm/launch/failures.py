@@ -182,16 +182,21 @@ def training_began(run_dir: Path) -> bool:
     return (Path(run_dir) / "logs" / TRAINING_MARK).exists()
 
 
+def completed_summary(record: RunRecord) -> dict | None:
+    """The run's summary if rank 0 has recorded it completed (its results are in: a rank
+    that fails after that, in the instant the job leaves, fails nothing), else None."""
+    try:
+        summary = read_summary(record)
+    except (OSError, ValueError):
+        return None
+    return summary if summary.get("status") == "completed" else None
+
+
 def left_behind(record: RunRecord) -> set[int]:
     """The ranks of the workers a completed run went on without (its summary's
     lost_workers): a launcher ends those still running, cut off or frozen, which nobody
     waits for any more."""
-    try:
-        summary = read_summary(record)
-    except (OSError, ValueError):
-        return set()
-    if summary.get("status") != "completed":
-        return set()
+    summary = completed_summary(record) or {}
     return {lost["rank"] for lost in summary.get("lost_workers") or []}
 
 

@@ -37,6 +37,7 @@ from polyrhythm.launch.failures import (
     Kind,
     RankFailure,
     cause,
+    completed_summary,
     goes_on_without,
     going_on_without,
     how,
@@ -91,6 +92,8 @@ def launch_local(config, record: RunRecord, progress: ProgressBoard | None = Non
                        carry_on=config.on_worker_failure == CONTINUE)
         return read_summary(record)
     except BaseException as exc:
+        if isinstance(exc, RunFailed) and (summary := completed_summary(record)) is not None:
+            return summary  # a rank lost once the run was recorded, as the job left
         # Said in one line; a bug of the launcher's own keeps its traceback in the run's logs.
         raise recorded_failure(record, exc, config) from None
     finally:

@@ -40,6 +40,7 @@ from polyrhythm.launch.emulated import RankProgram
 from polyrhythm.launch.failures import (
     cause,
     clear_reports,
+    completed_summary,
     goes_on_without,
     going_on_without,
     left_behind,
@@ -137,6 +138,8 @@ def launch_script(config, record: RunRecord, call: ScriptCall, show: TextIO | No
             reader.join()
         return read_summary(record)
     except BaseException as exc:
+        if isinstance(exc, RunFailed) and (summary := completed_summary(record)) is not None:
+            return summary  # a rank lost once the run was recorded, as the job left
         raise recorded_failure(record, exc, config, script=True) from None
     finally:
         with signal_handlers(sigterm=signal.SIG_IGN, sigint=signal.SIG_IGN):

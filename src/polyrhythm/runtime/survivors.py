@@ -4,10 +4,12 @@ A server sees a worker die when its connection breaks mid-run (runtime/server.py
 worker that dies after its last message is seen by nobody, until a collective waits for it.
 So before the end-of-run collectives (running statistics, reports), rank 0, which is server
 0 whenever a run may continue, calls the roll: it asks each worker not known to be lost and
-waits for the answer (a dead worker's broken connection fails the wait at once), then tells
-every survivor which workers are gone. The survivors go on in groups of their own
-(Transport.exclude). A worker dying in the instant between its answer and the end of the
-roll is not caught here: the next collective then fails the run, naming it.
+waits for the answer (a dead worker's broken connection fails the wait at once; a worker cut
+off says nothing within the timeout), then tells every survivor which workers are gone. These
+waits keep their own time (comm/waiting.py): Gloo's timeout would close every connection.
+The survivors go on in groups of their own (Transport.exclude). A worker dying in the
+instant between its answer and the end of the roll is not caught here: the next collective
+then fails the run, naming it.
 """
 
 from __future__ import annotations
@@ -40,9 +42,9 @@ def agree_on_lost(ctx: RankContext, seen: set[int]) -> set[int]:
                     transport.isend(flags, r, tag=LOST).wait(ctx.config.timeout)
         else:
             # Rank 0 may first wait out a silent worker's timeout while serving, then one
-            # for each worker it calls (one cut off after its last message): each survivor
-            # waits that long for it, on its own clock (Pending.wait), never Gloo's.
-            within = (topology.workers + 1) * ctx.config.timeout
+            # for a worker it calls (cut off after its last message): each survivor waits
+            # that long for it, on its own clock (Pending.wait), never Gloo's.
+            within = 2 * ctx.config.timeout
             if topology.role(ctx.rank) == "worker":
                 here = torch.ones(1)
                 transport.irecv(here, 0, tag=ROLL_CALL).wait(within)
