@@ -46,7 +46,7 @@ from polyrhythm.launch.failures import (
     recorded_failure,
 )
 from polyrhythm.launch.rank import latency, leave_together
-from polyrhythm.launch.torchrun import env_int, job_rank, job_record
+from polyrhythm.launch.torchrun import env_int, job_rank, job_record, shared_run_dir
 from polyrhythm.metrics.records import RunRecord
 from polyrhythm.runtime.checkpoint import Resume
 from polyrhythm.runtime.job import play, server_shard
@@ -89,6 +89,9 @@ def init() -> Job:
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}" if rendezvous
                             else "env://", rank=rank, world_size=world,
                             timeout=timedelta(seconds=config.timeout))
+    if os.environ.get(ENV_RUN_ID) is None:  # rank 0 made the run: all learn where it is
+        run_dir = shared_run_dir(config, record)
+        sys.excepthook = _failing(rank, config, None if rendezvous else record, run_dir)
     topology = Topology(config.servers, config.workers)
     transport = Transport()
     transport.open(rank, world, topology.worker_ranks, latency(config, rank), config.timeout)

@@ -84,22 +84,43 @@ def job_record(config, rank: int, run_id: str | None,
     return record, run_dir
 
 
-def resumed_record(config, rank: int, run_id: str | None,
-                   resume: str) -> tuple[RunRecord | None, Path, Resume]:
-    """job_record's, for a rank going on with failed run `resume` from its newest usable
-    checkpoint; rank 0 reopens the record unless a launcher did (`run_id` given)."""
-    record, run_dir = job_record(config, rank, run_id or resume)
-    if record is not None and run_id is None:
-        check_resumable(record)
-        reopen_run(record)
-    stored = load_config(run_dir / "config.toml")
-    point, done = latest(run_dir, stored.workers, stored.servers,
-                         say=lambda line: rank == 0 and print(f"polyrhythm: {line}",
-                                                              file=sys.stderr))
-    if rank == 0 and run_id is None:
-        print(f"polyrhythm: resuming run {resume} after epoch {done} of {config.epochs}",
-              file=sys.stderr, flush=True)
-    return record, run_dir, point
+def shared_run_dir(config, record: RunRecord | None) -> Path:
+    """The folder of the run rank 0 made, told every rank once the group is up: each writes
+    its checkpoints and failure report there (on a disk the nodes share, one folder; else
+    each node's own), holding the run while it lives."""
+    shared = [record.run_id if record is not None else None]
+    dist.broadcast_object_list(shared, src=0)
+    run_dir = Path(config.out) / shared[0]
+    with contextlib.suppress(OSError):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        runlock.hold(run_dir)
+    return run_dir
+
+
+def agreed_resume(config, rank: int, record: RunRecord | None, run_dir: Path,
+                  reopen: bool) -> Resume:
+    """Once the group is up: rank 0 reopens the failed run's record (`reopen`: no launcher
+    did) and picks its newest usable checkpoint, and every rank learns it, or the one line
+    why the run cannot go on (each raises it: none is left waiting for the others)."""
+    said: list = [None, None]  # the checkpoint's folder, or the error
+    if rank == 0:
+        try:
+            if reopen:
+                check_resumable(record)
+            stored = load_config(run_dir / "config.toml")
+            point, done = latest(run_dir, stored.workers, stored.servers,
+                                 say=lambda line: print(f"polyrhythm: {line}", file=sys.stderr))
+            if reopen:
+                reopen_run(record)
+                print(f"polyrhythm: resuming run {run_dir.name} after epoch {done} of "
+                      f"{config.epochs}", file=sys.stderr, flush=True)
+            said[0] = str(point.folder)
+        except PolyrhythmError as exc:
+            said[1] = exc
+    dist.broadcast_object_list(said, src=0)
+    if said[1] is not None:
+        raise said[1]
+    return Resume.at(Path(said[0]))
 
 
 def _progress(run_dir: Path | None):
@@ -157,29 +178,32 @@ def run_node(config_path: str, run_id: str | None = None,
                           "workers)")
     here = host_of_this_rank(config)
     rank = here[env_int("LOCAL_RANK")]
-    point = None
-    if resume is None:
-        record, run_dir = job_record(config, rank, run_id)
-    else:
-        record, run_dir, point = resumed_record(config, rank, run_id, resume)
+    record, run_dir = job_record(config, rank, run_id or resume)
     # torchrun stops the surviving ranks with SIGTERM when one fails: let rank 0 record it.
     signal.signal(signal.SIGTERM, raise_interrupt)
+    # A launcher that named the run (--run-id) sees every host and records what ended it;
+    # without one, rank 0 records its own end (resuming: once it has reopened the run).
+    recording = record if run_id is None and resume is None else None
+    point = None
     try:
-        summary = lifecycle(config, rank,
-                            lambda: dist.init_process_group(
-                                "gloo", rank=rank, world_size=world,
-                                timeout=timedelta(seconds=config.timeout)),
-                            record, progress=_progress(run_dir),
+        dist.init_process_group("gloo", rank=rank, world_size=world,
+                                timeout=timedelta(seconds=config.timeout))
+        if resume is not None:
+            point = agreed_resume(config, rank, record, run_dir, reopen=run_id is None)
+            recording = record if run_id is None else None
+        elif run_id is None:  # rank 0 made the run: every rank learns where it is
+            run_dir = shared_run_dir(config, record)
+        summary = lifecycle(config, rank, lambda: None, record, progress=_progress(run_dir),
                             local_workers=sum(r >= config.servers for r in here),
                             run_dir=run_dir, resume=point)
     except BaseException as exc:
         stopped = isinstance(exc, KeyboardInterrupt)
         failure = None if stopped else RankFailure.of(rank, exc)
-        # A launcher that named the run (--run-id) sees every host and records what ended
-        # it; without one, rank 0 records its own end.
-        rank_ended(rank, failure, "stopped by torchrun" if stopped else failure.error,
-                   Topology(config.servers, config.workers), run_dir,
-                   record if run_id is None else None)
+        # A resume refused leaves no report: the run may be another launcher's, still going.
+        refused = resume is not None and point is None and isinstance(exc, PolyrhythmError)
+        rank_ended(rank, None if refused else failure,
+                   "stopped by torchrun" if stopped else failure.error,
+                   Topology(config.servers, config.workers), run_dir, recording)
         raise
     if run_dir is not None:
         mark_left(run_dir, rank)
