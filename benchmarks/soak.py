@@ -19,7 +19,7 @@ a random epoch after the first checkpoint (a random share of an epoch's time lat
 instant a checkpoint is seen half-written; a twice-killed run is killed again while resumed.
 
     python benchmarks/soak.py           # 100 runs, about 20 minutes; cluster runs need root
-    python benchmarks/soak.py --quick   # smoke run: 2 runs
+    python benchmarks/soak.py --quick   # smoke run: 1 run
 """
 
 from __future__ import annotations
@@ -67,10 +67,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=100, help="runs (default 100)")
     parser.add_argument("--seed", type=int, default=25, help="the chaos's seed (default 25)")
-    parser.add_argument("--quick", action="store_true", help="smoke run: 2 runs")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 1 run")
     args = parser.parse_args(argv)
     if args.quick:
-        args.runs = 2
+        args.runs = 1
     if args.runs < 1:
         parser.error("--runs must be at least 1")
     return args

@@ -401,17 +401,12 @@ def test_compression_benchmark_reads_a_jobs_figures_and_names_its_failure(tmp_pa
     kept.unlink()
 
 
-def test_outage_benchmark_smoke_completes_and_fails_as_it_must():
-    """The short outage's run completes, the long one's fails naming the host (the script
-    exits 1 otherwise); each ratio is the quotient of its figures."""
+def test_outage_benchmark_smoke_fails_as_it_must():
+    """The long outage's run fails naming the host (the script exits 1 otherwise; the short
+    outages are tests/test_cluster_faults.py's); its ratio is the quotient of its figures."""
     out = smoke("outage.py")
     if "outages: SKIP" in out:
         return
-    short = re.search(rf"^bsp +completed: +({NUMBER}) s with a 1 s outage, +({NUMBER}) s "
-                      rf"without: ratio ({NUMBER}) \(\+({NUMBER}) s\)$", out, re.MULTILINE)
-    assert short, out
-    with_outage, without, ratio, extra = short.groups()
-    assert is_quotient(ratio, with_outage, without), short.group(0)
     long = re.search(rf"^long outage \(10 s, --timeout 3\): failed naming host 1 after "
                      rf"({NUMBER}) s against (\d+) s: ratio ({NUMBER}) \(target <= 1\) "
                      rf"(PASS|MISS)$", out, re.MULTILINE)
@@ -422,10 +417,10 @@ def test_outage_benchmark_smoke_completes_and_fails_as_it_must():
 
 
 def test_soak_benchmark_smoke_checks_its_runs_and_finds_nothing_wrong():
-    """Two runs killed and resumed (the script exits 1 on any violation): each in the
-    table, none breaking an invariant."""
+    """A run killed and resumed (the script exits 1 on any violation): in the table, no
+    invariant broken."""
     out = smoke("soak.py")
     runs = re.findall(r"^run +\d+ (\w+) +(loopback|\d hosts) ", out, re.MULTILINE)
-    assert [name for name, _ in runs] == ["bsp", "asp"], out
-    assert re.search(r"^2 runs in \d+ s$", out, re.MULTILINE), out
+    assert [name for name, _ in runs] == ["bsp"], out
+    assert re.search(r"^1 runs in \d+ s$", out, re.MULTILINE), out
     assert "\nviolations: 0\n" in out
