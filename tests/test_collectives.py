@@ -17,7 +17,7 @@ import torch.multiprocessing as tmp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from polyrhythm.comm.collectives import all_reduce, early_ops, schedule_steps
+from polyrhythm.comm.collectives import all_reduce, early_sends, schedule_steps
 from polyrhythm.comm.transport import Transport
 from polyrhythm.layout import (
     ALGORITHMS,
@@ -172,25 +172,23 @@ def test_sends_and_receives_match_up_and_never_race(algorithm, n):
                                for a in written for b in sent + written if a is not b)
 
 
-def test_early_ops_skip_ranges_the_round_in_flight_uses():
-    current = [Op(SEND, 1, 0, 5), Op(RECV_ADD, 2, 5, 10)]
-    upcoming = [Op(RECV_COPY, 0, 3, 6), Op(RECV_COPY, 0, 10, 12), Op(RECV_ADD, 1, 0, 5),
-                Op(SEND, 2, 0, 2), Op(SEND, 2, 8, 12)]
-    assert early_ops(current, upcoming) == [Op(RECV_COPY, 0, 10, 12), Op(RECV_ADD, 1, 0, 5),
-                                            Op(SEND, 2, 0, 2)]
+def test_early_sends_skip_ranges_the_round_in_flight_writes():
+    current = [Op(SEND, 1, 0, 5), Op(RECV_ADD, 2, 5, 10), Op(RECV_COPY, 3, 20, 30)]
+    upcoming = [Op(RECV_COPY, 0, 10, 12), Op(SEND, 1, 0, 5), Op(SEND, 2, 8, 12),
+                Op(SEND, 3, 25, 26), Op(SEND, 0, 12, 20)]
+    assert early_sends(current, upcoming) == [Op(SEND, 1, 0, 5), Op(SEND, 0, 12, 20)]
 
 
 @pytest.mark.parametrize("n", range(3, 8))
-def test_ring_posts_receives_a_round_ahead_and_pipelines_segments(n):
-    """Unsegmented, every receive goes a round early (the send needs the data just received);
-    with segments, every operation does, so one segment travels while another is added."""
+def test_ring_pipelines_segments(n):
+    """Unsegmented, no send goes a round early (it sends the chunk just received); with
+    segments, every send does, so one segment travels while another is added."""
     for i in range(n):
         for segments in (1, 2, 3):
             schedule = ring_schedule(n, i, 1003, segments)
             for current, upcoming in zip(schedule, schedule[1:], strict=False):
-                receives = [op for op in upcoming if op.op != SEND]
-                expected = upcoming if segments > 1 else receives
-                assert early_ops(current, upcoming) == expected
+                sends = [op for op in upcoming if op.op == SEND]
+                assert early_sends(current, upcoming) == (sends if segments > 1 else [])
 
 
 def test_ring_rounds_and_chunks():

@@ -7,12 +7,18 @@ executor runs any schedule over the `Transport`, so every byte is counted in the
 all point-to-point messages go through, and the schedules themselves can be checked without
 processes (the tests run all members' schedules against each other in one process).
 
-Per round the executor posts all receives, then all sends (and what of the next round may go
-early), waits for all of them, and only then applies the received data: `recv_copy` lands
-straight in the tensor, `recv_add` in a buffer of its own that is added afterwards. A schedule
-therefore never writes a range it sends in the same round (a send buffer must not change while
-in flight), which the tests check. Zero-length ranges are left out of a schedule on both sides,
-so tensors smaller than N and sizes that N does not divide need no special case.
+The executor posts every receive of the schedule before its first send (a late receive costs
+Gloo a round trip: it holds a send until the receiver's ready-to-receive notice arrives, and a
+receive posted while data is arriving contends with Gloo's network thread), then per round its
+sends (and those of the next round that may go early), waits for the round's messages, and only
+then applies the received data: `recv_copy` lands straight in the tensor, `recv_add` in a place
+of its own in a scratch buffer, added afterwards. A schedule therefore never writes a range it
+sends in the same round (a send buffer must not change while in flight), which the tests check.
+A receive posted rounds early may land whenever its sender sends; for a `recv_copy` that is
+safe because what a member receives by copy is a result that depends on everything the member
+did to that range before (its adds applied, its sends of the range received), so it cannot
+arrive sooner. Zero-length ranges are left out of a schedule on both sides, so tensors smaller
+than N and sizes that N does not divide need no special case.
 
 Every member ends with the same bits, not just the same value up to rounding: each element's
 final sum is computed at exactly one member, in a fixed order, and copied to the others. That
@@ -36,6 +42,8 @@ tensor's size:
 
 from __future__ import annotations
 
+import functools
+import threading
 from collections.abc import Iterable, Iterator
 
 import torch
@@ -56,82 +64,120 @@ from polyrhythm.layout import (
 # pushes and the bucket id (below 2**24) for replies, the decentralised strategies 2**24 + 1
 # and 2**24 + 2: this range meets none of them.
 TAG_BASE = 2**25
+# Compiled schedules kept, by (algorithm, N, member, size): a job all-reduces a few sizes.
+PLANS_KEPT = 64
+# Scratch buffers kept between calls, by (dtype, numel): a new one per call costs page faults
+# on every call (16 MiB, 4 processes: 12 MiB of fresh pages). A few sizes, so that a job that
+# all-reduces ever-new sizes (compressed messages) holds no more than a few.
+SCRATCH_KEPT = 4
+
 
 def _overlaps(op: Op, ops: Iterable[Op]) -> bool:
     return any(op.start < other.stop and other.start < op.stop for other in ops)
 
 
-def early_ops(current: Round, upcoming: Round) -> Round:
-    """The operations of the next non-empty round that may be posted while `current` is in
-    flight: every `recv_add` (it lands in a buffer of its own), every `recv_copy` whose range
-    `current` does not touch (a send of it may still be reading, an add still to come), and
-    every send of a range `current` does not write."""
+def early_sends(current: Round, upcoming: Round) -> Round:
+    """The sends of the next non-empty round that may be posted while `current` is in flight:
+    those of a range `current` does not write (receives are all posted up front). In the
+    segmented ring that is every send, so one segment travels while the previous one is added;
+    unsegmented, none (the ring sends on the chunk it has just received)."""
     written = [op for op in current if op.op != SEND]
-    return [op for op in upcoming
-            if op.op == RECV_ADD
-            or (op.op == RECV_COPY and not _overlaps(op, current))
-            or (op.op == SEND and not _overlaps(op, written))]
+    return [op for op in upcoming if op.op == SEND and not _overlaps(op, written)]
 
 
-class _Round:
-    """One round's messages in flight: receives, sends, and the adds to apply after them."""
+class _Plan:
+    """One member's schedule turned into what the executor does, once per schedule: its
+    messages numbered (receives first, in round order), the sends to post in each round (its
+    own not posted early, then those of the next non-empty round that may go early), the
+    messages to wait for in each round, and its adds, each with its place in one scratch
+    buffer of `scratch_numel` values."""
 
-    def __init__(self) -> None:
-        self.posted: list[Op] = []
-        self.receives: list = []
-        self.sends: list = []
-        self.adds: list[tuple[torch.Tensor, torch.Tensor]] = []
+    def __init__(self, schedule: Schedule) -> None:
+        self.rounds = len(schedule)
+        self.receives: list[tuple[int, Op, int]] = []  # (round, op, scratch offset)
+        self.sends: list[list[tuple[int, int, Op]]] = [[] for _ in schedule]  # (no, round, op)
+        self.waits: list[list[int]] = [[] for _ in schedule]
+        self.adds: list[list[tuple[Op, int]]] = [[] for _ in schedule]
+        self.scratch_numel = 0
+        for r, ops in enumerate(schedule):
+            for op in ops:
+                if op.op == SEND:
+                    continue
+                offset = self.scratch_numel  # a recv_copy's: unused
+                if op.op == RECV_ADD:
+                    self.adds[r].append((op, offset))
+                    self.scratch_numel += op.numel
+                self.waits[r].append(len(self.receives))
+                self.receives.append((r, op, offset))
+        self.messages = len(self.receives)
+        busy = [r for r, ops in enumerate(schedule) if ops]
+        went_early: Round = []
+        for r, nxt in zip(busy, [*busy[1:], None], strict=False):  # None: the last
+            own = [op for op in schedule[r] if op.op == SEND and op not in went_early]
+            went_early = [] if nxt is None else early_sends(schedule[r], schedule[nxt])
+            for at, ops in ((r, own), (nxt, went_early)):
+                for op in ops:
+                    self.sends[r].append((self.messages, at, op))
+                    self.waits[at].append(self.messages)
+                    self.messages += 1
+
+
+@functools.lru_cache(maxsize=PLANS_KEPT)
+def _planned(gather: bool, algorithm: str, n: int, i: int, size: int) -> _Plan:
+    return _Plan((GATHERS if gather else ALGORITHMS)[algorithm](n, i, size))
+
+
+_scratch: dict[tuple[torch.dtype, int], torch.Tensor] = {}  # oldest first
+_scratch_lock = threading.Lock()
+
+
+def _take_scratch(dtype: torch.dtype, numel: int) -> torch.Tensor:
+    """A kept buffer, taken out while in use (a call on another thread makes its own)."""
+    with _scratch_lock:
+        kept = _scratch.pop((dtype, numel), None)
+    return kept if kept is not None else torch.empty(numel, dtype=dtype)
+
+
+def _keep_scratch(buffer: torch.Tensor) -> None:
+    with _scratch_lock:
+        _scratch[buffer.dtype, buffer.numel()] = buffer
+        while len(_scratch) > SCRATCH_KEPT:
+            del _scratch[next(iter(_scratch))]
 
 
 def schedule_steps(transport: Transport, flat: torch.Tensor, schedule: Schedule,
                    ranks: list[int]) -> Iterator[int]:
     """Run one member's schedule on a flat contiguous tensor (peers are indices into `ranks`),
     yielding once per round r after posting it and before waiting for it: all_reduce runs the
-    steps through; the tests interleave all members' steps in one process.
+    steps through; the tests interleave all members' steps in one process."""
+    return _steps(transport, flat, _Plan(schedule), ranks)
 
-    Round r's messages carry tag TAG_BASE + r. Each round posts what it has not posted yet,
-    receives first, then what of the next non-empty round may go early (`early_ops`): a
-    receive posted before the peer's send lets Gloo move the data at once, where a late one
-    costs a round trip (Gloo holds a send until a ready-to-receive notice arrives). Then it
-    waits for its receives and its sends, and applies its adds in schedule order.
+
+def _steps(transport: Transport, flat: torch.Tensor, plan: _Plan,
+           ranks: list[int]) -> Iterator[int]:
+    """Round r's messages carry tag TAG_BASE + r. Every receive is posted first, then each
+    round posts its sends, waits for its messages and applies its adds in schedule order.
 
     Sends are waited for in their round although no later round needs that: measured on 2
     cores, letting them run on made the ring slower (1 MiB, 4 processes: 1.35-1.7x native
     -> 2.0-2.5x), as a member that runs ahead posts its sends before its peers' receives.
     """
-    busy = [r for r, ops in enumerate(schedule) if ops]
-    following = dict(zip(busy, busy[1:], strict=False))  # round -> next non-empty round
-    rounds = {r: _Round() for r in busy}
-
-    def post(r: int, ops: Round) -> None:
-        pending, tag = rounds[r], TAG_BASE + r
-        new = [op for op in ops if op not in pending.posted]
-        for op in new:
-            target = flat[op.start:op.stop]
-            if op.op == RECV_ADD:
-                buffer = torch.empty(op.numel, dtype=flat.dtype)
-                pending.receives.append(transport.irecv(buffer, ranks[op.peer], tag))
-                pending.adds.append((target, buffer))
-            elif op.op == RECV_COPY:
-                pending.receives.append(transport.irecv(target, ranks[op.peer], tag))
-        for op in new:
-            if op.op == SEND:
-                pending.sends.append(transport.isend(flat[op.start:op.stop], ranks[op.peer],
-                                                     tag))
-        pending.posted += new
-
-    for r, ops in enumerate(schedule):
-        if ops:
-            post(r, ops)
-            if r in following:
-                post(following[r], early_ops(ops, schedule[following[r]]))
+    scratch = _take_scratch(flat.dtype, plan.scratch_numel) if plan.scratch_numel else None
+    pending: list = [None] * plan.messages
+    for k, (r, op, offset) in enumerate(plan.receives):
+        into = (flat[op.start:op.stop] if op.op == RECV_COPY
+                else scratch[offset:offset + op.numel])
+        pending[k] = transport.irecv(into, ranks[op.peer], TAG_BASE + r)
+    for r in range(plan.rounds):
+        for k, at, op in plan.sends[r]:
+            pending[k] = transport.isend(flat[op.start:op.stop], ranks[op.peer], TAG_BASE + at)
         yield r
-        if ops:
-            done = rounds.pop(r)
-            for work in done.receives + done.sends:
-                work.wait()
-            for target, buffer in done.adds:
-                target.add_(buffer)
+        for k in plan.waits[r]:
+            pending[k].wait()
+        for op, offset in plan.adds[r]:
+            flat[op.start:op.stop].add_(scratch[offset:offset + op.numel])
+    if scratch is not None:
+        _keep_scratch(scratch)  # not after a failure: a receive posted into it may still land
 
 
 def all_reduce(transport: Transport, tensor: torch.Tensor, ranks: list[int], rank: int,
@@ -141,12 +187,12 @@ def all_reduce(transport: Transport, tensor: torch.Tensor, ranks: list[int], ran
     if algorithm not in ALGORITHMS:
         raise ValueError(f"unknown all-reduce algorithm {algorithm!r}; "
                          f"known: {', '.join(ALGORITHMS)}")
-    schedule = ALGORITHMS[algorithm](len(ranks), ranks.index(rank), tensor.numel())
-    if not schedule:
+    plan = _planned(False, algorithm, len(ranks), ranks.index(rank), tensor.numel())
+    if not plan.rounds:
         return
     contiguous = tensor.is_contiguous()
     flat = (tensor if contiguous else tensor.contiguous()).view(-1)
-    for _ in schedule_steps(transport, flat, schedule, ranks):
+    for _ in _steps(transport, flat, plan, ranks):
         pass
     if not contiguous:
         tensor.copy_(flat.view(tensor.shape))
@@ -162,6 +208,6 @@ def all_gather(transport: Transport, tensor: torch.Tensor, ranks: list[int], ran
     n, me, size = len(ranks), ranks.index(rank), tensor.numel()
     rows = torch.empty(n, size, dtype=tensor.dtype)
     rows[me] = tensor.view(-1)
-    for _ in schedule_steps(transport, rows.view(-1), GATHERS[algorithm](n, me, size), ranks):
+    for _ in _steps(transport, rows.view(-1), _planned(True, algorithm, n, me, size), ranks):
         pass
     return rows
