@@ -73,10 +73,12 @@ EpochTiming = tuple[int, float]
 
 @dataclass
 class WorkerResult:
-    """What one baseline process reports: its torch thread count and its epoch timings."""
+    """What one baseline process reports: its torch thread count, its epoch timings and the
+    seconds of its steps' phases (forward and backward, the optimizer's step) in all."""
 
     threads: int
     epochs: list[EpochTiming]
+    phases: dict[str, float] = field(default_factory=dict)
 
 
 def job_values(strategy: str, workers: int, args: argparse.Namespace) -> dict:
@@ -101,7 +103,8 @@ def job_values(strategy: str, workers: int, args: argparse.Namespace) -> dict:
 
 
 def train_epochs(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 data: tuple[DataPlan, Dataset], config, worker: int) -> list[EpochTiming]:
+                 data: tuple[DataPlan, Dataset], config, worker: int,
+                 phases: dict[str, float]) -> list[EpochTiming]:
     """A textbook loop over this worker's shard, batches in polyrhythm's order, timed per epoch:
     the whole training set normalised once up front, as float32 (polyrhythm keeps bytes and
     normalises each batch)."""
@@ -111,17 +114,23 @@ def train_epochs(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     shard = plan.shards[worker]
     steps = steps_per_epoch(len(train), config.batch_size, config.steps_per_epoch)
     timings = []
+    phases.update(compute=0.0, step=0.0, steps=0)
     for epoch in range(config.epochs):
         order = epoch_order(shard, epoch, config.seed, worker)
         loss_sum = 0.0
         start = time.perf_counter()
         for step in range(steps):
+            began = time.perf_counter()
             idx = torch.from_numpy(batch_slice(order, batch, step))
             optimizer.zero_grad()
             loss = F.cross_entropy(model(x[idx]), y[idx])
             loss.backward()
+            computed = time.perf_counter()
             optimizer.step()
             loss_sum += loss.item()  # read every step, as a polyrhythm worker does
+            phases["compute"] += computed - began
+            phases["step"] += time.perf_counter() - computed
+        phases["steps"] += steps
         timings.append((steps * batch, time.perf_counter() - start))
     return timings
 
@@ -146,8 +155,9 @@ def plain_main(values: dict, results: Queue) -> None:
     """Baseline 1: one process, no communication at all."""
     config, train, model = setup(values)
     optimizer = make_optimizer(model, config)
-    epochs = train_epochs(model, optimizer, train, config, worker=0)
-    results.put((0, WorkerResult(torch.get_num_threads(), epochs)))
+    phases: dict[str, float] = {}
+    epochs = train_epochs(model, optimizer, train, config, 0, phases)
+    results.put((0, WorkerResult(torch.get_num_threads(), epochs, phases)))
 
 
 def ddp_main(rank: int, values: dict, port: int, results: Queue) -> None:
@@ -159,8 +169,9 @@ def ddp_main(rank: int, values: dict, port: int, results: Queue) -> None:
         model = DistributedDataParallel(model)
         optimizer = make_optimizer(model, config)
         dist.barrier()  # start together, as polyrhythm's ranks do
-        epochs = train_epochs(model, optimizer, train, config, worker=rank)
-        results.put((rank, WorkerResult(torch.get_num_threads(), epochs)))
+        phases: dict[str, float] = {}
+        epochs = train_epochs(model, optimizer, train, config, rank, phases)
+        results.put((rank, WorkerResult(torch.get_num_threads(), epochs, phases)))
     finally:
         dist.destroy_process_group()
 
@@ -217,9 +228,18 @@ def run_ddp(values: dict) -> list[WorkerResult]:
     return run_spawned(ddp_main, [(r, values, port) for r in range(values["workers"])])
 
 
-def run_polyrhythm(values: dict, out: str) -> list[float]:
+def run_polyrhythm(values: dict, out: str, profile: dict) -> list[float]:
     summary = polyrhythm.train({**values, "out": out})
+    worker = summary["per_worker"][0]
+    steps = worker["steps"]
+    profile.clear()
+    profile.update({name: worker[f"{name}_s"] / steps for name in PROFILED if worker[f"{name}_s"]})
+    if summary["servers"]:  # the server's update, per step of worker 0
+        profile["server update"] = summary["update_s_per_server"][0] / steps
     return [epoch["samples_per_s"] for epoch in summary["epoch_metrics"]]
+
+
+PROFILED = ("compute", "push", "wait", "pull", "apply")  # a worker's spans (metrics/recorder.py)
 
 
 def steady_rate(rates: list[float], warmup: int) -> float:
@@ -240,11 +260,15 @@ class Comparison:
     baseline_rates: list[float] = field(default_factory=list)
     polyrhythm_rates: list[float] = field(default_factory=list)
     other_load: list[float] = field(default_factory=list)  # cores, one entry per run
+    # The latest run's seconds per step by phase, worker 0's, for --profile.
+    baseline_profile: dict[str, float] = field(default_factory=dict)
+    polyrhythm_profile: dict[str, float] = field(default_factory=dict)
 
     def measure(self, repeat: int, out: str, warmup: int) -> None:
         """One paired measurement; the side that goes first alternates between repeats."""
         sides = [(self._run_baseline, self.baseline_rates),
-                 (lambda: run_polyrhythm(self.values, out), self.polyrhythm_rates)]
+                 (lambda: run_polyrhythm(self.values, out, self.polyrhythm_profile),
+                  self.polyrhythm_rates)]
         for run, rates in sides if repeat % 2 == 0 else reversed(sides):
             with OtherLoad() as load:
                 epochs = run()
@@ -255,7 +279,19 @@ class Comparison:
     def _run_baseline(self) -> list[float]:
         workers = self.baseline(self.values)
         self.threads = workers[0].threads
+        phases = dict(workers[0].phases)
+        steps = phases.pop("steps")
+        self.baseline_profile = {name: seconds / steps for name, seconds in phases.items()}
         return epoch_rates(workers)
+
+    def print_profile(self) -> None:
+        """One step of worker 0 on each side, by phase: where the difference goes."""
+        print(f"{self.name} against {self.baseline_name}: ms per step (latest repeat, worker 0, "
+              "warm-up included)")
+        for side, profile in ((self.baseline_name, self.baseline_profile),
+                              (f"polyrhythm {self.name}", self.polyrhythm_profile)):
+            phases = "  ".join(f"{name} {seconds * 1e3:.3f}" for name, seconds in profile.items())
+            print(f"  {side:<34} {phases}")
 
     @property
     def ratios(self) -> list[float]:
@@ -295,6 +331,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--data-path", help="cifar10, cifar100, npz: the data file or folder")
     parser.add_argument("--batch-size", type=int, default=64, help="global batch (default 64)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--profile", action="store_true",
+                        help="also print one step of each side by phase, in ms")
     args = parser.parse_args(argv)
     if args.quick:
         args.repeats, args.epochs, args.warmup = 1, 2, 1
@@ -339,6 +377,10 @@ def main(argv: list[str] | None = None) -> int:
                       f"ratio {c.ratios[-1]:.3f}  other load {load} cores", flush=True)
     print(f"\nmeasured in {time.perf_counter() - started:.0f} s\n")
     print_table(comps)
+    if args.profile:
+        print()
+        for c in comps:
+            c.print_profile()
     if args.quick:
         print("--quick is a smoke run: its epochs are too short for the ratios to mean much")
     warn_if_shared(comps)

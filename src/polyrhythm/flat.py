@@ -8,13 +8,17 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+HEADROOM = 8  # words kept in front of the buffer, for a message header (`with_header`)
+
 
 class FlatParameters:
     """Rebinds a model's parameters as views into one flat float32 buffer `self.data`."""
 
     def __init__(self, model: nn.Module) -> None:
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.data = torch.cat([p.detach().reshape(-1) for p in self.params])
+        values = torch.cat([p.detach().reshape(-1) for p in self.params])
+        self._storage = torch.cat([torch.zeros(HEADROOM), values])
+        self.data = self._storage[HEADROOM:]
         self.ranges: list[tuple[int, int]] = []  # each parameter's [start, stop) in `data`
         offset = 0
         for p in self.params:
@@ -22,6 +26,14 @@ class FlatParameters:
             p.data = self.data[offset:offset + n].view_as(p)
             self.ranges.append((offset, offset + n))
             offset += n
+
+    def with_header(self, words: int) -> torch.Tensor:
+        """[`words` free words | the whole buffer], one tensor sharing the buffer's memory: a
+        message of a header and every parameter (a server's reply) received into it lands in
+        the model itself, with no copy."""
+        if not 0 <= words <= HEADROOM:
+            raise ValueError(f"a header of {words} words does not fit the {HEADROOM} kept")
+        return self._storage[HEADROOM - words:]
 
     def grad(self) -> torch.Tensor:
         """All gradients, concatenated in parameter order (zeros where a gradient is missing)."""

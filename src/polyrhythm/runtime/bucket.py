@@ -49,6 +49,7 @@ class Bucket:
         self.update = torch.empty_like(self.weights) if policy.combines else self.pending
         self.pending_weight = 0.0
         self.pending_share = 0.0  # the sum of weight x scale: global batches' worth of step
+        self.alone: torch.Tensor | None = None  # a push that is the update by itself
         self.version = 0  # weight updates applied so far
         self.progress = 0.0  # global batches' worth of gradient applied (drives lr decay)
         self.lr = RUN_SCHEDULE  # the rate the last push carried (a script's scheduler)
@@ -77,12 +78,19 @@ class Bucket:
         return box
 
     def accumulate(self, grad: torch.Tensor, weight: float, scale: float = 1.0,
-                   lr: float = RUN_SCHEDULE) -> None:
+                   lr: float = RUN_SCHEDULE, *, applied_next: bool = False) -> None:
         """Add a gradient with its batch weight; `scale` shrinks its step, not its weight;
         `lr`, the rate its worker's optimizer steps at now (RUN_SCHEDULE: the run's
-        schedule's)."""
+        schedule's). `applied_next`: `apply` comes before `grad` is written again, so a push
+        alone in its update with weight and scale 1 (a single worker's) is taken as the update
+        itself: the pending sum would hold exactly its values, after three passes over them on
+        the step's critical path (add, copy, zero)."""
         self.lr = lr
-        self.pending.add_(grad[:self.stop - self.start], alpha=weight * scale)
+        if applied_next and weight == 1 and scale == 1 and not self.pending_weight \
+                and not self.policy.elastic:
+            self.alone = grad[:self.stop - self.start]
+        else:
+            self.pending.add_(grad[:self.stop - self.start], alpha=weight * scale)
         self.pending_weight += weight
         self.pending_share += weight * scale
 
@@ -90,25 +98,29 @@ class Bucket:
         """Apply the pending update (`optimizer`: the run's optimizer settings)."""
         policy = self.policy
         before = self.weights.clone() if policy.tracks_change else None
-        if policy.averages:  # the (batch-weighted) mean of the gradients received
-            self.pending.div_(self.pending_weight)
-        if self.update is not self.pending:
-            self.update.copy_(self.pending)
+        update, self.alone = self.alone, None
+        if update is None:
+            if policy.averages:  # the (batch-weighted) mean of the gradients received
+                self.pending.div_(self.pending_weight)
+            if self.update is not self.pending:
+                self.update.copy_(self.pending)
+            update = self.update
         if policy.elastic:
-            self.weights.add_(self.update)
+            self.weights.add_(update)
         else:
             # Small tolerance: weights like 1/3 do not sum to exact integers in floating point.
             epoch = math.floor(self.progress / steps_per_epoch + 1e-6)
-            self._step(lr_at(optimizer, epoch) if self.lr < 0 else self.lr)
+            self._step(update, lr_at(optimizer, epoch) if self.lr < 0 else self.lr)
         if before is not None:
             policy.on_update(float((self.weights - before).abs().max()))
-        self.pending.zero_()
+        if update is self.update:
+            self.pending.zero_()
         self.progress += self.pending_weight
         self.pending_weight = self.pending_share = 0.0
         self.version += 1
         self.outbox[0], self.outbox[2] = self.version, self.progress
 
-    def _step(self, lr: float) -> None:
+    def _step(self, update: torch.Tensor, lr: float) -> None:
         """Step the optimizer by the update. One whose step is not linear in the gradient
         (Adam: the gradient's scale cancels out) gets the mean gradient, and its learning
         rate is scaled by the share of a global batch the update is (an asynchronous push's
@@ -118,9 +130,9 @@ class Bucket:
             if self.policy.averages:
                 share /= self.pending_weight
             if share > 0 and share != 1:
-                self.update.div_(share)
+                update.div_(share)
                 lr *= share
-        self.optimizer.step(self.update, lr)
+        self.optimizer.step(update, lr)
 
     def take_over(self, weights: torch.Tensor, optimizer: dict | None, steps: int) -> None:
         """Start from another layout's state (a Strategy-Switch's synchronous phase, or a

@@ -137,7 +137,8 @@ class ParameterServerShard:
                 if bucket.codecs is not None:
                     with self.ctx.spans("compress"):
                         values = bucket.codecs.gradient(values)
-                bucket.accumulate(values, weight, served.decision.scale, lr)
+                bucket.accumulate(values, weight, served.decision.scale, lr,
+                                  applied_next=served.update)
                 self.staleness.record(served.staleness)
                 if self.record:
                     self.pushes.append((self.ctx.rank, self.ctx.now(), worker,
@@ -147,8 +148,9 @@ class ParameterServerShard:
             more = unfinished[src] > 0
             if not more:
                 del unfinished[src]
+            self._update(bucket, served)  # before the release: it may read `inbox`
             pushes.release(src, more)
-            self._act(int(key), bucket, served)
+            self._answer(int(key), bucket, served)
 
     def receive_handover(self) -> None:
         """Wait for worker 0's handover (comm/messages.py) and start every bucket from it.
@@ -175,6 +177,10 @@ class ParameterServerShard:
             self._save(done)
 
     def _act(self, key: int, bucket: Bucket, served: Served) -> None:
+        self._update(bucket, served)
+        self._answer(key, bucket, served)
+
+    def _update(self, bucket: Bucket, served: Served) -> None:
         if served.update:
             began = self.ctx.now()
             with self.ctx.spans("update"):
@@ -183,6 +189,9 @@ class ParameterServerShard:
                 self.updates.append((self.ctx.rank, began, self.ctx.now() - began))
             if served.ends:
                 bucket.end()
+
+    def _answer(self, key: int, bucket: Bucket, served: Served) -> None:
+        """Send the replies the decision releases; checkpoint after an update."""
         ranks = {w: r for w, r in ((w, self.ctx.topology.worker_ranks[w])
                                    for w in served.decision.release) if r not in self.lost}
         if bucket.replies is None:  # the outbox as it is, to every worker

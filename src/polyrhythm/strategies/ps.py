@@ -32,7 +32,11 @@ class ServerLink:
     (compression/buckets.py) a push carries its bucket's encoded values, and, with compressed
     replies, a reply the change of the bucket since the worker's copy of it."""
 
-    def __init__(self, ctx: RankContext, flat: FlatParameters, weight: float) -> None:
+    def __init__(self, ctx: RankContext, flat: FlatParameters, weight: float, *,
+                 replies_are_the_model: bool = False) -> None:
+        """`replies_are_the_model`: the replies are the model's next parameters (not, as
+        EASGD's, a centre of its own), so a single uncompressed bucket's reply may be
+        received straight into the model (`FlatParameters.with_header`)."""
         self.ctx, self.weight = ctx, weight
         config = ctx.config
         layout = BucketLayout(len(flat), ctx.topology.servers, config.bucket_kb)
@@ -47,6 +51,10 @@ class ServerLink:
                            if t == s) for s, _, _ in self.buckets}  # pushes are padded to it
         self.outbox = [torch.zeros(PUSH_HEADER + capacity[s]) for s, _, _ in self.buckets]
         self.inbox = [torch.empty(REPLY_HEADER + words) for words in replies]
+        # The reply is received where wait_replies would copy it to: nothing to copy.
+        self.in_place = replies_are_the_model and len(self.buckets) == 1 and self.codecs is None
+        if self.in_place:
+            self.inbox = [flat.with_header(REPLY_HEADER)]
         self.pulled = [0] * len(self.buckets)
         self.over = False  # a server ended training (its reply said so)
         self.progress = 0.0  # global batches applied, as the last replies said (the least)
@@ -63,7 +71,8 @@ class ServerLink:
                              zip(self.inbox, self.buckets, strict=True))]
 
     def send(self, k: int, kind: int, clock: int, values: torch.Tensor | None = None) -> None:
-        """Send bucket k's message; `values` is the whole flat vector the slice is cut from."""
+        """Send bucket k's message; `values` is the whole flat vector the slice is cut from
+        (None: a gradient already written into the outbox, see `payload`)."""
         server, a, b = self.buckets[k]
         box = self.outbox[k]
         box[:PUSH_HEADER] = torch.tensor([kind, clock, self.pulled[k], self.weight, k, self.lr])
@@ -71,11 +80,16 @@ class ServerLink:
             encoder = self.codecs.pushes[k]
             with self.ctx.spans("compress"):
                 encoder.encode(values[a:b], box[PUSH_HEADER:PUSH_HEADER + encoder.words])
-        elif kind & GRADIENT:
+        elif kind & GRADIENT and values is not None:  # None: the gradient is in place
             box[PUSH_HEADER:PUSH_HEADER + b - a] = values[a:b]
         self.sends[k] = self.ctx.transport.isend(box, self.ctx.topology.server_ranks[server])
         if self.first_sent is None:
             self.first_sent = self.ctx.now()
+
+    def payload(self, k: int) -> torch.Tensor:
+        """Where bucket k's uncompressed gradient goes in its outbox."""
+        _, a, b = self.buckets[k]
+        return self.outbox[k][PUSH_HEADER:PUSH_HEADER + b - a]
 
     def send_all(self, kind: int, clock: int, values: torch.Tensor | None = None) -> None:
         for k in range(len(self.buckets)):
@@ -88,20 +102,24 @@ class ServerLink:
 
     def wait_replies(self, into: torch.Tensor) -> None:
         """Wait for every bucket's reply (span "wait": blocked on the servers) and write its
-        parameters into `into` (span "pull")."""
+        parameters into `into`, the model's buffer (span "pull"; a reply received in place
+        is there already)."""
         with self.ctx.spans("wait"):
             for work in self.receives:
                 work.wait()
         with self.ctx.spans("pull"):
+            progress = []
             for k, (_, a, b) in enumerate(self.buckets):
-                self.pulled[k] = int(self.inbox[k][0])
-                self.over |= bool(self.inbox[k][1])
+                version, over, applied = self.inbox[k][:REPLY_HEADER].tolist()
+                self.pulled[k] = int(version)
+                self.over |= bool(over)
+                progress.append(applied)
                 if self.codecs is not None and self.codecs.replies is not None:
                     with self.ctx.spans("compress"):
                         into[a:b] = self.codecs.replies[k].apply(self.inbox[k][REPLY_HEADER:])
-                else:
+                elif not self.in_place:
                     into[a:b] = self.inbox[k][REPLY_HEADER:]
-            self.progress = min(float(box[2]) for box in self.inbox)
+            self.progress = min(progress)
 
     def start_at(self, version: int, values: torch.Tensor) -> None:
         """The servers start at `version`, a global batch each, from the parameters `values`
@@ -144,7 +162,7 @@ class ParameterServerWorker(Strategy):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         flat, s = self.flat, self.settings
-        self.link = ServerLink(self.ctx, flat, self.batch_weight)
+        self.link = ServerLink(self.ctx, flat, self.batch_weight, replies_are_the_model=True)
         self.cadence = PushFetch(s.get("push_every", 1), s.get("fetch_every", 1))
         self.grad = torch.zeros(len(flat))  # gradients since the last push
         # Which buckets each parameter feeds, and how many parameters each bucket waits for.
@@ -152,6 +170,15 @@ class ParameterServerWorker(Strategy):
         self.feeds = [[k for k, (_, a, b) in enumerate(buckets) if a < stop and start < b]
                       for start, stop in flat.ranges]
         self.needs = [sum(k in f for f in self.feeds) for k in range(len(buckets))]
+        # Pushing every step, uncompressed: backward writes each gradient straight into its
+        # buckets' outboxes (`pieces`: per parameter, (outbox slice, gradient slice)), with no
+        # buffer to add into, copy out of and zero on the step's critical path.
+        self.direct = self.cadence.push.every == 1 and self.link.codecs is None
+        self.pieces = [[(self.link.payload(k)[max(a, start) - a:min(b, stop) - a],
+                         slice(max(a, start) - start, min(b, stop) - start))
+                        for k in self.feeds[i] for _, a, b in [buckets[k]]]
+                       for i, (start, stop) in enumerate(flat.ranges)]
+        self.fed = [False] * len(flat.params)  # which parameters' gradients this step has
         self.missing: list[int] = []
         self.collecting = self.pushing = self.fetching = False
         for i, p in enumerate(flat.params):
@@ -161,6 +188,7 @@ class ParameterServerWorker(Strategy):
         self.link.lr = RUN_SCHEDULE if self.rate is None else self.rate
         self.pushing, self.fetching = self.cadence.step()
         self.missing = list(self.needs) if self.pushing else []
+        self.fed = [False] * len(self.fed)
         if self.fetching:
             self.link.expect_replies()
         self.collecting = True
@@ -168,8 +196,14 @@ class ParameterServerWorker(Strategy):
     def _on_grad(self, index: int, param: torch.Tensor) -> None:
         if not self.collecting:
             return  # a backward outside a training step (not ours to push)
-        start, stop = self.flat.ranges[index]
-        self.grad[start:stop] += param.grad.reshape(-1)
+        grad = param.grad.reshape(-1)
+        if self.direct:
+            for box, part in self.pieces[index]:
+                box.copy_(grad[part])
+            self.fed[index] = True
+        else:
+            start, stop = self.flat.ranges[index]
+            self.grad[start:stop] += grad
         if not self.pushing:
             return
         for k in self.feeds[index]:
@@ -183,13 +217,18 @@ class ParameterServerWorker(Strategy):
                 self._on_grad(i, p)
 
     def _push(self, k: int) -> None:
-        self.link.send(k, PUSH if self.fetching else GRADIENT, self.cadence.pushes, self.grad)
+        self.link.send(k, PUSH if self.fetching else GRADIENT, self.cadence.pushes,
+                       None if self.direct else self.grad)
 
     def step(self, epoch: int) -> None:
         self.collecting = False
         link = self.link
         with self.ctx.spans("push"):
             if self.pushing:
+                if self.direct and not all(self.fed):  # no gradient: zeros, as accumulated
+                    for i in (i for i, fed in enumerate(self.fed) if not fed):
+                        for box, _ in self.pieces[i]:
+                            box.zero_()
                 for k, work in enumerate(link.sends):
                     if work is None:  # parameters that got no gradient
                         self._push(k)
@@ -197,7 +236,7 @@ class ParameterServerWorker(Strategy):
                 link.send_all(FETCH, self.cadence.pushes)
             if self.pushing or self.fetching:
                 link.wait_sends()
-            if self.pushing:
+            if self.pushing and not self.direct:
                 self.grad.zero_()
         if self.fetching:
             link.wait_replies(self.flat.data)
