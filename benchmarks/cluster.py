@@ -105,16 +105,41 @@ def main(argv: list[str] | None = None) -> int:
             why = None
         except ClusterError as exc:
             why = str(exc)
+        # --quick starts every run at once (a smoke: its figures mean nothing); a measurement
+        # runs the cluster runs one at a time, each alone on the machine.
+        started = {}
+
+        def start(name: str, job: dict, core: int | None = None) -> None:
+            started[name] = run(job, out, core)
+            if not args.quick:
+                started[name] = medians(started[name], out, warmup)
+
+        def result(name: str) -> dict:
+            got = started[name]
+            return medians(got, out, warmup) if args.quick else got
+
         if why is None:
             shaped = {**common, "hosts": 4, "bandwidth": "100mbit"}
-            ring = medians(run({**shaped, "strategy": "allreduce", "workers": 4}, out), out,
-                           warmup)
+            start("ring", {**shaped, "strategy": "allreduce", "workers": 4})
+            start("ps", {**shaped, "strategy": "bsp", "workers": 3})
+            # Real compute, one thread a worker: worker 0 on a 1-core host, worker 1 on a
+            # 0.25-core one (the server's host has 2). The quota must slow worker 1 by 4.
+            start("shares", {**common, "compute": "real", "compute_time": None,
+                             "strategy": "asp", "workers": 2, "hosts": 3, "threads": 1,
+                             "cpu": [2.0, 1.0, 0.25]})
+        job = {**common, "strategy": "bsp", "workers": 2}
+        cores = sorted(os.sched_getaffinity(0))
+        pair = [run({**job, "latency": "50ms"}, out, cores[0] if len(cores) > 1 else None),
+                run(job, out, cores[1] if len(cores) > 1 else None)]
+        slow, fast = (medians(p, out, warmup) for p in pair)
+        if why is None:
+            ring = result("ring")
             model = 2 * 3 / 4 * t_w
             ratio = ring["wait_s"] / model
             print(f"all-reduce of |w| on 4 hosts at 100mbit: {ring['wait_s'] * 1e3:.1f} ms, "
                   f"model {model * 1e3:.1f} ms: {ratio:.2f} (target 0.75-1.25) "
                   f"{verdict(ratio, 0.75, 1.25)}; emulator bound: {ring['emulator_bound']}")
-            ps = medians(run({**shaped, "strategy": "bsp", "workers": 3}, out), out, warmup)
+            ps = result("ps")
             bound = 2 * 3 * t_w + ps["apply_s"]
             measured = ps["total_s"] - ps["compute_s"]
             ratio = measured / bound
@@ -122,23 +147,14 @@ def main(argv: list[str] | None = None) -> int:
                   f"compute, naive-PS bound {bound * 1e3:.1f} ms: {ratio:.2f} (target "
                   f"0.75-1.25) {verdict(ratio, 0.75, 1.25)}; emulator bound: "
                   f"{ps['emulator_bound']}")
-            # Real compute, one thread a worker: worker 0 on a 1-core host, worker 1 on a
-            # 0.25-core one (the server's host has 2). The quota must slow worker 1 by 4.
-            shares = medians(run({**common, "compute": "real", "compute_time": None,
-                                  "strategy": "asp", "workers": 2, "hosts": 3, "threads": 1,
-                                  "cpu": [2.0, 1.0, 0.25]}, out), out, warmup)
-            fast, slow = shares["mean_compute_s"]
-            ratio = slow / fast
-            print(f"cpu shares 1 and 0.25, asp, real compute: {fast * 1e3:.1f} and "
-                  f"{slow * 1e3:.1f} ms a step: {ratio:.2f} (target 3.00-5.00) "
+            shares = result("shares")
+            fast_s, slow_s = shares["mean_compute_s"]
+            ratio = slow_s / fast_s
+            print(f"cpu shares 1 and 0.25, asp, real compute: {fast_s * 1e3:.1f} and "
+                  f"{slow_s * 1e3:.1f} ms a step: {ratio:.2f} (target 3.00-5.00) "
                   f"{verdict(ratio, 3.0, 5.0)}; emulator bound: {shares['emulator_bound']}")
         else:
             print(f"bandwidth and cpu shares: SKIP ({why})")
-        job = {**common, "strategy": "bsp", "workers": 2}
-        cores = sorted(os.sched_getaffinity(0))
-        pair = [run({**job, "latency": "50ms"}, out, cores[0] if len(cores) > 1 else None),
-                run(job, out, cores[1] if len(cores) > 1 else None)]
-        slow, fast = (medians(p, out, warmup) for p in pair)
         extra = slow["total_s"] - fast["total_s"]
         least = slow["min_comm_s"]
         print(f"latency 50ms, bsp step with/without (side by side): +{extra * 1e3:.1f} ms "

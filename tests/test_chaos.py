@@ -19,12 +19,14 @@ from polyrhythm.config import load_config
 from polyrhythm.metrics.store import RunStore
 
 STRATEGIES = ["bsp", "asp", "kbsp", "allreduce", "localsgd", "switch"]
-RUNS = 10
+# Each strategy once. Seed 9's draws kill a server, a worker a run goes on without, ranks
+# at start-up and ranks after a checkpoint (benchmarks/soak.py kills a hundred runs).
+RUNS = len(STRATEGIES)
 EPOCHS = 14  # a kill lands by epoch 4 (rng.randint below): 10 or more epochs before the end
 
 
 def test_a_random_process_killed_at_a_random_moment_ends_the_run_cleanly(tmp_path):
-    rng = random.Random(13)  # the same chaos on every machine
+    rng = random.Random(9)  # the same chaos on every machine
     out = tmp_path / "runs"
     carried_on = 0
     for i in range(RUNS):
