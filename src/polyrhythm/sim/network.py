@@ -21,6 +21,9 @@ from collections.abc import Callable
 class Network:
     """Per-host link state and traffic counters."""
 
+    __slots__ = ("seconds_per_byte", "latency", "fixed_latency", "out_free", "in_free", "sent",
+                 "received")
+
     def __init__(self, rates: list[float], latency: Callable[[], float],
                  fixed_latency: float | None = None) -> None:
         """`rates`: bytes/s of each host's link each way (inf: unlimited); `latency`: draws
@@ -51,7 +54,9 @@ class Network:
         if left > taken:
             taken = left
         self.in_free[b] = taken
-        return taken + self.latency()
+        if self.fixed_latency is None:
+            return taken + self.latency()
+        return taken + self.fixed_latency  # no draw to make
 
     def send_together(self, t: float, a: int, messages: list[tuple[int, int]]) -> list[float]:
         """Send several messages (receiver host, bytes) from host a at once, sharing a's

@@ -18,24 +18,23 @@ weight, whoever computed it), else when each worker has taken its steps.
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import math
-from collections import Counter
+from collections import Counter, defaultdict
 
+from polyrhythm.sim.agenda import Agenda
 from polyrhythm.sim.compressed import HEADER
 from polyrhythm.sim.network import Network
 from polyrhythm.sim.result import SimResult, WorkerLog
 from polyrhythm.sim.setup import Setup
 from polyrhythm.strategies.cadence import PushFetch
-from polyrhythm.strategies.consistency import ConsistencyPolicy
-from polyrhythm.strategies.serving import DONE, GRADIENT, REPLY, Course, Served, serve
+from polyrhythm.strategies.consistency import ConsistencyPolicy, Decision
+from polyrhythm.strategies.serving import DONE, GRADIENT, REPLY, Course, Served, decide
 
-# Event kinds: a worker's step computed; a bucket's gradient ready (mid-backward); a message
-# reaching a server. A message takes a link when its event fires, in time order, so pushes
-# of many workers queue at a server in the order they were sent.
+# Events (sim/agenda.py): a worker's step computed, a bucket's gradient ready (mid-backward),
+# a message reaching a server. A message takes a link when its event fires, in time order, so
+# pushes of many workers queue at a server in the order they were sent.
 COMPUTED, READY, MESSAGE = 0, 1, 2
-# An event's flags: the message's kind, and above its bits the clock the worker sent it with
+# A message's flags: the message's kind, and above its bits the clock the worker sent it with
 # (a Downpour worker may step on before its push reaches the server).
 KIND, CLOCK_SHIFT = GRADIENT | REPLY | DONE, 3
 
@@ -69,16 +68,23 @@ class SimulatedBucket:
              weight: float) -> Served:
         """The message's decision (serve), counted as the real bucket counts it: the pushed
         batch weight while pending, the update, the end."""
-        served = serve(self, course, kind, worker, clock, pulled, weight)
-        if served.decision.accumulate:
+        return Served._make(self.decide(course, kind, worker, clock, pulled, weight))
+
+    def decide(self, course: Course, kind: int, worker: int, clock: int, pulled: int,
+               weight: float) -> tuple[Decision, int | None, bool, bool]:
+        """`take`'s answer as a plain tuple (serving.decide): what the simulator's loop
+        calls."""
+        decided = decide(self, course, kind, worker, clock, pulled, weight)
+        decision, _, update, ends = decided
+        if decision.accumulate:
             self.pending_weight += weight
-        if served.update:
+        if update:
             self.progress += self.pending_weight
             self.pending_weight = 0.0
             self.version += 1
-            if served.ends:
+            if ends:
                 self.over = True
-        return served
+        return decided
 
 
 class _ParameterServers:
@@ -102,132 +108,101 @@ class _ParameterServers:
         self.pulled = [[done] * len(buckets) for _ in range(n)]
         self.busy = [0.0] * setup.servers  # when each server is next free
         self.busy_s = [0.0] * setup.servers
-        self.cadence = [PushFetch(settings.get("push_every", 1), settings.get("fetch_every", 1))
-                        for _ in range(n)]
+        # Each step's kind of message (GRADIENT, REPLY, both or neither), as the real
+        # cadence answers it, over its cycle; each worker's steps and pushes (its clock).
+        cadence = PushFetch(settings.get("push_every", 1), settings.get("fetch_every", 1))
+        self.kinds = [(GRADIENT if push else 0) | (REPLY if fetch else 0)
+                      for push, fetch in cadence.cycle()]
+        self.taken = [0] * n
+        self.clock = [0] * n
+        self.compute, self.batch, self.encode_s = setup.compute, setup.batch, setup.codecs.push
         self.logs = logs or [WorkerLog(setup.warmup) for _ in range(n)]
         self.awaiting = [0] * n  # replies a worker still waits for
         self.replied = [0.0] * n  # when its latest reply arrived
         self.computed = [0.0] * n  # when its step's compute ended
         self.stopping = [False] * n
-        self.staleness: dict[int, int] = {}
-        self.events: list = []
-        self._order = itertools.count().__next__  # ties go in the order they were made
+        self.staleness: defaultdict[int, int] = defaultdict(int)
         self.worker_host = [setup.worker_host(w) for w in range(n)]
         self.count = len(buckets)
         self.bucket_server = [server for server, _ in buckets]
+        self.bucket_host = [self.server_host[server] for server in self.bucket_server]
         self.bucket_size = [size for _, size in buckets]
         self.reply_size = setup.replies
         self.message_s = costs.message_s
-
-    def _at(self, t: float, kind: int, w: int, k: int, flags: int) -> None:
-        heapq.heappush(self.events, (t, self._order(), kind, w, k, flags))
+        self.agenda = Agenda()
 
     def run(self, name: str, start: list[float] | None) -> SimResult:
         for w in range(self.setup.workers):
             self._begin(start[w] if start else 0.0, w)
-        events, pop = self.events, heapq.heappop
-        serve, push, computed = self._serve, self._push, self._computed
-        while events:
-            t, _, kind, w, k, flags = pop(events)
-            if kind == MESSAGE:
-                serve(t, w, k, flags)
-            elif kind == READY:
-                push(t, w, k, flags)
-            else:
-                computed(t, w, flags)
+        self._play()
         s = self.setup
         return SimResult(name, s.workers, s.servers, self.logs,
                          max(log.end for log in self.logs), Counter(self.staleness), self.net.sent,
                          self.net.received, self.busy_s,
                          max((b.version for b in self.buckets), default=0))
 
-    def _begin(self, t: float, w: int) -> None:
-        """Worker w is free at t: it leaves, or computes a step, whose buckets are ready
-        through backward (the last when the step's compute ends)."""
-        s, log = self.setup, self.logs[w]
-        if self.stopping[w] or log.steps >= self.steps:
-            self._leave(t, w)
-            return
-        seconds = s.compute[w]()
-        log.begin_step(t, s.batch[w])  # first: it zeroes the warm-up's figures
-        log.compute_s += seconds
-        pushing, fetching = self.cadence[w].step()
-        if pushing and s.codecs.push:  # encoding its pushes (and decoding the replies)
-            log.compress_s += s.codecs.push
-            seconds += s.codecs.push
-        flags = (GRADIENT if pushing else 0) | (REPLY if fetching else 0) | (
-            self.cadence[w].pushes << CLOCK_SHIFT)
-        end = self.computed[w] = t + seconds
-        count = self.count
-        if fetching:  # before any push goes: a reply may come before the compute ends
-            self.awaiting[w], self.replied[w] = count, end
-        if pushing and count > 1:
-            for k in range(count - 1):
-                self._at(t + seconds * (1 + 2 * (k + 1) / count) / 3, READY, w, k, flags)
-        self._at(end, COMPUTED, w, 0, flags)
-
-    def _computed(self, t: float, w: int, flags: int) -> None:
-        if flags & GRADIENT:  # the last bucket (the others went through backward)
-            self._push(t, w, self.count - 1, flags)
-        elif flags & REPLY:  # a fetch without a push
-            for k in range(self.count):
+    def _play(self) -> None:
+        """Act on every event in time order. The simulator's hottest path (a million pushes
+        in seconds): everything it reads bound to a local first, and the usual push's events
+        acted on here rather than in methods: the message at its server, and the step's
+        compute ending (its last bucket pushed)."""
+        add, begin, send, send_together = (self.agenda.add, self._begin, self.net.send,
+                                           self.net.send_together)
+        out_free, buckets, course, decide = (self.net.out_free, self.buckets, self.course,
+                                             [b.decide for b in self.buckets])
+        logs, pulled, weight, counts = self.logs, self.pulled, self.weight, self.staleness
+        message_s, reduce_s, update_s = self.message_s, self.reduce_s, self.update_s
+        busy, busy_s, bucket_server, server_host = (self.busy, self.busy_s, self.bucket_server,
+                                                    self.server_host)
+        worker_host, bucket_host, bucket_size, reply_size = (
+            self.worker_host, self.bucket_host, self.bucket_size, self.reply_size)
+        last, reply = self.count - 1, self._reply
+        for t, kind, w, k, flags in self.agenda:
+            if kind == MESSAGE:
+                decision, staleness, update, _ = decide[k](
+                    course, flags & KIND, w, flags >> CLOCK_SHIFT, pulled[w][k], weight[w])
+                cost = message_s  # taking the message in
+                if staleness is not None:  # a gradient accumulated
+                    counts[staleness] += 1
+                    cost += reduce_s[k]
+                if update:
+                    cost += update_s[k]
+                release = decision.release
+                released = release if len(release) == 1 and not logs[release[0]].end else [
+                    r for r in release if not logs[r].end]  # not gone already
+                server = bucket_server[k]
+                cost += message_s * len(released)  # each reply
+                free = busy[server]
+                done = busy[server] = (t if t > free else free) + cost
+                busy_s[server] += cost
+                host, size = server_host[server], reply_size[k]
+                version, over = buckets[k].version, buckets[k].over
+                if len(released) == 1:
+                    r = released[0]
+                    reply(r, k, send(done, host, worker_host[r], size), version, over)
+                elif released:  # a round's replies, sent at once: they share the server's link
+                    arrivals = send_together(done, host, [(worker_host[r], size)
+                                                          for r in released])
+                    for r, arrives in zip(released, arrivals, strict=True):
+                        reply(r, k, arrives, version, over)
+                # The server's loop waits for its replies to be sent before it takes the
+                # next push (runtime/server.py _act).
+                if out_free[host] > busy[server]:
+                    busy[server] = out_free[host]
+            elif kind == READY:
                 self._push(t, w, k, flags)
-        if not flags & REPLY:  # Downpour between fetches: on once the pushes are out
-            self._begin(max(t, self.net.out_free[self.worker_host[w]]), w)
+            elif flags & GRADIENT:  # computed: the last bucket (the others went in backward)
+                add((send(t + message_s, worker_host[w], bucket_host[last], bucket_size[last]),
+                     MESSAGE, w, last, flags))
+                if not flags & REPLY:  # Downpour between fetches: on once the push is out
+                    begin(max(t, out_free[worker_host[w]]), w)
+            else:  # computed, without a push
+                self._computed_alone(t, w, flags)
 
-    def _push(self, t: float, w: int, k: int, flags: int) -> None:
-        arrives = self.net.send(t + self.message_s, self.worker_host[w],
-                                self.server_host[self.bucket_server[k]],
-                                self.bucket_size[k] if flags & GRADIENT else HEADER)
-        self._at(arrives, MESSAGE, w, k, flags)
-
-    def _leave(self, t: float, w: int) -> None:
-        """The worker is done: it tells every bucket's server (the real worker's DONE)."""
-        self.logs[w].end = t
-        for k, server in enumerate(self.bucket_server):
-            arrives = self.net.send(t, self.worker_host[w], self.server_host[server], HEADER)
-            self._at(arrives, MESSAGE, w, k, DONE)  # with clock 0, as the real worker's
-
-    def _serve(self, t: float, w: int, k: int, flags: int) -> None:
-        # The simulator's hottest path (a million pushes in seconds): locals, one branch
-        # for the usual single reply.
-        bucket, cost = self.buckets[k], self.message_s  # taking the message in
-        served = bucket.take(self.course, flags & KIND, w, flags >> CLOCK_SHIFT, self.pulled[w][k],
-                             self.weight[w])
-        staleness = served.staleness
-        if staleness is not None:  # a gradient accumulated
-            counts = self.staleness
-            counts[staleness] = counts.get(staleness, 0) + 1
-            cost += self.reduce_s[k]
-        if served.update:
-            cost += self.update_s[k]
-        version = bucket.version
-        logs, release = self.logs, served.decision.release
-        released = release if len(release) == 1 and not logs[release[0]].end else [
-            r for r in release if not logs[r].end]  # not gone already
-        server = self.bucket_server[k]
-        cost += self.message_s * len(released)  # each reply
-        busy = self.busy[server]
-        done = self.busy[server] = (t if t > busy else busy) + cost
-        self.busy_s[server] += cost
-        host, size, over = self.server_host[server], self.reply_size[k], bucket.over
-        if len(released) == 1:
-            r = released[0]
-            self.pulled[r][k] = version
-            self._reply(r, self.net.send(done, host, self.worker_host[r], size), over)
-        elif released:  # a round's replies, sent at once: they share the server's link
-            arrivals = self.net.send_together(done, host,
-                                              [(self.worker_host[r], size) for r in released])
-            for r, arrives in zip(released, arrivals, strict=True):
-                self.pulled[r][k] = version
-                self._reply(r, arrives, over)
-        # The server's loop waits for its replies to be sent before it takes the next push
-        # (runtime/server.py _act).
-        sent = self.net.out_free[host]
-        if sent > self.busy[server]:
-            self.busy[server] = sent
-
-    def _reply(self, w: int, arrives: float, over: bool) -> None:
+    def _reply(self, w: int, k: int, arrives: float, version: int, over: bool) -> None:
+        """Bucket k's reply reaches worker w: at the `version` it was sent with, and telling
+        it whether training is `over`."""
+        self.pulled[w][k] = version
         replied = self.replied
         if arrives > replied[w]:
             replied[w] = arrives
@@ -237,3 +212,52 @@ class _ParameterServers:
         if left == 0:  # the last bucket goes when compute ends: its reply after
             self.logs[w].wait_s += replied[w] - self.computed[w]
             self._begin(replied[w], w)
+
+    def _begin(self, t: float, w: int) -> None:
+        """Worker w is free at t: it leaves, or computes a step, whose buckets are ready
+        through backward (the last when the step's compute ends)."""
+        log = self.logs[w]
+        if self.stopping[w] or log.steps >= self.steps:
+            self._leave(t, w)
+            return
+        seconds = self.compute[w]()
+        log.begin_step(t, self.batch[w])  # first: it zeroes the warm-up's figures
+        log.compute_s += seconds
+        step = self.taken[w]
+        self.taken[w] = step + 1
+        kind = self.kinds[step % len(self.kinds)]
+        if kind & GRADIENT:
+            self.clock[w] += 1
+            if self.encode_s:  # encoding its pushes (and decoding the replies)
+                log.compress_s += self.encode_s
+                seconds += self.encode_s
+        flags = kind | self.clock[w] << CLOCK_SHIFT
+        end = self.computed[w] = t + seconds
+        count = self.count
+        if kind & REPLY:  # before any push goes: a reply may come before the compute ends
+            self.awaiting[w], self.replied[w] = count, end
+        if kind & GRADIENT and count > 1:
+            for k in range(count - 1):
+                self.agenda.add((t + seconds * (1 + 2 * (k + 1) / count) / 3, READY, w, k,
+                                 flags))
+        self.agenda.add((end, COMPUTED, w, 0, flags))
+
+    def _computed_alone(self, t: float, w: int, flags: int) -> None:
+        """A step without a push ended: it fetches (every bucket), or goes on."""
+        if flags & REPLY:
+            for k in range(self.count):
+                self._push(t, w, k, flags)
+        else:
+            self._begin(max(t, self.net.out_free[self.worker_host[w]]), w)
+
+    def _push(self, t: float, w: int, k: int, flags: int) -> None:
+        arrives = self.net.send(t + self.message_s, self.worker_host[w], self.bucket_host[k],
+                                self.bucket_size[k] if flags & GRADIENT else HEADER)
+        self.agenda.add((arrives, MESSAGE, w, k, flags))
+
+    def _leave(self, t: float, w: int) -> None:
+        """The worker is done: it tells every bucket's server (the real worker's DONE)."""
+        self.logs[w].end = t
+        for k, host in enumerate(self.bucket_host):
+            arrives = self.net.send(t, self.worker_host[w], host, HEADER)
+            self.agenda.add((arrives, MESSAGE, w, k, DONE))  # clock 0, as the real one's

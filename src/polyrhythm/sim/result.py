@@ -6,7 +6,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 
-@dataclass
+@dataclass(slots=True)  # slots: the simulator updates a log a few times a step
 class WorkerLog:
     """One simulated worker's account: steps, and as a run's summary measures them (after
     the warm-up steps: from the start of the first step after them) its samples, steps,

@@ -8,6 +8,8 @@ a simulator can call the same objects without processes. Steps count from 1.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 
@@ -52,6 +54,11 @@ class PushFetch:
         push, fetch = self.push.step(), self.fetch.step()
         self.pushes += push
         return push, fetch
+
+    def cycle(self) -> list[tuple[bool, bool]]:
+        """Take the next lcm(push_every, fetch_every) steps: their answers, which the steps
+        after them repeat. A simulator replays them rather than asking a million times."""
+        return [self.step() for _ in range(math.lcm(self.push.every, self.fetch.every))]
 
     def final_push(self) -> bool:
         """At the end: were gradients accumulated since the last push? Then they are pushed,

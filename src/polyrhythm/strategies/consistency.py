@@ -24,6 +24,11 @@ class Decision(NamedTuple):
     scale: float = 1.0  # shrinks this push's step, not its batch weight (staleness-aware lr)
 
 
+# The answers that only add to the pending update, or do nothing, made once: a policy gives
+# one for most pushes, and the simulator asks for a million.
+_ACCUMULATE, _NOTHING = Decision(), Decision(accumulate=False)
+
+
 class ConsistencyPolicy(ABC):
     """Decides when pushes become weight updates and when blocked workers may go on.
 
@@ -94,7 +99,9 @@ class ConsistencyPolicy(ABC):
         """One update that releases `members` once they number the quorum (or every active
         worker, when fewer are left); else just this push's accumulation."""
         if not members or len(members) < min(quorum, len(self.active)):
-            return Decision(accumulate=accumulate, scale=scale)
+            if scale != 1.0:
+                return Decision(accumulate=accumulate, scale=scale)
+            return _ACCUMULATE if accumulate else _NOTHING
         released = tuple(sorted(members))
         members.clear()
         return Decision(accumulate=accumulate, update=True, release=released, scale=scale)
@@ -171,12 +178,14 @@ class AsynchronousPolicy(ConsistencyPolicy):
     def __init__(self, workers: int) -> None:
         super().__init__(workers)
         self.concurrency = float(workers)
+        # Each worker's answer, made once (the simulator asks for a million).
+        self._answers = [Decision(update=True, release=(w,)) for w in range(workers)]
 
     def _decide(self, worker: int, staleness: int) -> Decision:
-        return Decision(update=True, release=(worker,))
+        return self._answers[worker]
 
     def _decide_after_leave(self) -> Decision:
-        return Decision(accumulate=False)
+        return _NOTHING
 
 
 class ElasticAveragingPolicy(AsynchronousPolicy):
