@@ -198,15 +198,17 @@ def test_switch_benchmark_smoke_prints_the_switch_time():
     assert is_quotient(times, startup, switch_s), row.group(0)
 
 
-def test_simulator_benchmark_smoke_prints_the_time_and_ratio():
+def test_simulator_benchmark_smoke_prints_each_cases_time_and_ratio():
     out = smoke("simulator.py")
-    row = re.search(r"^asp, 64 workers x 50 iterations: (\d+\.\d\d) s \(target < (\d+) s\) "
-                    r"(PASS|MISS); bare event loop (\d+\.\d\d) s; ratio (\d+\.\d)$", out,
-                    re.MULTILINE)
-    assert row, out
-    simulated, target, verdict, bare, ratio = row.groups()
-    assert is_quotient(ratio, simulated, bare), row.group(0)
-    assert follows(verdict, simulated, lambda s: s < float(target)), row.group(0)
+    rows = re.findall(r"^(\w+), (\d+) workers x (\d+) iterations: (\d+\.\d\d) s \(target < "
+                      r"(\d+) s\) (PASS|MISS); bare event loop (\d+\.\d\d) s; ratio (\d+\.\d)$",
+                      out, re.MULTILINE)
+    # --quick: the three cases' strategies and targets, on 64 workers.
+    assert [row[:3] + row[4:5] for row in rows] == [
+        ("asp", "64", "50", "3"), ("asp", "64", "20", "10"), ("bsp", "64", "20", "10")], out
+    for *_, simulated, target, verdict, bare, ratio in rows:
+        assert is_quotient(ratio, simulated, bare), (simulated, bare, ratio)
+        assert follows(verdict, simulated, lambda s, t=target: s < float(t)), (simulated, target)
 
 
 def test_script_benchmark_smoke_prints_both_ratios():

@@ -5,9 +5,11 @@ compression each message's size and the codecs' seconds (sim/compressed.py)."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import struct
-from collections.abc import Callable, Mapping
+from array import array
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -174,3 +176,10 @@ def _compute(config, costs: Costs, worker: int, factor: float) -> Callable[[], f
         raise ConfigError("the simulator needs each step's compute time: emulated compute "
                           "(--compute-time) or a run to calibrate on (--calibrate)")
     return (lambda: draw() * factor) if factor != 1.0 else draw
+
+
+def drawn(draw: Callable[[], float], chunk: int) -> Iterator[float]:
+    """The successive values of `draw`, drawn `chunk` at a time: the same values in the same
+    order, without calling `draw` while others' draws run in between."""
+    return itertools.chain.from_iterable(array("d", [draw() for _ in range(chunk)])
+                                         for _ in itertools.count())
