@@ -15,6 +15,7 @@ after another.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable
 
 
@@ -68,25 +69,28 @@ class Network:
         per_byte = self.seconds_per_byte[a]
         # Fair sharing from one start: a message is done once the link has carried, of
         # every message, as much as of it (the smaller ones whole): in size order, the
-        # bytes before it plus its size for each message still going.
-        remote = sorted(n for b, n in messages if b != a)
-        carried, before = {}, 0
-        for i, n in enumerate(remote):
-            carried.setdefault(n, before + n * (len(remote) - i))
-            before += n
+        # bytes of the smaller sizes plus its size for each message of its size or larger.
+        sizes = Counter(n for b, n in messages if b != a)
+        carried, before, going = {}, 0, sizes.total()
+        for n in sorted(sizes):
+            carried[n] = before + n * going
+            before += n * sizes[n]
+            going -= sizes[n]
+        self.sent[a] += before  # every remote message's bytes
+        received, in_free, seconds_per_byte = self.received, self.in_free, self.seconds_per_byte
+        latency, fixed = self.latency, self.fixed_latency
         arrivals = []
         for b, nbytes in messages:
             if a == b:
                 arrivals.append(t)
                 continue
-            self.sent[a] += nbytes
-            self.received[b] += nbytes
+            received[b] += nbytes
             left = start + per_byte * carried[nbytes]
-            free = self.in_free[b]
-            taken = (start if start > free else free) + nbytes * self.seconds_per_byte[b]
+            free = in_free[b]
+            taken = (start if start > free else free) + nbytes * seconds_per_byte[b]
             taken = left if left > taken else taken
-            self.in_free[b] = taken
-            arrivals.append(taken + self.latency())
+            in_free[b] = taken
+            arrivals.append(taken + (latency() if fixed is None else fixed))
         self.out_free[a] = start + per_byte * before
         return arrivals
 

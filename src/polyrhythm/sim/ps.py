@@ -171,23 +171,25 @@ class _ParameterServers:
                 if update:
                     cost += update_s[k]
                 release = decision.release
-                released = release if len(release) == 1 and not logs[release[0]].end else [
-                    r for r in release if not logs[r].end]  # not gone already
+                if release and (len(release) > 1 or logs[release[0]].end):
+                    release = [r for r in release if not logs[r].end]  # not gone already
                 server = bucket_server[k]
-                cost += message_s * len(released)  # each reply
+                cost += message_s * len(release)  # each reply
                 free = busy[server]
                 done = busy[server] = (t if t > free else free) + cost
                 busy_s[server] += cost
-                host, size = server_host[server], reply_size[k]
-                version, over = buckets[k].version, buckets[k].over
-                if len(released) == 1:
-                    r = released[0]
-                    reply(r, k, send(done, host, worker_host[r], size), version, over)
-                elif released:  # a round's replies, sent at once: they share the server's link
-                    arrivals = send_together(done, host, [(worker_host[r], size)
-                                                          for r in released])
-                    for r, arrives in zip(released, arrivals, strict=True):
-                        reply(r, k, arrives, version, over)
+                host = server_host[server]
+                if release:
+                    version, over = buckets[k].version, buckets[k].over
+                    if len(release) == 1:
+                        r = release[0]
+                        reply(r, k, send(done, host, worker_host[r], reply_size[k]), version,
+                              over)
+                    else:  # a round's replies, sent at once: they share the server's link
+                        arrivals = send_together(done, host, [(worker_host[r], reply_size[k])
+                                                              for r in release])
+                        for r, arrives in zip(release, arrivals, strict=True):
+                            reply(r, k, arrives, version, over)
                 # The server's loop waits for its replies to be sent before it takes the
                 # next push (runtime/server.py _act).
                 if out_free[host] > busy[server]:
