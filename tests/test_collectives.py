@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import functools
+import random
 import tempfile
+import threading
 import time
 from collections import Counter, defaultdict, deque
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 
@@ -21,6 +24,7 @@ from polyrhythm.comm.collectives import all_reduce, early_sends, schedule_steps
 from polyrhythm.comm.transport import Transport
 from polyrhythm.layout import (
     ALGORITHMS,
+    GATHERS,
     RECV_ADD,
     RECV_COPY,
     RING_SEGMENT_NUMEL,
@@ -83,8 +87,9 @@ class FakeTransport(Transport):
 def simulate(algorithm: str | Callable, tensors: list[torch.Tensor],
              ranks: list[int] | None = None) -> list[FakeTransport]:
     """All-reduce `tensors` (one per member, in place) with the real executor, all members in
-    lockstep: every member posts round r (and what of round r+1 may go early), then every
-    member waits for round r. A receive whose message nobody has sent yet fails the test."""
+    lockstep: every member posts round r (its receives all went first; sends of round r+1
+    may go early), then every member waits for round r. A receive whose message nobody has
+    sent yet fails the test."""
     ranks = ranks or list(range(len(tensors)))
     wire: dict = defaultdict(deque)
     transports = [FakeTransport(wire, rank) for rank in ranks]
@@ -134,6 +139,76 @@ def test_float_sums_are_bit_identical_on_every_member(algorithm):
     for t in tensors[1:]:
         assert torch.equal(t, tensors[0])
     assert torch.allclose(tensors[0].double(), reference, rtol=1e-5, atol=1e-3)
+
+
+class _Landed(threading.Event):
+    """A send or receive on the threaded wire, done once its message has landed."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        super().__init__()
+        self.tensor = tensor
+
+    def wait(self, timeout: float = 30.0) -> bool:
+        assert super().wait(timeout), "a message never landed"
+        return True
+
+
+class ThreadedTransport(Transport):
+    """A member on a thread of its own, posting with jitter, over a wire where a message lands
+    as soon as both its send and its receive are posted, reading the sender's tensor then: as
+    early as Gloo may land it, however far ahead the receive was posted."""
+
+    def __init__(self, wire: dict, rank: int) -> None:
+        super().__init__()
+        self.wire, self.rank, self.rng = wire, rank, random.Random(rank)
+
+    def _post(self, key: tuple[int, int, int], tensor: torch.Tensor, sending: bool) -> _Landed:
+        time.sleep(self.rng.random() * 1e-3)
+        mine = _Landed(tensor)
+        with self.wire["lock"]:
+            posted = self.wire[key]  # the unmatched posts of one side, oldest first
+            if not posted or posted[0][0] == sending:
+                posted.append((sending, mine))
+                return mine
+            theirs = posted.popleft()[1]
+        sent, received = (mine, theirs) if sending else (theirs, mine)
+        received.tensor.copy_(sent.tensor)
+        sent.set(), received.set()
+        return mine
+
+    def _post_send(self, tensor: torch.Tensor, dst: int, tag: int) -> _Landed:
+        return self._post((self.rank, dst, tag), tensor, True)
+
+    def _post_receive(self, tensor: torch.Tensor, src: int, tag: int) -> _Landed:
+        return self._post((src, self.rank, tag), tensor, False)
+
+
+def on_threads(schedule: Callable, tensors: list[torch.Tensor], size: int) -> None:
+    """Every member's schedule (of `size`) on its tensor, each member on a thread."""
+    wire, ranks = defaultdict(deque, lock=threading.Lock()), list(range(len(tensors)))
+    with ThreadPoolExecutor(len(tensors)) as pool:
+        for run in [pool.submit(deque, schedule_steps(ThreadedTransport(wire, i), t,
+                                                      schedule(len(ranks), i, size), ranks), 0)
+                    for i, t in enumerate(tensors)]:
+            run.result()
+
+
+@pytest.mark.parametrize("algorithm", [*SCHEDULES, *(f"gather {a}" for a in GATHERS)])
+@pytest.mark.parametrize("n", [2, 3, 4, 5])
+def test_members_on_threads_agree_when_messages_land_early(algorithm, n):
+    """Receives go rounds ahead: wherever their data lands, every member ends with the exact
+    sum (an all-gather: every member's chunk), bit for bit."""
+    size, tensors = 203 * n, integer_tensors(n, 203 * n, seed=n)
+    if algorithm.startswith("gather "):
+        expected = torch.cat(tensors)
+        tensors = [torch.zeros(n * size).index_copy_(0, torch.arange(i * size, (i + 1) * size),
+                                                     t) for i, t in enumerate(tensors)]
+        on_threads(GATHERS[algorithm.removeprefix("gather ")], tensors, size)
+    else:
+        expected = torch.stack(tensors).sum(0)
+        on_threads(SCHEDULES[algorithm], tensors, size)
+    for t in tensors:
+        assert torch.equal(t, expected)
 
 
 @pytest.mark.parametrize("algorithm", NAMES)
