@@ -87,6 +87,24 @@ class SimulatedBucket:
         return decided
 
 
+class _Worker:
+    """A simulated worker between events: what the simulator keeps of it, in one object (a
+    step reads most of it, and 10,000 workers' state is too much for a cache otherwise)."""
+
+    __slots__ = ("index", "host", "batch", "weight", "draws", "log", "pulled", "taken", "clock",
+                 "computed", "awaiting", "replied", "stopping")
+
+    def __init__(self, index: int, host: int, batch: int, weight: float, draws, log: WorkerLog,
+                 pulled: list[int]) -> None:
+        self.index, self.host, self.batch, self.weight = index, host, batch, weight
+        self.draws, self.log = draws, log  # its compute seconds, and its account
+        self.pulled = pulled  # the version of each bucket it last pulled
+        self.taken = self.clock = 0  # steps taken in this simulation, and pushes made
+        self.computed = self.replied = 0.0  # when its step's compute ended, its latest reply
+        self.awaiting = 0  # replies it still waits for
+        self.stopping = False
+
+
 class _ParameterServers:
     def __init__(self, setup: Setup, make_policy, settings, net: Network | None,
                  logs: list[WorkerLog] | None, done: int) -> None:
@@ -95,7 +113,6 @@ class _ParameterServers:
         self.net = net or setup.network()
         self.buckets = [SimulatedBucket(make_policy(), done) for _ in buckets]
         self.course = Course(setup.iterations, setup.shared_epochs)
-        self.weight = setup.weights
         # With shared epochs a worker takes steps until the servers end the run.
         self.steps = math.inf if setup.shared_epochs else setup.iterations
         total = max(1, sum(setup.values))
@@ -105,27 +122,22 @@ class _ParameterServers:
         self.reduce_s = [(costs.reduce_s + setup.codecs.server) * size / total
                          for size in setup.values]
         self.server_host = [setup.host[s] for s in range(setup.servers)]
-        self.pulled = [[done] * len(buckets) for _ in range(n)]
         self.busy = [0.0] * setup.servers  # when each server is next free
         self.busy_s = [0.0] * setup.servers
         # Each step's kind of message (GRADIENT, REPLY, both or neither), as the real
-        # cadence answers it, over its cycle; each worker's steps and pushes (its clock).
+        # cadence answers it, over its cycle.
         cadence = PushFetch(settings.get("push_every", 1), settings.get("fetch_every", 1))
         self.kinds = [(GRADIENT if push else 0) | (REPLY if fetch else 0)
                       for push, fetch in cadence.cycle()]
-        self.taken = [0] * n
-        self.clock = [0] * n
-        # Each worker's compute seconds, drawn a run's worth at a time: one worker's generator
-        # after another's, the way a cache likes it, rather than one per event.
-        self.draws = [drawn(compute, max(1, setup.iterations)) for compute in setup.compute]
-        self.batch, self.encode_s = setup.batch, setup.codecs.push
+        self.encode_s = setup.codecs.push
         self.logs = logs or [WorkerLog(setup.warmup) for _ in range(n)]
-        self.awaiting = [0] * n  # replies a worker still waits for
-        self.replied = [0.0] * n  # when its latest reply arrived
-        self.computed = [0.0] * n  # when its step's compute ended
-        self.stopping = [False] * n
+        # Each worker's compute seconds are drawn a run's worth at a time: one worker's
+        # generator after another's, the way a cache likes it, rather than one per event.
+        chunk = max(1, setup.iterations)
+        self.workers = [_Worker(w, setup.worker_host(w), setup.batch[w], weight,
+                                drawn(setup.compute[w], chunk), self.logs[w], [done] * len(buckets))
+                        for w, weight in enumerate(setup.weights)]
         self.staleness: defaultdict[int, int] = defaultdict(int)
-        self.worker_host = [setup.worker_host(w) for w in range(n)]
         self.count = len(buckets)
         self.bucket_server = [server for server, _ in buckets]
         self.bucket_host = [self.server_host[server] for server in self.bucket_server]
@@ -135,8 +147,8 @@ class _ParameterServers:
         self.agenda = Agenda()
 
     def run(self, name: str, start: list[float] | None) -> SimResult:
-        for w in range(self.setup.workers):
-            self._begin(start[w] if start else 0.0, w)
+        for worker in self.workers:
+            self._begin(start[worker.index] if start else 0.0, worker)
         self._play()
         s = self.setup
         return SimResult(name, s.workers, s.servers, self.logs,
@@ -153,17 +165,18 @@ class _ParameterServers:
                                            self.net.send_together)
         out_free, buckets, course, decide = (self.net.out_free, self.buckets, self.course,
                                              [b.decide for b in self.buckets])
-        logs, pulled, weight, counts = self.logs, self.pulled, self.weight, self.staleness
-        message_s, reduce_s, update_s = self.message_s, self.reduce_s, self.update_s
-        busy, busy_s, bucket_server, server_host = (self.busy, self.busy_s, self.bucket_server,
-                                                    self.server_host)
-        worker_host, bucket_host, bucket_size, reply_size = (
-            self.worker_host, self.bucket_host, self.bucket_size, self.reply_size)
-        last, reply = self.count - 1, self._reply
-        for t, kind, w, k, flags in self.agenda:
+        workers, counts, message_s = self.workers, self.staleness, self.message_s
+        reduce_s, update_s, busy, busy_s = self.reduce_s, self.update_s, self.busy, self.busy_s
+        bucket_server, server_host, reply_size = (self.bucket_server, self.server_host,
+                                                  self.reply_size)
+        last, last_host, last_size = (self.count - 1, self.bucket_host[-1],
+                                      self.bucket_size[-1])
+        reply = self._reply
+        for t, kind, worker, k, flags in self.agenda:
             if kind == MESSAGE:
                 decision, staleness, update, _ = decide[k](
-                    course, flags & KIND, w, flags >> CLOCK_SHIFT, pulled[w][k], weight[w])
+                    course, flags & KIND, worker.index, flags >> CLOCK_SHIFT, worker.pulled[k],
+                    worker.weight)
                 cost = message_s  # taking the message in
                 if staleness is not None:  # a gradient accumulated
                     counts[staleness] += 1
@@ -171,8 +184,8 @@ class _ParameterServers:
                 if update:
                     cost += update_s[k]
                 release = decision.release
-                if release and (len(release) > 1 or logs[release[0]].end):
-                    release = [r for r in release if not logs[r].end]  # not gone already
+                if release and (len(release) > 1 or workers[release[0]].log.end):
+                    release = [r for r in release if not workers[r].log.end]  # not gone yet
                 server = bucket_server[k]
                 cost += message_s * len(release)  # each reply
                 free = busy[server]
@@ -182,87 +195,85 @@ class _ParameterServers:
                 if release:
                     version, over = buckets[k].version, buckets[k].over
                     if len(release) == 1:
-                        r = release[0]
-                        reply(r, k, send(done, host, worker_host[r], reply_size[k]), version,
-                              over)
+                        to = workers[release[0]]
+                        reply(to, k, send(done, host, to.host, reply_size[k]), version, over)
                     else:  # a round's replies, sent at once: they share the server's link
-                        arrivals = send_together(done, host, [(worker_host[r], reply_size[k])
-                                                              for r in release])
-                        for r, arrives in zip(release, arrivals, strict=True):
-                            reply(r, k, arrives, version, over)
+                        to = [workers[r] for r in release]
+                        arrivals = send_together(done, host, [(w.host, reply_size[k])
+                                                              for w in to])
+                        for w, arrives in zip(to, arrivals, strict=True):
+                            reply(w, k, arrives, version, over)
                 # The server's loop waits for its replies to be sent before it takes the
                 # next push (runtime/server.py _act).
                 if out_free[host] > busy[server]:
                     busy[server] = out_free[host]
             elif kind == READY:
-                self._push(t, w, k, flags)
+                self._push(t, worker, k, flags)
             elif flags & GRADIENT:  # computed: the last bucket (the others went in backward)
-                add((send(t + message_s, worker_host[w], bucket_host[last], bucket_size[last]),
-                     MESSAGE, w, last, flags))
+                add((send(t + message_s, worker.host, last_host, last_size), MESSAGE, worker,
+                     last, flags))
                 if not flags & REPLY:  # Downpour between fetches: on once the push is out
-                    begin(max(t, out_free[worker_host[w]]), w)
+                    begin(max(t, out_free[worker.host]), worker)
             else:  # computed, without a push
-                self._computed_alone(t, w, flags)
+                self._computed_alone(t, worker, flags)
 
-    def _reply(self, w: int, k: int, arrives: float, version: int, over: bool) -> None:
-        """Bucket k's reply reaches worker w: at the `version` it was sent with, and telling
+    def _reply(self, worker: _Worker, k: int, arrives: float, version: int, over: bool) -> None:
+        """Bucket k's reply reaches the worker: at the `version` it was sent with, and telling
         it whether training is `over`."""
-        self.pulled[w][k] = version
-        replied = self.replied
-        if arrives > replied[w]:
-            replied[w] = arrives
+        worker.pulled[k] = version
+        if arrives > worker.replied:
+            worker.replied = arrives
         if over:
-            self.stopping[w] = True
-        left = self.awaiting[w] = self.awaiting[w] - 1
-        if left == 0:  # the last bucket goes when compute ends: its reply after
-            self.logs[w].wait_s += replied[w] - self.computed[w]
-            self._begin(replied[w], w)
+            worker.stopping = True
+        worker.awaiting -= 1
+        if not worker.awaiting:  # the last bucket goes when compute ends: its reply after
+            worker.log.wait_s += worker.replied - worker.computed
+            self._begin(worker.replied, worker)
 
-    def _begin(self, t: float, w: int) -> None:
-        """Worker w is free at t: it leaves, or computes a step, whose buckets are ready
+    def _begin(self, t: float, worker: _Worker) -> None:
+        """The worker is free at t: it leaves, or computes a step, whose buckets are ready
         through backward (the last when the step's compute ends)."""
-        log = self.logs[w]
-        if self.stopping[w] or log.steps >= self.steps:
-            self._leave(t, w)
+        log = worker.log
+        if worker.stopping or log.steps >= self.steps:
+            self._leave(t, worker)
             return
-        seconds = next(self.draws[w])
-        log.begin_step(t, self.batch[w])  # first: it zeroes the warm-up's figures
+        seconds = next(worker.draws)
+        log.begin_step(t, worker.batch)  # first: it zeroes the warm-up's figures
         log.compute_s += seconds
-        step = self.taken[w]
-        self.taken[w] = step + 1
-        kind = self.kinds[step % len(self.kinds)]
+        kind = self.kinds[worker.taken % len(self.kinds)]
+        worker.taken += 1
         if kind & GRADIENT:
-            self.clock[w] += 1
+            worker.clock += 1
             if self.encode_s:  # encoding its pushes (and decoding the replies)
                 log.compress_s += self.encode_s
                 seconds += self.encode_s
-        flags = kind | self.clock[w] << CLOCK_SHIFT
-        end = self.computed[w] = t + seconds
+        flags = kind | worker.clock << CLOCK_SHIFT
+        end = worker.computed = t + seconds
         count = self.count
         if kind & REPLY:  # before any push goes: a reply may come before the compute ends
-            self.awaiting[w], self.replied[w] = count, end
+            worker.awaiting, worker.replied = count, end
         if kind & GRADIENT and count > 1:
             for k in range(count - 1):
-                self.agenda.add((t + seconds * (1 + 2 * (k + 1) / count) / 3, READY, w, k,
+                self.agenda.add((t + seconds * (1 + 2 * (k + 1) / count) / 3, READY, worker, k,
                                  flags))
-        self.agenda.add((end, COMPUTED, w, 0, flags))
+        self.agenda.add((end, COMPUTED, worker, 0, flags))
 
-    def _computed_alone(self, t: float, w: int, flags: int) -> None:
+    def _computed_alone(self, t: float, worker: _Worker, flags: int) -> None:
         """A step without a push ended: it fetches (every bucket), or goes on."""
         if flags & REPLY:
             for k in range(self.count):
-                self._push(t, w, k, flags)
+                self._push(t, worker, k, flags)
         else:
-            self._begin(max(t, self.net.out_free[self.worker_host[w]]), w)
+            self._begin(max(t, self.net.out_free[worker.host]), worker)
 
-    def _push(self, t: float, w: int, k: int, flags: int) -> None:
-        arrives = self.net.send(t + self.message_s, self.worker_host[w], self.bucket_host[k],
+    def _push(self, t: float, worker: _Worker, k: int, flags: int) -> None:
+        arrives = self.net.send(t + self.message_s, worker.host, self.bucket_host[k],
                                 self.bucket_size[k] if flags & GRADIENT else HEADER)
-        self.agenda.add((arrives, MESSAGE, w, k, flags))
+        self.agenda.add((arrives, MESSAGE, worker, k, flags))
 
-    def _leave(self, t: float, w: int) -> None:
+    def _leave(self, t: float, worker: _Worker) -> None:
         """The worker is done: it tells every bucket's server (the real worker's DONE)."""
-        self.logs[w].end = t
+        worker.log.end = t
         for k, host in enumerate(self.bucket_host):
-            arrives = self.net.send(t, self.worker_host[w], host, HEADER)
-            self.agenda.add((arrives, MESSAGE, w, k, DONE))  # clock 0, as the real one's
+            arrives = self.net.send(t, worker.host, host, HEADER)
+            self.agenda.add((arrives, MESSAGE, worker, k, DONE))  # clock 0, as the real one's
