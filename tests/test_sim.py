@@ -15,6 +15,7 @@ import pytest
 
 from polyrhythm.config import load_config
 from polyrhythm.sim import Costs, simulate
+from polyrhythm.sim.agenda import Agenda
 from polyrhythm.sim.calibrate import Calibration
 from polyrhythm.sim.study import predict_runs
 
@@ -38,6 +39,27 @@ def test_a_synchronous_round_with_one_server_takes_2n_transfers_and_an_update(n)
     # Nam's lectures: pushes and replies go one after another over the server's link.
     result = simulate(cluster("bsp", n, bucket_kb=WHOLE), Costs(P, update_s=U_W), 1)
     assert result.makespan_s == pytest.approx(2 * n * T_W + U_W, rel=0.01)
+
+
+def test_ten_thousand_workers_push_at_once_and_each_round_releases_them_all():
+    # No compute: every event of a round falls at one instant, 10,000 of them, and the
+    # server answers 10,000 workers at once; still 2n transfers a round, as for 2 workers.
+    n, parameters = 10_000, 25_000
+    result = simulate(cluster("bsp", n, bucket_kb=WHOLE), Costs(parameters), 2)
+    assert {log.steps for log in result.logs} == {2} and result.weight_updates == 2
+    assert result.staleness == {0: 2 * n}
+    assert result.makespan_s == pytest.approx(2 * 2 * n * 4 * parameters / B, rel=0.01)
+
+
+def test_the_agenda_gives_events_in_time_order_and_ties_in_the_order_added():
+    agenda, taken = Agenda(), []
+    for event in [(2.0, "b"), (1.0, "a"), (2.0, "c"), (3.0, "e")]:
+        agenda.add(event)
+    for event in agenda:
+        taken.append(event[1])
+        if event[1] == "b":  # added while an event at its time is acted on: after the others
+            agenda.add((2.0, "d"))
+    assert taken == ["a", "b", "c", "d", "e"]
 
 
 @pytest.mark.parametrize("n", [2, 3, 4, 8, 16])
