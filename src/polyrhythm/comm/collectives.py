@@ -5,7 +5,8 @@ function of (members N, my index i, numel) returning a list of rounds, each a li
 `Op(op, peer, start, stop)` on the index range [start, stop) of the flattened tensor. One
 executor runs any schedule over the `Transport`, so every byte is counted in the one place
 all point-to-point messages go through, and the schedules themselves can be checked without
-processes (the tests run all members' schedules against each other in one process).
+processes (the tests run all members' schedules against each other in one process, in
+lockstep and on threads of their own).
 
 The executor posts every receive of the schedule before its first send (a late receive costs
 Gloo a round trip: it holds a send until the receiver's ready-to-receive notice arrives, and a
@@ -66,8 +67,9 @@ from polyrhythm.layout import (
 TAG_BASE = 2**25
 # Compiled schedules kept, by (algorithm, N, member, size): a job all-reduces a few sizes.
 PLANS_KEPT = 64
-# Scratch buffers kept between calls, by (dtype, numel): a new one per call costs page faults
-# on every call (16 MiB, 4 processes: 12 MiB of fresh pages). A few sizes, so that a job that
+# Scratch buffers kept between calls, by (dtype, numel): a buffer per message and call cost
+# page faults on every call (16 MiB, 4 processes: 2,000 a call). The ring keeps (N-1)/N of
+# the tensor so, the reduce-broadcast root N-1 tensors; a few sizes only, so that a job that
 # all-reduces ever-new sizes (compressed messages) holds no more than a few.
 SCRATCH_KEPT = 4
 
@@ -158,9 +160,11 @@ def _steps(transport: Transport, flat: torch.Tensor, plan: _Plan,
     """Round r's messages carry tag TAG_BASE + r. Every receive is posted first, then each
     round posts its sends, waits for its messages and applies its adds in schedule order.
 
-    Sends are waited for in their round although no later round needs that: measured on 2
-    cores, letting them run on made the ring slower (1 MiB, 4 processes: 1.35-1.7x native
-    -> 2.0-2.5x), as a member that runs ahead posts its sends before its peers' receives.
+    Measured on 2 cores, 4 processes, ring against Gloo's all-reduce: posting the receives a
+    round ahead only (as before) gave 1.45-2.45x at 1 MiB, two or three rounds ahead
+    1.05-1.4x, all of them first 0.8-1.25x (the spread is the shared machine's). Sends are
+    still waited for in their round: letting them run on to the end measured no faster, and
+    it keeps what is in flight to two rounds' sends.
     """
     scratch = _take_scratch(flat.dtype, plan.scratch_numel) if plan.scratch_numel else None
     pending: list = [None] * plan.messages
