@@ -15,8 +15,10 @@ class OtherLoad:
     """Cores kept busy by processes outside this script while a run goes on (Linux only).
 
     Machine-wide busy time from /proc/stat (steal included: a shared VM's host counts too) minus
-    the CPU time of this process and its children. Anything well above zero means the run
-    shared the machine and its samples/s says more about the neighbours than about the code.
+    the CPU time of this process and its descendants: those it reaped, and those alive with
+    the ones they reaped (a run's ranks are children of a forkserver this process started,
+    which reaps them). Anything well above zero means the run shared the machine and its
+    samples/s says more about the neighbours than about the code.
     """
 
     def __enter__(self) -> OtherLoad:
@@ -41,7 +43,33 @@ class OtherLoad:
         busy = (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
         own = sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
                                                      resource.getrusage(resource.RUSAGE_CHILDREN)))
-        return time.monotonic(), busy, own
+        return time.monotonic(), busy, own + _descendants_cpu()
+
+
+def _descendants_cpu() -> float:
+    """CPU seconds of this process's live descendants and of the children they reaped."""
+    parent, ticks = {}, {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # ended meanwhile
+            continue
+        # After the name: state, ppid, ..., utime, stime, cutime, cstime (fields 14-17).
+        parent[int(entry)] = int(fields[1])
+        ticks[int(entry)] = sum(int(v) for v in fields[11:15])
+    mine, total = {os.getpid()}, 0
+    grew = True  # until no process is left whose parent is one of this tree
+    while grew:
+        grew = False
+        for pid, ppid in parent.items():
+            if ppid in mine and pid not in mine:
+                mine.add(pid)
+                total += ticks[pid]
+                grew = True
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def shared_warning(loads: list[float]) -> str | None:
