@@ -34,6 +34,20 @@ def cluster(strategy: str, workers: int, **fields):
                           "compute_time": "0ms", **fields})
 
 
+def test_a_switch_takes_every_step_of_both_phases():
+    """Strategy-Switch (by default all-reduce, then asp from half the steps): every worker
+    takes all its steps, one update a global batch before the switch and one a push after,
+    and the run takes longer than the all-reduce one (its pushes queue at one server). (The
+    servers once answered no worker whose first phase had ended: each pushed once after the
+    switch, was never answered, and the run ended at 21 steps of 40.)"""
+    costs = Costs(P, update_s=U_W)
+    switch = simulate(cluster("switch", 4, compute_time="10ms"), costs, 40)
+    ring = simulate(cluster("allreduce", 4, compute_time="10ms"), costs, 40)
+    assert [log.steps for log in switch.logs] == [40] * 4
+    assert switch.weight_updates == 20 + 4 * 20
+    assert switch.makespan_s > ring.makespan_s
+
+
 @pytest.mark.parametrize("n", [2, 4, 8, 16])
 def test_a_synchronous_round_with_one_server_takes_2n_transfers_and_an_update(n):
     # Nam's lectures: pushes and replies go one after another over the server's link.

@@ -92,7 +92,7 @@ class _Worker:
     step reads most of it, and 10,000 workers' state is too much for a cache otherwise)."""
 
     __slots__ = ("index", "host", "batch", "weight", "draws", "log", "pulled", "taken", "clock",
-                 "computed", "awaiting", "replied", "stopping")
+                 "computed", "awaiting", "replied", "stopping", "left")
 
     def __init__(self, index: int, host: int, batch: int, weight: float, draws, log: WorkerLog,
                  pulled: list[int]) -> None:
@@ -102,7 +102,9 @@ class _Worker:
         self.taken = self.clock = 0  # steps taken in this simulation, and pushes made
         self.computed = self.replied = 0.0  # when its step's compute ended, its latest reply
         self.awaiting = 0  # replies it still waits for
-        self.stopping = False
+        # Gone: told the servers it is done. Its own, not its log's end, which a
+        # Strategy-Switch's first phase has set already.
+        self.stopping = self.left = False
 
 
 class _ParameterServers:
@@ -184,8 +186,8 @@ class _ParameterServers:
                 if update:
                     cost += update_s[k]
                 release = decision.release
-                if release and (len(release) > 1 or workers[release[0]].log.end):
-                    release = [r for r in release if not workers[r].log.end]  # not gone yet
+                if release and (len(release) > 1 or workers[release[0]].left):
+                    release = [r for r in release if not workers[r].left]  # not gone yet
                 server = bucket_server[k]
                 cost += message_s * len(release)  # each reply
                 free = busy[server]
@@ -273,7 +275,7 @@ class _ParameterServers:
 
     def _leave(self, t: float, worker: _Worker) -> None:
         """The worker is done: it tells every bucket's server (the real worker's DONE)."""
-        worker.log.end = t
+        worker.log.end, worker.left = t, True
         for k, host in enumerate(self.bucket_host):
             arrives = self.net.send(t, worker.host, host, HEADER)
             self.agenda.add((arrives, MESSAGE, worker, k, DONE))  # clock 0, as the real one's
