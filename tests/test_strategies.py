@@ -53,10 +53,12 @@ def test_ssp_holds_fast_workers_back_behind_a_slow_one(tmp_path):
 
 @pytest.mark.parametrize("strategy", ["kbsp", "backup"])
 def test_quorum_rounds_cancel_a_straggler_and_end_with_the_rounds(tmp_path, strategy):
-    # Worker 3 computes 100 ms slower per step. Rounds close without it (its gradients are
+    # Worker 3 computes 1 s slower per step. Rounds close without it (its gradients are
     # always stale, so dropped); once the run's rounds are done the servers end training and
-    # it stops, rather than going on alone with rounds of one gradient at the full lr.
-    steps, delay = 30, 0.1
+    # it stops, rather than going on alone with rounds of one gradient at the full lr. (At
+    # 100 ms it was no straggler on a machine loaded enough to stretch the others' steps to
+    # as much: it took 19 of the 30 steps.)
+    steps, delay = 30, 1.0
     summary = polyrhythm.train(strategy=strategy, workers=4, epochs=1, steps_per_epoch=steps,
                                worker_delay_s=[0, 0, 0, delay], out=str(tmp_path))
     *fast, slow = summary["per_worker"]
