@@ -118,7 +118,7 @@ def test_each_process_holds_only_its_share_of_a_cifar10_sized_data_set(tmp_path)
     folder, _ = write_cifar(tmp_path, "cifar10", train_rows=50_000, test_rows=10_000,
                             archive=False)
     summary = polyrhythm.train(strategy="bsp", workers=4, model="cnn", dataset="cifar10",
-                               data_path=str(folder), epochs=1, steps_per_epoch=40,
+                               data_path=str(folder), epochs=1, steps_per_epoch=10,
                                out=str(tmp_path / "runs"))
     rows = RunStore(tmp_path / "runs" / "polyrhythm.db").series("resources", summary["run_id"])
     peak = {}
