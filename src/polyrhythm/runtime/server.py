@@ -176,10 +176,6 @@ class ParameterServerShard:
         if switched and self.ctx.run_dir is not None and checkpoint.is_due(self.ctx.config, done):
             self._save(done)
 
-    def _act(self, key: int, bucket: Bucket, served: Served) -> None:
-        self._update(bucket, served)
-        self._answer(key, bucket, served)
-
     def _update(self, bucket: Bucket, served: Served) -> None:
         if served.update:
             began = self.ctx.now()
@@ -228,7 +224,9 @@ class ParameterServerShard:
         self.lost[rank] = {"worker": worker, "rank": rank, "at_s": self.ctx.now(),
                            "pushes": first.policy.clocks.get(worker, 0)}
         for key, bucket in self.buckets.items():  # as if it had said DONE (it sent nothing)
-            self._act(key, bucket, serve(bucket, self.course, DONE, worker, 0, 0, 0.0))
+            served = serve(bucket, self.course, DONE, worker, 0, 0, 0.0)
+            self._update(bucket, served)
+            self._answer(key, bucket, served)
 
     def _checkpoint(self) -> None:
         """Once every bucket has the next checkpoint's epochs' worth of global batches

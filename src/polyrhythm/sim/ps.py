@@ -102,9 +102,10 @@ class _Worker:
         self.taken = self.clock = 0  # steps taken in this simulation, and pushes made
         self.computed = self.replied = 0.0  # when its step's compute ended, its latest reply
         self.awaiting = 0  # replies it still waits for
-        # Gone: told the servers it is done. Its own, not its log's end, which a
-        # Strategy-Switch's first phase has set already.
-        self.stopping = self.left = False
+        self.stopping = False  # a reply said training is over
+        # Gone: it told the servers it is done. Kept here, not read from its log's end,
+        # which a Strategy-Switch's first phase has set already.
+        self.left = False
 
 
 class _ParameterServers:
@@ -206,7 +207,7 @@ class _ParameterServers:
                         for w, arrives in zip(to, arrivals, strict=True):
                             reply(w, k, arrives, version, over)
                 # The server's loop waits for its replies to be sent before it takes the
-                # next push (runtime/server.py _act).
+                # next push (runtime/server.py _answer).
                 if out_free[host] > busy[server]:
                     busy[server] = out_free[host]
             elif kind == READY:
