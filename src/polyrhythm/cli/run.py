@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from polyrhythm.cli.flags import add_config_flags, config_flags
-from polyrhythm.cli.train import format_summary, resumed
+from polyrhythm.cli.train import format_summary, resumed, start_forkserver
 from polyrhythm.config import load_config
 from polyrhythm.errors import ConfigError
 from polyrhythm.metrics.records import summary_json_line
@@ -39,12 +39,15 @@ def run(args: argparse.Namespace) -> int:
         if args.script or args.script_args:
             raise ConfigError("--resume starts the run's own script with its own arguments: "
                               "drop SCRIPT and what follows it")
+        start_forkserver()
         from polyrhythm.api import resume_script
 
         return resumed(args, resume_script)
     if args.script is None:
         raise ConfigError("polyrhythm run needs SCRIPT (or --resume RUN_ID)")
     config = load_config(args.config, **config_flags(args))  # bad input fails before torch
+    if not config.cluster.hosts:
+        start_forkserver()
     from polyrhythm.api import run_script
 
     script_args = args.script_args[1:] if args.script_args[:1] == ["--"] else args.script_args

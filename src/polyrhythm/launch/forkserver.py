@@ -18,8 +18,10 @@ import signal
 from collections.abc import Iterator
 from multiprocessing import forkserver
 
-# Imported once by the forkserver; every rank is forked with them loaded.
-PRELOAD = ["polyrhythm.launch.local", "polyrhythm.launch.rank"]
+# Imported once by the forkserver; every rank is forked with them loaded: a built-in job's
+# (local, rank) and a script's (preloaded, and script: what polyrhythm.init() imports).
+PRELOAD = ["polyrhythm.launch.local", "polyrhythm.launch.rank", "polyrhythm.launch.preloaded",
+           "polyrhythm.launch.script"]
 CHILD_ENVIRONMENT = {"GOMP_SPINCOUNT": "10000", "GLOO_SOCKET_IFNAME": "lo"}
 
 

@@ -239,7 +239,7 @@ def _rank_main(config_values: dict, rank: int, rendezvous: str, record: RunRecor
     # import had cost 0.1 s a run, as how many objects the preload made decided when it ran).
     gc.freeze()
     runlock.hold(record.dir)  # until this process ends: a resume waits for it (runlock.py)
-    _bind_to_parent(rank, alive)
+    bind_to_launcher(rank, alive)
     _redirect_output(record.log_path(rank))
     from polyrhythm.config import RunConfig
     from polyrhythm.launch.rank import lifecycle
@@ -295,7 +295,7 @@ def _redirect_output(path) -> None:
     os.close(log)
 
 
-def _bind_to_parent(rank: int, alive) -> None:
+def bind_to_launcher(rank: int, alive) -> None:
     """Die with the launcher, and show a recognisable process name.
 
     The launcher holds the other end of `alive` and never writes into it: end-of-file means

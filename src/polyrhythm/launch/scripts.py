@@ -1,5 +1,6 @@
 """`polyrhythm run`: a user's script as a job on this machine. Every rank is the script in a
-process of its own (`python script.py args`), told its rank, the run's config and record, and
+process of its own, as `python script.py args` would run it but forked with torch loaded
+(launch/preloaded.py), told its rank, the run's config and record, and
 a file to meet the others at (launch/script.py reads them); worker 0's output is shown, every
 rank's is kept in the run's logs. A rank that fails ends the run: every other process is
 stopped, and the run is recorded as failed with the failing rank, its error and the script's
@@ -7,7 +8,7 @@ line (the rank's own report). Only a worker lost during training (killed, or cut
 its peers) is gone without ending it, where the run says on_worker_failure = continue: the
 same rules as polyrhythm train's (launch/failures.py's goes_on_without), training under way
 once a worker has taken a step (its mark in the run's logs). Ctrl-C and SIGTERM end it too.
-No process outlives the run: each dies with its launcher too (PR_SET_PDEATHSIG).
+No process outlives the run: each dies with its launcher too.
 
 The launcher keeps what started the script (`script.json` in the run's folder: the script's
 absolute path, its arguments and the folder it ran in), so that `polyrhythm run --resume`
@@ -36,6 +37,7 @@ from polyrhythm.config.emulation import host_ranks
 from polyrhythm.config.servers import CONTINUE
 from polyrhythm.context import Topology
 from polyrhythm.errors import ConfigError, RunFailed
+from polyrhythm.launch import forkserver
 from polyrhythm.launch.emulated import RankProgram
 from polyrhythm.launch.failures import (
     cause,
@@ -51,12 +53,8 @@ from polyrhythm.launch.failures import (
     training_began,
 )
 from polyrhythm.launch.forkserver import CHILD_ENVIRONMENT
-from polyrhythm.launch.local import (
-    GRACE_S,
-    PR_SET_PDEATHSIG,
-    raise_interrupt,
-    signal_handlers,
-)
+from polyrhythm.launch.local import GRACE_S, raise_interrupt, signal_handlers
+from polyrhythm.launch.preloaded import ScriptRank
 from polyrhythm.launch.script import (
     ENV_CONFIG,
     ENV_RENDEZVOUS,
@@ -111,7 +109,8 @@ def launch_script(config, record: RunRecord, call: ScriptCall, show: TextIO | No
     launcher's lines go to `show` (sys.stdout as it is now, by default)."""
     show = show or sys.stdout
     topology = Topology(config.servers, config.workers)
-    procs: list[subprocess.Popen] = []
+    procs: list[ScriptRank] = []
+    pipe: tuple = ()
     readers: list[threading.Thread] = []
     run_dir = record.dir.resolve()  # the ranks run in `call.cwd`: absolute paths for them
     rendezvous = run_dir / "rendezvous"
@@ -122,12 +121,12 @@ def launch_script(config, record: RunRecord, call: ScriptCall, show: TextIO | No
             clear_reports(run_dir)  # an earlier launch's, which would name its failures
             job = {**_job(config, run_dir, call, resume, record),
                    ENV_RENDEZVOUS: str(rendezvous)}
+            # Nobody writes into `alive`: a rank that reads end-of-file knows its launcher
+            # is gone.
+            alive, alive_w = pipe = forkserver.context().Pipe(duplex=False)
             for rank in range(topology.world_size):
-                procs.append(subprocess.Popen(
-                    [sys.executable, call.script, *call.args], cwd=call.cwd,
-                    env=_environment(config, topology, rank, job), stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    preexec_fn=_die_with_launcher))
+                procs.append(ScriptRank(call.script, call.args, call.cwd,
+                                        _environment(config, topology, rank, job), rank, alive))
             first_worker = topology.worker_ranks[0]
             for rank, proc in enumerate(procs):
                 readers.append(_copy_output(proc, record.log_path(rank),
@@ -144,6 +143,8 @@ def launch_script(config, record: RunRecord, call: ScriptCall, show: TextIO | No
     finally:
         with signal_handlers(sigterm=signal.SIG_IGN, sigint=signal.SIG_IGN):
             _stop(procs)
+            for end in pipe:
+                end.close()
             rendezvous.unlink(missing_ok=True)
             # No rank writes any more: a failed run keeps the last two complete checkpoints,
             # to resume from (a completed one has been tidied by its rank 0 already).
@@ -211,13 +212,7 @@ def _environment(config, topology: Topology, rank: int, job: dict[str, str]) -> 
             "OMP_NUM_THREADS": str(threads), **job, "PYTHONUNBUFFERED": "1"}
 
 
-def _die_with_launcher() -> None:
-    import ctypes
-
-    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def _copy_output(proc: subprocess.Popen, log: Path, show) -> threading.Thread:
+def _copy_output(proc: ScriptRank, log: Path, show) -> threading.Thread:
     """Copy a rank's output into its log (and onto `show`) as it comes."""
     def copy() -> None:
         with open(log, "ab") as file:
@@ -232,7 +227,7 @@ def _copy_output(proc: subprocess.Popen, log: Path, show) -> threading.Thread:
     return thread
 
 
-def _supervise(procs: list[subprocess.Popen], topology: Topology, record: RunRecord,
+def _supervise(procs: list[ScriptRank], topology: Topology, record: RunRecord,
                show: TextIO, carry_on: bool) -> None:
     """Wait for every rank; the first to fail ends the run (RunFailed naming it), unless it
     is a worker lost during training that the run may `carry_on` without (said on `show`)."""
@@ -270,7 +265,7 @@ def _say(show: TextIO, line: str) -> None:
     show.flush()
 
 
-def _failure(procs: list[subprocess.Popen], rank: int, topology: Topology,
+def _failure(procs: list[ScriptRank], rank: int, topology: Topology,
              record: RunRecord, lost: set[int]) -> RunFailed:
     """The rank that explains the run's end, among those that ended by themselves (not
     stopped here) or reported an error, the workers the run went on without left out:
@@ -286,7 +281,7 @@ def _failure(procs: list[subprocess.Popen], rank: int, topology: Topology,
                        topology)
 
 
-def _await_another_failure(procs: list[subprocess.Popen], record: RunRecord,
+def _await_another_failure(procs: list[ScriptRank], record: RunRecord,
                            lost: set[int]) -> None:
     """Give the ranks GRACE_S for one to end with an error of its own, not a lost peer (a
     script that fails on a worker can take longer to end than its peers take to see its
@@ -305,7 +300,7 @@ def _await_another_failure(procs: list[subprocess.Popen], record: RunRecord,
             running[0].wait(timeout=0.1)  # the others are looked at again every 0.1 s
 
 
-def _stop(procs: list[subprocess.Popen]) -> None:
+def _stop(procs: list[ScriptRank]) -> None:
     """SIGTERM every rank still running, SIGKILL those left after the grace period."""
     for proc in procs:
         if proc.poll() is None:
