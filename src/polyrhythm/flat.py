@@ -8,7 +8,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-HEADROOM = 8  # words kept in front of the buffer, for a message header (`with_header`)
+# Words kept in front of the buffer, for a message header (`with_header`): 16 float32 words
+# keep the parameters where the allocator put them, 64-byte aligned (8 words measured 1-2 %
+# slower forward and backward passes on resnet20 as views 32 bytes off alignment).
+HEADROOM = 16
 
 
 class FlatParameters:

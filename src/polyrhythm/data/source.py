@@ -9,6 +9,7 @@ float32) and are normalised, and augmented if asked, one batch at a time.
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -112,10 +113,18 @@ class Dataset:
               generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Samples (float32, normalised) and labels of rows `idx`. With a generator and
         augmentation on, each image is randomly cropped and flipped first (training only)."""
-        x = self.x[idx].float()
+        # Rows of its own (a slice of float rows would otherwise be the data set itself),
+        # normalised in place: one batch-sized tensor made instead of three. index_select
+        # gathers rows several times faster than indexing with a tensor (64 CIFAR images:
+        # 0.03 ms against 0.15-0.3 ms).
+        if isinstance(idx, torch.Tensor):
+            rows, y = self.x.index_select(0, idx), self.y.index_select(0, idx)
+        else:
+            rows, y = self.x[idx].clone(), self.y[idx]
+        x = rows.float()
         if self.augment and generator is not None and x.dim() == 4:
             x = crop_and_flip(x, generator)
-        return normalise(x, self.norm), self.y[idx]
+        return normalise_(x, self.norm), y
 
     def subset(self, idx: np.ndarray) -> Dataset:
         t = torch.from_numpy(idx)
@@ -123,10 +132,23 @@ class Dataset:
 
 
 def normalise(x: torch.Tensor, norm: Normalisation) -> torch.Tensor:
+    return normalise_(x.clone(), norm)
+
+
+def normalise_(x: torch.Tensor, norm: Normalisation) -> torch.Tensor:
+    """`normalise` in place: float32 `x` itself, (x - mean) / std (the same bits)."""
+    mean, std = _statistics(norm, x.dim() == 4)
+    return x.sub_(mean).div_(std)
+
+
+@functools.lru_cache(maxsize=16)
+def _statistics(norm: Normalisation, images: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The mean and std as tensors that broadcast against a batch: per channel (C, 1, 1)
+    against images (n, C, H, W), per feature (F,) against (n, F), or one for all."""
     mean, std = torch.tensor(norm.mean), torch.tensor(norm.std)
-    if len(norm.mean) > 1 and x.dim() == 4:  # per channel: (C,) against (n, C, H, W)
+    if len(norm.mean) > 1 and images:
         mean, std = mean.view(-1, 1, 1), std.view(-1, 1, 1)
-    return (x - mean) / std  # per feature, (F,) against (n, F), as it is
+    return mean, std
 
 
 def crop_and_flip(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
