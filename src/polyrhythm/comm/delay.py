@@ -20,9 +20,9 @@ from collections import Counter
 from collections.abc import Callable
 
 import torch
-import torch.distributed as dist
 
 from polyrhythm.comm.faults import translated
+from polyrhythm.comm.posting import post_send
 
 IN_FLIGHT = 8
 
@@ -39,10 +39,10 @@ class Posted:
 
 
 class DelayLine:
-    """Sends of this rank, each posted (by `post`, dist.isend) `draw()` seconds after it was
-    made."""
+    """Sends of this rank, each posted (by `post`, posting.post_send) `draw()` seconds after
+    it was made."""
 
-    def __init__(self, draw: Callable[[], float], post: Callable = dist.isend) -> None:
+    def __init__(self, draw: Callable[[], float], post: Callable = post_send) -> None:
         self.draw, self.post = draw, post
         self._due: list[tuple[float, int, torch.Tensor, int, int]] = []
         self._order = itertools.count()

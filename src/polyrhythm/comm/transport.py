@@ -25,6 +25,7 @@ import torch.distributed as dist
 from polyrhythm.comm.delay import DelayLine, Posted
 from polyrhythm.comm.faults import PeerFault, PeerLost, PeerSilent, on_the_wire, translated
 from polyrhythm.comm.network_threads import calm_network_threads, sharing_cores
+from polyrhythm.comm.posting import post_receive, post_send
 from polyrhythm.comm.waiting import NEVER, wait_within
 
 __all__ = ["NATIVE", "WORKERS", "WORLD", "Pending", "PeerFault", "PeerLost", "PeerSilent",
@@ -171,10 +172,10 @@ class Transport:
     def _post_send(self, tensor: torch.Tensor, dst: int, tag: int) -> dist.Work | Posted:
         if self._line is not None:
             return self._line.send(tensor, dst, tag)
-        return dist.isend(tensor, dst, tag=tag)
+        return post_send(tensor, dst, tag)
 
     def _post_receive(self, tensor: torch.Tensor, src: int, tag: int) -> dist.Work:
-        return dist.irecv(tensor, src, tag=tag)
+        return post_receive(tensor, src, tag)
 
     @contextmanager
     def uncounted(self) -> Iterator[None]:
@@ -318,7 +319,7 @@ class Receiver:
         try:
             while True:
                 self._posted[src] = time.monotonic()
-                work = dist.irecv(buffer, src, tag=self.tag)  # counted in take(), one thread
+                work = post_receive(buffer, src, self.tag)  # counted in take(), one thread
                 if silence is None:
                     work.wait()
                 else:
