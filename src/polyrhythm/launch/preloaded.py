@@ -50,6 +50,9 @@ class ScriptRank:
         try:
             with forkserver.child_environment():
                 self._process.start()
+        except BaseException:
+            os.close(read)
+            raise
         finally:
             out.close()  # the child holds its own copy; end-of-file once it is gone
         self.stdout = open(read, "rb")  # noqa: SIM115 (read until the rank ends)
