@@ -83,10 +83,15 @@ class FlatSGD:
         self.momentum = effective_momentum(optimizer, concurrency)
         self.weight_decay = optimizer.weight_decay
         self.buffer = torch.zeros_like(weights) if self.momentum else None
+        # grad + decay * weights, made in place of its own every step: a server steps every
+        # bucket every push, and a fresh tensor of the bucket's size each time is an
+        # allocation (and page faults) per update.
+        self._decayed = torch.empty_like(weights) if self.weight_decay else None
 
     @torch.no_grad()
     def step(self, grad: torch.Tensor, lr: float) -> None:
-        d = grad.add(self.weights, alpha=self.weight_decay) if self.weight_decay else grad
+        d = (torch.add(grad, self.weights, alpha=self.weight_decay, out=self._decayed)
+             if self.weight_decay else grad)
         if self.buffer is not None:
             # torch starts the buffer as a copy of d; 0 * momentum + d is exactly that.
             d = self.buffer.mul_(self.momentum).add_(d)
