@@ -4,6 +4,8 @@ tracebacks, threads and atexit, and a fresh state where the fork copied one."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 from helpers import HANG_GUARD_S
@@ -24,7 +26,7 @@ print("cwd", os.getcwd())
 print("env", os.environ["SEEN"], "LEAKED" in os.environ)
 print("threads", torch.get_num_threads())
 print("start method", multiprocessing.get_start_method(allow_none=True))
-print("numpy", numpy.random.randint(1 << 30))
+print("numpy", numpy.random.bytes(16).hex())  # 128 bits: draws never meet by chance
 print("stdin", repr(sys.stdin.read()))
 print("to stderr", file=sys.stderr)
 os.write(1, b"from the descriptor\\n")
@@ -35,20 +37,26 @@ sys.exit(int(sys.argv[1]))
 """
 
 
-def run(tmp_path: Path, argument: str, **env: str) -> tuple[int, str]:
+@contextlib.contextmanager
+def started(script: Path, args: list[str], cwd: Path, env: dict[str, str]
+            ) -> Iterator[ScriptRank]:
+    """Rank 3 of `script`, bound to a launcher's pipe that this block holds."""
+    alive, alive_w = forkserver.context().Pipe(duplex=False)
+    try:
+        yield ScriptRank(str(script), args, str(cwd), env, 3, alive)
+    finally:
+        alive.close()
+        alive_w.close()
+
+
+def run(tmp_path: Path, argument: str) -> tuple[int, str]:
     script = tmp_path / "script.py"
     script.write_text(SCRIPT)
     folder = tmp_path / "folder"
     folder.mkdir(exist_ok=True)
-    alive, alive_w = forkserver.context().Pipe(duplex=False)
-    try:
-        rank = ScriptRank(str(script), [argument], str(folder),
-                          {"SEEN": "yes", "OMP_NUM_THREADS": "1", **env}, 3, alive)
+    with started(script, [argument], folder, {"SEEN": "yes", "OMP_NUM_THREADS": "1"}) as rank:
         output = rank.stdout.read().decode()
         return rank.wait(HANG_GUARD_S), output
-    finally:
-        alive.close()
-        alive_w.close()
 
 
 def test_a_preloaded_rank_runs_the_script_as_the_interpreter_would(tmp_path, monkeypatch):
@@ -78,10 +86,5 @@ def test_an_uncaught_error_prints_the_scripts_traceback_and_exits_1(tmp_path):
 def test_a_killed_rank_reads_as_its_signal(tmp_path):
     script = tmp_path / "script.py"
     script.write_text("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
-    alive, alive_w = forkserver.context().Pipe(duplex=False)
-    try:
-        rank = ScriptRank(str(script), [], str(tmp_path), {}, 0, alive)
+    with started(script, [], tmp_path, {}) as rank:
         assert rank.wait(HANG_GUARD_S) == -9 and rank.poll() == -9
-    finally:
-        alive.close()
-        alive_w.close()
