@@ -10,18 +10,21 @@ Two comparisons, each measured side by side in one run of this script:
    against DDP's bucketed one (target >= 1.00).
 
 Both sides of a comparison train the same model (same seed) on the same data with the same
-global batch and optimizer, give each worker process the torch thread count a polyrhythm worker
-gets (polyrhythm's own `set_threads`: cores // workers), and read their batches in the same order
-(polyrhythm's own sharding functions). Throughput is measured as polyrhythm measures it:
-samples over the seconds of each epoch's training loop, which excludes process start-up, data
-loading, rendezvous and validation, summed over workers. Each epoch gives one cluster rate
-(polyrhythm's `epoch_metrics`); the first `--warmup` epochs are dropped on both sides, and a
-run's throughput is the median rate of the remaining epochs.
+global batch and optimizer, and read their batches in the same order (polyrhythm's own sharding
+functions). Throughput is measured as polyrhythm measures it: samples over the seconds of each
+epoch's training loop, which excludes process start-up, data loading, rendezvous and
+validation, summed over workers. Each epoch gives one cluster rate (polyrhythm's
+`epoch_metrics`); the first `--warmup` epochs are dropped on both sides, and a run's throughput
+is the median rate of the remaining epochs.
 
-Every run, baseline or polyrhythm, happens in freshly spawned processes. Runs are interleaved
-and the order within each pair alternates between repeats, so drift in machine load hits both
-sides alike; the reported ratio is the median over repeats of the paired ratios. Medians at both
-levels keep a burst of unrelated load on a small shared machine from deciding the result.
+Method (as benchmarks/script.py): the two sides of a comparison run at the same time, each in
+freshly spawned processes pinned to a core of its own (every process of a side, server and
+workers alike, shares its core) with one torch thread a process, so both see the same drift in
+the speed of a shared machine; the cores swap between repeats. The reported ratio is the median
+over repeats of the paired ratios. `--in-turn` runs the sides one after the other instead, on
+every core, each worker process with the threads a polyrhythm worker gets (cores // workers):
+the setting a user's run has, but a VM whose speed moves by 10-40 % from minute to minute
+moves the ratio as much.
 
     python benchmarks/overhead.py            # about 1-3 minutes on 2 cores
     python benchmarks/overhead.py --quick    # smoke run for CI, well under 30 seconds
@@ -31,54 +34,24 @@ levels keep a burst of unrelated load on a small shared machine from deciding th
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
+import contextlib
 import os
-import queue
-import socket
+import signal
 import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
-from multiprocessing.queues import Queue
+from multiprocessing import forkserver
 
 import torch
-import torch.distributed as dist
-import torch.nn.functional as F
-from torch.nn.parallel import DistributedDataParallel
 
 import polyrhythm
-from machine_load import OtherLoad, shared_warning  # benchmarks/, this script's folder
-from polyrhythm.config import RunConfig, make_config
-from polyrhythm.data.plan import DataPlan
-from polyrhythm.data.sharding import (
-    batch_slice,
-    epoch_order,
-    steps_per_epoch,
-    worker_batch_sizes,
-)
-from polyrhythm.data.source import Dataset
-from polyrhythm.models.build import build_model
-from polyrhythm.runtime.job import set_threads, whole_data
+from baselines import WorkerResult, epoch_rates, run_ddp, run_plain, run_spawned  # benchmarks/
+from machine_load import OtherLoad, shared_warning
 
-HOST = "127.0.0.1"
-RESULT_TIMEOUT_S = 600.0
 QUICK_STEPS = 8  # steps per epoch in --quick mode
-
-# One epoch of one worker: (samples, seconds of its training loop).
-EpochTiming = tuple[int, float]
-
-
-@dataclass
-class WorkerResult:
-    """What one baseline process reports: its torch thread count, its epoch timings and the
-    seconds of its steps' phases (forward and backward, the optimizer's step) in all."""
-
-    threads: int
-    epochs: list[EpochTiming]
-    phases: dict[str, float] = field(default_factory=dict)
 
 
 def job_values(strategy: str, workers: int, args: argparse.Namespace) -> dict:
@@ -96,147 +69,44 @@ def job_values(strategy: str, workers: int, args: argparse.Namespace) -> dict:
         "steps_per_epoch": args.steps_per_epoch,
         "seed": args.seed,
         **({"data_path": args.data_path} if args.data_path else {}),
+        **({"bucket_kb": args.bucket_kb} if args.bucket_kb and strategy == "bsp" else {}),
+        **({"threads": args.threads} if args.threads else {}),
     }
 
 
-# --- the plain PyTorch baselines (run in spawned processes) ------------------------------------
-
-
-def train_epochs(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 data: tuple[DataPlan, Dataset], config, worker: int,
-                 phases: dict[str, float]) -> list[EpochTiming]:
-    """A textbook loop over this worker's shard, batches in polyrhythm's order, timed per epoch:
-    the whole training set normalised once up front, as float32 (polyrhythm keeps bytes and
-    normalises each batch)."""
-    plan, train = data
-    x, y = train.batch(slice(None))
-    batch = worker_batch_sizes(config.batch_size, config.workers)[worker]
-    shard = plan.shards[worker]
-    steps = steps_per_epoch(len(train), config.batch_size, config.steps_per_epoch)
-    timings = []
-    phases.update(compute=0.0, step=0.0, steps=0)
-    for epoch in range(config.epochs):
-        order = epoch_order(shard, epoch, config.seed, worker)
-        loss_sum = 0.0
-        start = time.perf_counter()
-        for step in range(steps):
-            began = time.perf_counter()
-            idx = torch.from_numpy(batch_slice(order, batch, step))
-            optimizer.zero_grad()
-            loss = F.cross_entropy(model(x[idx]), y[idx])
-            loss.backward()
-            computed = time.perf_counter()
-            optimizer.step()
-            loss_sum += loss.item()  # read every step, as a polyrhythm worker does
-            phases["compute"] += computed - began
-            phases["step"] += time.perf_counter() - computed
-        phases["steps"] += steps
-        timings.append((steps * batch, time.perf_counter() - start))
-    return timings
-
-
-def make_optimizer(model: torch.nn.Module, config) -> torch.optim.SGD:
-    return torch.optim.SGD(model.parameters(), lr=config.optimizer.lr,
-                           momentum=config.optimizer.momentum,
-                           weight_decay=config.optimizer.weight_decay)
-
-
-def setup(values: dict) -> tuple[RunConfig, tuple[DataPlan, Dataset], torch.nn.Module]:
-    """Config, threads, (data plan, training set) and the model polyrhythm starts from (same
-    seeded init)."""
-    config = make_config(values)
-    set_threads(config, "worker", config.workers)  # exactly what a polyrhythm worker gets
-    plan, train, _ = whole_data(config)
-    return config, (plan, train), build_model(config.model, train.shape, train.classes,
-                                              config.seed)
-
-
-def plain_main(values: dict, results: Queue) -> None:
-    """Baseline 1: one process, no communication at all."""
-    config, train, model = setup(values)
-    optimizer = make_optimizer(model, config)
-    phases: dict[str, float] = {}
-    epochs = train_epochs(model, optimizer, train, config, 0, phases)
-    results.put((0, WorkerResult(torch.get_num_threads(), epochs, phases)))
-
-
-def ddp_main(rank: int, values: dict, port: int, results: Queue) -> None:
-    """Baseline 2: one rank of DistributedDataParallel on Gloo, over its own shard."""
-    config, train, model = setup(values)
-    dist.init_process_group("gloo", init_method=f"tcp://{HOST}:{port}", rank=rank,
-                            world_size=config.workers, timeout=timedelta(seconds=300))
-    try:
-        model = DistributedDataParallel(model)
-        optimizer = make_optimizer(model, config)
-        dist.barrier()  # start together, as polyrhythm's ranks do
-        phases: dict[str, float] = {}
-        epochs = train_epochs(model, optimizer, train, config, rank, phases)
-        results.put((rank, WorkerResult(torch.get_num_threads(), epochs, phases)))
-    finally:
-        dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return sock.getsockname()[1]
-
-
-def run_spawned(target: Callable, arg_lists: list[tuple]) -> list[WorkerResult]:
-    """Run one spawned process per argument tuple; return what each reported, by rank."""
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    procs = [ctx.Process(target=target, args=(*args, results)) for args in arg_lists]
-    for p in procs:
-        p.start()
-    reports: dict[int, WorkerResult] = {}
-    deadline = time.monotonic() + RESULT_TIMEOUT_S
-    try:
-        while len(reports) < len(procs):
-            try:
-                rank, report = results.get(timeout=1.0)
-                reports[rank] = report
-            except queue.Empty:
-                failed = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
-                if failed or time.monotonic() > deadline:
-                    raise RuntimeError(f"baseline {target.__name__} failed "
-                                       f"(exit codes {[p.exitcode for p in procs]})") from None
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-                p.join()
-    return [reports[r] for r in range(len(procs))]
-
-
-def epoch_rates(workers: list[WorkerResult]) -> list[float]:
-    """Cluster samples/s of each epoch: the sum over workers, as polyrhythm's epoch_metrics."""
-    epochs = zip(*(w.epochs for w in workers), strict=True)
-    return [sum(samples / seconds for samples, seconds in epoch) for epoch in epochs]
-
-
-# --- the two sides of each comparison ------------------------------------------------------------
-
-
-def run_plain(values: dict) -> list[WorkerResult]:
-    return run_spawned(plain_main, [(values,)])
-
-
-def run_ddp(values: dict) -> list[WorkerResult]:
-    port = free_port()
-    return run_spawned(ddp_main, [(r, values, port) for r in range(values["workers"])])
-
-
-def run_polyrhythm(values: dict, out: str, profile: dict) -> list[float]:
+def run_side(side: str, values: dict, baseline: Callable, out: str) -> tuple:
+    """Run one side: its epochs' samples/s, the torch threads of its worker processes (the
+    baseline's report them) and worker 0's seconds per step by phase (for --profile)."""
+    if side == "baseline":
+        workers = baseline(values)
+        phases = dict(workers[0].phases)
+        steps = phases.pop("steps")
+        return (epoch_rates(workers), workers[0].threads,
+                {name: seconds / steps for name, seconds in phases.items()})
     summary = polyrhythm.train({**values, "out": out})
     worker = summary["per_worker"][0]
     steps = worker["steps"]
-    profile.clear()
-    profile.update({name: worker[f"{name}_s"] / steps for name in PROFILED if worker[f"{name}_s"]})
+    profile = {name: worker[f"{name}_s"] / steps for name in PROFILED if worker[f"{name}_s"]}
     if summary["servers"]:  # the server's update, per step of worker 0
         profile["server update"] = summary["update_s_per_server"][0] / steps
-    return [epoch["samples_per_s"] for epoch in summary["epoch_metrics"]]
+    return [epoch["samples_per_s"] for epoch in summary["epoch_metrics"]], 0, profile
+
+
+def pinned_side(index: int, core: int, side: str, values: dict, baseline: Callable, out: str,
+                results) -> None:
+    """`run_side` in a process pinned to `core`, leading a process group: every process it
+    starts inherits the pin and the group. It ends the forkserver polyrhythm's ranks came
+    from and waits for it, so that their CPU seconds reach this benchmark's own (OtherLoad
+    counts the rest of the machine's)."""
+    os.setpgrp()  # so that the benchmark can end them all, should anything fail
+    with contextlib.suppress(AttributeError, OSError):
+        os.sched_setaffinity(0, {core})
+    outcome = run_side(side, values, baseline, out)
+    pid = forkserver._forkserver._forkserver_pid
+    if pid:
+        os.kill(pid, signal.SIGTERM)
+        os.waitpid(pid, 0)
+    results.put((index, outcome))
 
 
 PROFILED = ("compute", "push", "wait", "pull", "apply")  # a worker's spans (metrics/recorder.py)
@@ -259,30 +129,34 @@ class Comparison:
     threads: int = 0  # torch threads per worker, as the baseline processes report them
     baseline_rates: list[float] = field(default_factory=list)
     polyrhythm_rates: list[float] = field(default_factory=list)
-    other_load: list[float] = field(default_factory=list)  # cores, one entry per run
+    other_load: list[float] = field(default_factory=list)  # cores, one entry per repeat
     # The latest run's seconds per step by phase, worker 0's, for --profile.
     baseline_profile: dict[str, float] = field(default_factory=dict)
     polyrhythm_profile: dict[str, float] = field(default_factory=dict)
 
-    def measure(self, repeat: int, out: str, warmup: int) -> None:
-        """One paired measurement; the side that goes first alternates between repeats."""
-        sides = [(self._run_baseline, self.baseline_rates),
-                 (lambda: run_polyrhythm(self.values, out, self.polyrhythm_profile),
-                  self.polyrhythm_rates)]
-        for run, rates in sides if repeat % 2 == 0 else reversed(sides):
-            with OtherLoad() as load:
-                epochs = run()
-            rates.append(steady_rate(epochs, warmup))
-            if load.cores is not None:
-                self.other_load.append(load.cores)
-
-    def _run_baseline(self) -> list[float]:
-        workers = self.baseline(self.values)
-        self.threads = workers[0].threads
-        phases = dict(workers[0].phases)
-        steps = phases.pop("steps")
-        self.baseline_profile = {name: seconds / steps for name, seconds in phases.items()}
-        return epoch_rates(workers)
+    def measure(self, repeat: int, out: str, warmup: int, cores: list[int]) -> None:
+        """One paired measurement: both sides at once, a core each (the cores swap between
+        repeats), or with a single core given, one after the other (the order swapping)."""
+        sides = ["baseline", "polyrhythm"]
+        if repeat % 2:
+            sides.reverse()
+        with OtherLoad() as load:
+            if len(cores) > 1:
+                outcomes = run_spawned(pinned_side, [(i, core, side, self.values,
+                                                      self.baseline, out)
+                                                     for i, (side, core) in
+                                                     enumerate(zip(sides, cores, strict=True))])
+            else:
+                outcomes = [run_side(side, self.values, self.baseline, out) for side in sides]
+        for side, (rates, threads, profile) in zip(sides, outcomes, strict=True):
+            if side == "baseline":
+                self.threads, self.baseline_profile = threads, profile
+                self.baseline_rates.append(steady_rate(rates, warmup))
+            else:
+                self.polyrhythm_profile = profile
+                self.polyrhythm_rates.append(steady_rate(rates, warmup))
+        if load.cores is not None:
+            self.other_load.append(load.cores)
 
     def print_profile(self) -> None:
         """One step of worker 0 on each side, by phase: where the difference goes."""
@@ -331,6 +205,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--data-path", help="cifar10, cifar100, npz: the data file or folder")
     parser.add_argument("--batch-size", type=int, default=64, help="global batch (default 64)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--bucket-kb", type=int, default=None,
+                        help="bsp's bucket size (default: polyrhythm's)")
+    parser.add_argument("--in-turn", action="store_true",
+                        help="run the two sides one after the other on every core (default: "
+                             "at once, a core each, one torch thread a process)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads a worker process (default: 1 side by side; in "
+                             "turn, what a polyrhythm worker gets: cores // workers)")
     parser.add_argument("--profile", action="store_true",
                         help="also print one step of each side by phase, in ms")
     args = parser.parse_args(argv)
@@ -341,6 +223,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--warmup must leave at least one measured epoch")
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
+    if args.threads is not None and args.threads < 1:
+        parser.error("--threads must be at least 1")
+    if args.threads is None and not args.in_turn:
+        args.threads = 1
     return args
 
 
@@ -365,12 +251,21 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.model} on {args.dataset}, global batch {args.batch_size}, {args.epochs} epochs "
           f"({args.warmup} warm-up) of {steps} steps, {args.repeats} repeats, "
           f"{os.cpu_count()} cores, torch {torch.__version__}", flush=True)
+    cores = sorted(os.sched_getaffinity(0))[:2] if hasattr(os, "sched_getaffinity") else [0]
+    if args.in_turn or len(cores) < 2:
+        cores = cores[:1]
+        how = "the sides in turn, each on every core"
+    else:
+        how = "the sides at once, a core each"
+    threads = (f"{args.threads} torch thread(s) a worker process" if args.threads else
+               "the torch threads a polyrhythm worker gets (cores // workers)")
+    print(f"{how}; {threads}", flush=True)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="polyrhythm-bench-") as out:
         for repeat in range(args.repeats):
             for c in comps:
-                c.measure(repeat, out, args.warmup)
-                load = ", ".join(f"{x:.2f}" for x in c.other_load[-2:]) or "?"
+                c.measure(repeat, out, args.warmup, cores)
+                load = f"{c.other_load[-1]:.2f}" if c.other_load else "?"
                 print(f"  repeat {repeat + 1}/{args.repeats}  {c.name:<26} "
                       f"baseline {c.baseline_rates[-1]:7.0f}/s  "
                       f"polyrhythm {c.polyrhythm_rates[-1]:7.0f}/s  "
