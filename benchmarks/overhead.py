@@ -289,4 +289,8 @@ def warn_if_shared(comps: list[Comparison]) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # every side's processes are gone already (run_spawned)
+        print("overhead.py: interrupted", file=sys.stderr)
+        sys.exit(130)
