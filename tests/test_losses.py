@@ -34,11 +34,6 @@ from polyrhythm.runtime.job import whole_data
 from polyrhythm.runtime.validation import validation_record
 
 
-def linear(shape: tuple[int, ...], classes: int) -> nn.Module:
-    """A user's linear model: the features to `classes` outputs (one for mse and bce)."""
-    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(shape), classes))
-
-
 def ten_outputs(shape: tuple[int, ...], classes: int) -> nn.Module:
     """A user's model that keeps 10 outputs whatever it is asked for."""
     return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(shape), 10))
@@ -148,7 +143,7 @@ def test_weighted_worker_gradients_are_the_global_gradient(tmp_path, loss):
     # workers' mean losses is the gradient of the mean loss over the union of their batches.
     data = write_table(tmp_path / "table.csv", loss)
     config = equivalence_config(tmp_path, dataset="csv", data_path=str(data), loss=loss,
-                                model="test_losses:linear", workers=3, batch_size=64)
+                                model="linear", workers=3, batch_size=64)  # registered
     _, train, _ = whole_data(config)
     model = build_model(config.model, train.shape, train.classes, 0, loss).double()
     x, y = train.batch(slice(0, 64))
@@ -170,7 +165,7 @@ def test_weighted_worker_gradients_are_the_global_gradient(tmp_path, loss):
 def test_a_regression_run_learns_and_equals_the_single_process_reference(tmp_path):
     data = write_table(tmp_path / "table.csv", "mse")
     config = equivalence_config(tmp_path, dataset="csv", data_path=str(data), loss="mse",
-                                model="test_losses:linear", strategy="allreduce", workers=2,
+                                model="linear", strategy="allreduce", workers=2,
                                 epochs=4, lr=0.02)
     summary = polyrhythm.train(config)
     losses = [e["val_loss"] for e in summary["epoch_metrics"]]
@@ -192,7 +187,7 @@ def test_a_regression_run_learns_and_equals_the_single_process_reference(tmp_pat
 def test_a_binary_run_learns_and_equals_the_single_process_reference(tmp_path):
     data = write_table(tmp_path / "table.csv", "bce")
     config = equivalence_config(tmp_path, dataset="csv", data_path=str(data), loss="bce",
-                                model="test_losses:linear", strategy="bsp", workers=2, epochs=4,
+                                model="linear", strategy="bsp", workers=2, epochs=4,
                                 lr=0.2)
     summary = polyrhythm.train(config)
     losses = [e["val_loss"] for e in summary["epoch_metrics"]]
@@ -202,3 +197,25 @@ def test_a_binary_run_learns_and_equals_the_single_process_reference(tmp_path):
     assert summary["final_val_accuracy"] == accuracy[-1] >= 0.85, accuracy
     assert max_diff(stored_parameters(summary), reference_parameters(config)) <= 1e-5
     assert [len(s["class_counts"]) for s in summary["data"]["shards"]] == [2, 2]
+
+
+def test_the_perceptron_learns_a_binary_table_as_spark_mllib_trains_it(tmp_path):
+    """The study's perceptron (two hidden layers of 15 sigmoid units, two outputs under
+    cross_entropy) by full-batch gradient descent, as MLlib trains it, on the binary table."""
+    data = write_table(tmp_path / "table.csv", "bce")
+    config = equivalence_config(tmp_path, dataset="csv", data_path=str(data),
+                                model="perceptron", workers=1)
+    _, train, _ = whole_data(config)
+    model = build_model(config.model, train.shape, train.classes, 0)
+    assert [m.out_features for m in model if isinstance(m, nn.Linear)] == [15, 15, 2]
+    x, y = train.batch(slice(None))
+    loss = LOSSES["cross_entropy"]
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    first = loss(model(x), y).item()
+    for _ in range(300):
+        optimizer.zero_grad()
+        loss(model(x), y).backward()
+        optimizer.step()
+    with torch.no_grad():
+        accuracy = (model(x).argmax(1) == y).double().mean().item()
+    assert loss(model(x), y).item() < first / 2 and accuracy >= 0.9, accuracy

@@ -15,7 +15,7 @@ from polyrhythm.layout import shard_ranges
 from polyrhythm.models import MODELS
 from polyrhythm.models.build import build_model
 
-ANY_SHAPE = {"cnn", "mlp"}  # the rest need image samples (channels, height, width)
+ANY_SHAPE = {"cnn", "mlp", "linear", "perceptron"}  # the rest need (channels, height, width)
 LARGE = {"resnet18", "resnet50"}  # built on 3x32x32 only: they downsample as resnet20 does
 CIFAR = (3, 32, 32)
 

@@ -32,6 +32,16 @@ MODELS.register(ModelSpec("cnn", "two 3x3 conv blocks (16, 32 channels) with max
                           "then a 64-unit head", builder=f"{SMALL}:cnn", parameters=136_874))
 MODELS.register(ModelSpec("mlp", "two hidden layers of 128 and 64 units",
                           builder=f"{SMALL}:mlp", parameters=402_250))
+TABULAR, SPARK_STUDY = ("polyrhythm.models.tabular",
+                        "the asynchronous-training thesis's Spark MLlib against parameter "
+                        "server study")
+MODELS.register(ModelSpec("linear", "one linear layer: linear regression with --loss mse, "
+                          "logistic regression with bce, softmax regression with "
+                          "cross_entropy", source=SPARK_STUDY, builder=f"{TABULAR}:linear",
+                          parameters=30_730))
+MODELS.register(ModelSpec("perceptron", "two hidden layers of 15 sigmoid units, as Spark "
+                          "MLlib's perceptron (28-15-15-2 on HIGGS)", source=SPARK_STUDY,
+                          builder=f"{TABULAR}:perceptron", parameters=46_495))
 for depth, blocks, count in [(20, 3, 269_722), (32, 5, 464_154), (56, 9, 853_018)]:
     MODELS.register(ModelSpec(
         f"resnet{depth}", f"CIFAR ResNet-{depth}: a 3x3 conv of 16 channels, three stages of "
