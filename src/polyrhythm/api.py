@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from polyrhythm.config import RunConfig, layered, load_config
+from polyrhythm.config.spark import on_spark
 from polyrhythm.data.datasets import open_source
 from polyrhythm.data.splitters import splitter
 from polyrhythm.errors import ConfigError
@@ -16,6 +17,7 @@ from polyrhythm.launch.emulated import launch_emulated
 from polyrhythm.launch.local import launch_local
 from polyrhythm.launch.progress import ProgressBoard
 from polyrhythm.launch.scripts import ScriptCall, launch_script, script_on_cluster
+from polyrhythm.launch.spark import launch_spark, spark_check
 from polyrhythm.losses import LOSSES
 from polyrhythm.metrics.records import (
     RunRecord,
@@ -60,6 +62,9 @@ def train(config: RunConfig | dict | str | Path | None = None, *, show_progress:
     splitter(config.data.sharding or "random")
     if config.compute_from is not None:
         measured_compute(config.out, config.compute_from)
+    if on_spark(config):
+        spark_check(config, source)
+        return launch_spark(config, start_run(config))
     if config.cluster.hosts:
         can_emulate()
         return launch_emulated(config, start_run(config), show_progress)

@@ -7,6 +7,7 @@ import os
 from collections.abc import Mapping
 
 from polyrhythm.config.emulation import COMPUTE
+from polyrhythm.config.spark import SPARK
 from polyrhythm.errors import ConfigError
 from polyrhythm.settings import Param, Rule, at_least, one_of, positive, within
 
@@ -72,6 +73,7 @@ GENERAL = (
           derived="continue for asynchronous PS strategies and quorums the other workers "
           "still meet, abort otherwise", rule=one_of("continue", "abort")),
     *COMPUTE,
+    *SPARK,
 )
 
 # The optimizers a run may name (optim.py: sgd is FlatSGD, the others torch.optim's classes),
@@ -123,7 +125,7 @@ def check_optimizer(given, strategy) -> None:
 # General settings added since 0.1 whose default changes nothing: a stored config leaves them
 # out at that default, so an older record and its rerun read as the same fields.
 LEFT_OUT_AT_DEFAULT = {"shared_epochs": False, "checkpoint_every": 1, "timeout": 300.0,
-                       "loss": "cross_entropy"}
+                       "loss": "cross_entropy", "launcher": "local", "executor_memory": 1024}
 # Added since 0.1 with a default derived from the strategy: stored only where given.
 LEFT_OUT_UNLESS_GIVEN = {"on_worker_failure"}
 

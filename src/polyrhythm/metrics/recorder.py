@@ -9,8 +9,9 @@ from contextlib import contextmanager
 
 # What a training iteration is made of, for every strategy: the spans each worker records per
 # iteration, the `<span>_s` columns of the store's iterations table and the report's phases.
-# `compress`: encoding and decoding compressed messages (compression/).
-SPAN_NAMES = ("compute", "push", "wait", "pull", "apply", "compress")
+# `compress`: encoding and decoding compressed messages (compression/); `read`: reading the
+# step's data where a step reads it (mapreduce: each Spark task's cached partition).
+SPAN_NAMES = ("compute", "push", "wait", "pull", "apply", "compress", "read")
 
 
 class Spans:

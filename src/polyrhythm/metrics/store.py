@@ -1,14 +1,14 @@
 """The SQLite run store (`<out>/polyrhythm.db`).
 
-Schema version 5 (version 1 had `runs` and `epochs`, 2 added the event tables, 3 the
+Schema version 6 (version 1 had `runs` and `epochs`, 2 added the event tables, 3 the
 Strategy-Switch columns of `epochs`, 4 the `launcher` of `runs`, 5 the `compress_s` of
-`iterations`; opening an older store adds what it lacks):
+`iterations`, 6 its `read_s`; opening an older store adds what it lacks):
 - runs: one row per run (status, config, summary, headline figures, and the process that
   launched it: host, boot, pid and start time, as JSON);
 - epochs: per run and epoch (losses, validation accuracy, samples/s, wall time; for a switch
   run the phase, and the rule's score, whether it fired and why, asked after the epoch);
 - iterations: per run, worker and training step: when it started (seconds since the job's
-  start), and the seconds of compute, push, wait, pull, apply and compress, and in all;
+  start), and the seconds of compute, push, wait, pull, apply, compress and read, and in all;
 - pushes: per run and gradient applied on a server: when, from which worker, its staleness and
   the server's queue (messages waiting behind it);
 - updates: per run and weight update on a server: when, and how long it took;
@@ -42,7 +42,7 @@ from polyrhythm.errors import StoreError
 from polyrhythm.metrics.launcher import launcher_gone, process_identity, read_identity
 from polyrhythm.metrics.recorder import SPAN_NAMES
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 JOURNAL_MODE = "WAL"
 BUSY_TIMEOUT_S = 30.0  # how long a connection waits for another's write before failing
 LAUNCHER_GONE = "launcher gone"  # the error of a run whose launcher died without saying so
@@ -138,8 +138,12 @@ _SCHEMA_5 = """
 ALTER TABLE iterations ADD COLUMN compress_s REAL NOT NULL DEFAULT 0;
 """
 
+_SCHEMA_6 = """
+ALTER TABLE iterations ADD COLUMN read_s REAL NOT NULL DEFAULT 0;
+"""
+
 # The scripts that bring a store from version i to i + 1, in order.
-_MIGRATIONS = (_SCHEMA, _SCHEMA_2, _SCHEMA_3, _SCHEMA_4, _SCHEMA_5)
+_MIGRATIONS = (_SCHEMA, _SCHEMA_2, _SCHEMA_3, _SCHEMA_4, _SCHEMA_5, _SCHEMA_6)
 
 # The per-event tables and their columns after run_id, in the order of the rows runs report.
 SERIES = {

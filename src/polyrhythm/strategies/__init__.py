@@ -9,6 +9,7 @@ builds it.
 
 from polyrhythm.strategies import collective as _collective
 from polyrhythm.strategies import decentralised as _decentralised
+from polyrhythm.strategies import mapreduce as _mapreduce
 from polyrhythm.strategies import parameter_server as _ps
 from polyrhythm.strategies import switching as _switching
 from polyrhythm.strategies.spec import STRATEGIES, StrategySpec
@@ -30,5 +31,6 @@ STRATEGIES.register(_decentralised.LOCALSGD)
 STRATEGIES.register(_decentralised.DPSGD)
 STRATEGIES.register(_decentralised.GOSSIP)
 STRATEGIES.register(_switching.SWITCH)
+STRATEGIES.register(_mapreduce.MAPREDUCE)
 
 __all__ = ["STRATEGIES", "StrategySpec"]

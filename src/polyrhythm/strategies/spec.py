@@ -15,6 +15,7 @@ from polyrhythm.strategies.consistency import ConsistencyPolicy
 
 PARAMETER_SERVER, COLLECTIVE, DECENTRALISED = "parameter server", "collective", "decentralised"
 SWITCHING = "switching"  # one strategy, then another (Strategy-Switch)
+MAP_REDUCE = "map-reduce"  # Spark jobs driven from one driver (MLlib); no worker side
 
 
 def never(settings: Mapping[str, Any]) -> bool:
