@@ -36,6 +36,7 @@ from polyrhythm.runtime.mapreduce import (
 )
 
 TREE_DEPTH = 2  # MLlib's treeAggregate depth for gradients
+PARTS = ("schedule", "read", "broadcast", "compute", "aggregate", "update")
 
 
 def train_mapreduce(context, config, record: RunRecord) -> dict:
@@ -132,10 +133,15 @@ class MiniBatchJob:
                 (t["began"] - submitted) + (last - t["ended"]),
                 (submitted - began) + t["fetched"], ended - aggregated, 0.0, t["read"],
                 ended - began)
+        # The step's parts along its critical path: the task that ended last.
+        critical = next(t for t in tasks if t["ended"] == last)
         return {"loss": loss, "rows": rows, "tasks": tasks,
-                "schedule": min(t["began"] for t in tasks) - submitted,
-                "broadcast": submitted - began, "aggregate": aggregated - last,
-                "update": ended - aggregated, "step": ended - began}
+                "schedule": critical["began"] - submitted, "read": critical["read"],
+                "broadcast": (submitted - began) + critical["fetched"],
+                "compute": critical["computed"], "aggregate": aggregated - last,
+                "update": ended - aggregated, "step": ended - began,
+                # Tasks read at once: their rows per second add up.
+                "read_rate": sum(t["rows"] / t["read"] for t in tasks if t["read"] > 0)}
 
 
 def partition_task(broadcast, step: Step, values: dict, toml: str, shape, classes):
@@ -212,18 +218,15 @@ def mapreduce_figures(parts: list[dict], warmup: int, loading: dict, count: int,
         values = list(values)
         return float(np.mean(values)) if values else 0.0
 
-    read_s = mean(t["read"] for t in tasks)
     return {
         "partitions": count, "steps_measured": len(kept),
-        "schedule_s": mean(p["schedule"] for p in kept),
-        "read_s": read_s,
-        "broadcast_s": mean(p["broadcast"] for p in kept) + mean(t["fetched"] for t in tasks),
-        "compute_s": mean(t["computed"] for t in tasks),
-        "aggregate_s": mean(p["aggregate"] for p in kept),
-        "update_s": mean(p["update"] for p in kept),
+        # Seconds per mini-batch, along the path of the task that ended last: they add up
+        # to the step.
+        **{f"{part}_s": mean(p[part] for p in kept) for part in PARTS},
         "step_s": mean(p["step"] for p in kept),
         # Every task reads its whole partition, whatever its share of the batch.
-        "read_examples_per_s": sum(sizes) / read_s if read_s else None,
+        "read_examples_per_s": mean(p["read_rate"] for p in kept),
+        "rows_read_per_step": sum(sizes),
         "task_cpu_s": mean(t["cpu_s"] for t in tasks),
         "task_rss_bytes": max((t["rss_bytes"] for t in tasks), default=0),
         "load_rows": loading["rows"], "load_s": loading["seconds"],

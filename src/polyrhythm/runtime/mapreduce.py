@@ -122,7 +122,7 @@ class ExecutorModel:
         loss = self.loss(self.model(x), y)
         loss.backward()
         weight = rows / step.rows
-        return (self.flat.grad() * weight).numpy(), float(loss) * weight
+        return (self.flat.grad() * weight).numpy(), loss.item() * weight
 
 
 class DriverModel:
