@@ -113,11 +113,11 @@ def test_a_version_1_store_is_migrated_in_place(tmp_path):
     assert [r["run_id"] for r in store.runs()] == ["old-run"]
     assert store.series("iterations", "old-run") == []
     with sqlite3.connect(path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
         iteration_columns = [r[1] for r in conn.execute("PRAGMA table_info(iterations)")]
     assert set(SERIES) <= tables
-    assert iteration_columns[-1] == "compress_s"  # version 5's
+    assert iteration_columns[-2:] == ["compress_s", "read_s"]  # versions 5 and 6
     # Version 3's Strategy-Switch columns, empty for an old run's epochs.
     (epoch,) = store.epochs("old-run")
     assert epoch["val_loss"] == 0.4

@@ -127,8 +127,9 @@ def test_a_report_without_compression_has_neither_figure_nor_table(mixed, tmp_pa
 
 
 def test_a_schema_4_store_from_before_compression_still_reports(tmp_path):
-    """A store as polyrhythm wrote it before compressors: no iterations.compress_s, no
-    compression in summaries or spans. It gains the column when opened, and reports."""
+    """A store as polyrhythm wrote it before compressors: no iterations.compress_s (nor the
+    later read_s), no compression in summaries or spans. It gains the columns when opened,
+    and reports."""
     store = RunStore(tmp_path / "polyrhythm.db")
     ids = [fabricate_run(store, tmp_path, "bsp", seed, workers=2, index=seed) for seed in (0, 1)]
     with sqlite3.connect(store.path) as conn:
@@ -136,19 +137,21 @@ def test_a_schema_4_store_from_before_compression_still_reports(tmp_path):
             summary = json.loads(text)
             del summary["compression"]
             for worker in summary["per_worker"]:
-                del worker["compress_s"]
+                del worker["compress_s"], worker["read_s"]
             conn.execute("UPDATE runs SET summary = ? WHERE run_id = ?",
                          (json.dumps(summary), run_id))
         conn.execute("ALTER TABLE iterations DROP COLUMN compress_s")
+        conn.execute("ALTER TABLE iterations DROP COLUMN read_s")
         conn.execute("PRAGMA user_version = 4")
     text = write_report(store.path, ids, tmp_path / "md", "Old", fmt="md").read_text()
     with sqlite3.connect(store.path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone() == (5,)
+        assert conn.execute("PRAGMA user_version").fetchone() == (6,)
     assert "## Compression" not in text and "bytes_vs_accuracy" not in text
     header = next(line for line in text.split("## Time breakdown")[1].splitlines()
                   if line.startswith("| group"))
     (row,) = section(text, "Time breakdown")
     assert row[header.split(" | ").index("compress (ms)")] == "0.00"
+    assert row[header.split(" | ").index("read (ms)")] == "0.00"
     drawn = {p.stem for p in (tmp_path / "md").glob("*.png")}
     assert drawn == set(ALWAYS)
 

@@ -214,7 +214,7 @@ for k in range(5):
     run_id = f"p{{p}}-r{{k}}"
     store.add_run(run_id, f"2026-01-01T00:00:{{k:02d}}", columns, "x = 1")
     epochs = [dict(epoch=e, train_loss=1.0, val_loss=1.0, val_accuracy=0.5) for e in range(2)]
-    rows = [(w, s, 0, s * 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.0, 0.5) for w in range(2)
+    rows = [(w, s, 0, s * 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.0, 0.0, 0.5) for w in range(2)
             for s in range(200)]
     store.complete_run(run_id, dict(final_val_accuracy=0.5, samples_per_s=1.0, wall_s=1.0),
                        epochs, dict(iterations=rows))

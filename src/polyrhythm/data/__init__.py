@@ -120,6 +120,16 @@ DATASETS.register(DatasetSpec(
         Param("synthetic_classes", int, "classes", 10, rule=at_least(2)),
         Param("synthetic_size", int, "samples", 2000))))
 DATASETS.register(DatasetSpec(
+    "table", "a generated table of HIGGS's shape (28 features, a binary target) or "
+    "YearPredictionMSD's (90 features, a year), any number of rows",
+    source="the asynchronous-training thesis's Spark MLlib study (its replicated synthetic "
+    "sets)", loader="polyrhythm.data.tables:load_table", params=(
+        Param("table_like", str, "higgs (28 features, classes 0 and 1: --loss bce or "
+              "cross_entropy) or msd (90 features, a year: --loss mse)", "higgs",
+              rule=one_of("higgs", "msd")),
+        Param("table_rows", int, "rows (validation rows included)", 20_000,
+              rule=at_least(2)))))
+DATASETS.register(DatasetSpec(
     "cifar10", "CIFAR-10 from the standard python-pickle archive, 3x32x32: trains on the "
     "50,000, validates on the 10,000 test images", source="Krizhevsky 2009",
     loader=f"{LOADERS}:load_cifar10", params=(DATA_PATH, AUGMENT), check=_needs_path))

@@ -64,8 +64,10 @@ class ArraySource(Source):
     """A data set already in memory (small packaged ones, generated ones, a user's arrays)."""
 
     def __init__(self, x: np.ndarray, y: np.ndarray, classes: int, *,
-                 given_val: int = 0, norm: Normalisation | None = None) -> None:
-        self.x, self.y = x, y.astype(np.int64)
+                 given_val: int = 0, norm: Normalisation | None = None,
+                 real_targets: bool = False) -> None:
+        # Class ids, unless the targets are real values (one output: --loss mse).
+        self.x, self.y = x, y.astype(np.float64 if real_targets else np.int64)
         self.shape, self.classes = tuple(x.shape[1:]), classes
         self.given_val = given_val
         self.norm = norm or Normalisation.of(x[:len(x) - given_val])

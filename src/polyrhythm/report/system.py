@@ -31,7 +31,8 @@ from polyrhythm.report.plot import (
 from polyrhythm.report.training import bands_over_time, group_name
 
 PHASE_COLORS = {"compute": "#4c72b0", "push": "#dd8452", "wait": "#c44e52", "pull": "#55a868",
-                "apply": "#8172b3", "compress": "#937860", "other": "#c7c7c7"}
+                "apply": "#8172b3", "compress": "#937860", "read": "#da8bc3",
+                "other": "#c7c7c7"}
 SPREAD_NOTE = "thick bar: ±1 std over repeats; thin capped bar: min-max"
 STALENESS_CAP = 20  # larger staleness values share the last bar
 

@@ -7,7 +7,8 @@ checkpoints, the report) it does here.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
@@ -68,22 +69,24 @@ class BuiltinWorker:
 
     def _train_epoch(self) -> None:
         job, model = self.job, self.model
-        for x, y in self.batches():
+        for batch in self.batches():
             job.begin_step()  # before the forward: pushes overlap backward
             if self.emulated is not None:
                 emulated_step(model, self.emulated())
                 job.step(loss=None)
                 continue
+            with self.ctx.spans("read"):  # the batch's rows gathered from the shard
+                x, y = batch()
             model.zero_grad(set_to_none=True)
             loss = self.criterion(model(x), y)
             loss.backward()
             job.step(loss=loss.item())
 
-    def batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor] | tuple[None, None]]:
-        """This epoch's batches of the shard, in the order the run's seed sets for this
-        worker: its steps, or with shared epochs as many as the servers need to have applied
-        the epoch's global batches, whoever computed them (through the shard once more where
-        it runs out)."""
+    def batches(self) -> Iterator[Callable[[], tuple[torch.Tensor, torch.Tensor]] | None]:
+        """This epoch's batches of the shard, each a call that reads it (None with emulated
+        compute), in the order the run's seed sets for this worker: its steps, or with
+        shared epochs as many as the servers need to have applied the epoch's global
+        batches, whoever computed them (through the shard once more where it runs out)."""
         job, config, position = self.job, self.ctx.config, self.position
         shared, epoch = config.shared_epochs, job.epoch
         ordered = order = None
@@ -97,12 +100,12 @@ class BuiltinWorker:
                 order = epoch_order(np.arange(len(self.train)), ordered, config.seed,
                                     self.ctx.worker_index)
             if self.emulated is not None:
-                yield None, None
+                yield None
             else:
                 idx = torch.from_numpy(batch_slice(order, self.batch, position.step))
                 augment = self.train.augment and batch_generator(
                     config.seed, self.ctx.worker_index, position.taken)
-                yield self.train.batch(idx, augment or None)
+                yield functools.partial(self.train.batch, idx, augment or None)
             position.advance()
         if not shared:
             position.next_epoch()

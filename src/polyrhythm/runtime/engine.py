@@ -141,7 +141,9 @@ class WorkerEngine:
         if self._slowdown > 1:  # a slower node: this step's compute, stretched
             time.sleep((self._slowdown - 1) * (computed - began))
         # A push encoded while backward ran is the compress span's, not compute's.
-        compute = time.perf_counter() - began - ctx.spans.current.get("compress", 0.0)
+        # So is reading the step's batch (the built-in job's), read's.
+        compute = (time.perf_counter() - began - ctx.spans.current.get("compress", 0.0)
+                   - ctx.spans.current.get("read", 0.0))
         ctx.spans.totals["compute"] += compute
         self.strategy.step(self.epoch)
         ended = self._last = time.perf_counter()
