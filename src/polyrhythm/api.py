@@ -64,7 +64,7 @@ def train(config: RunConfig | dict | str | Path | None = None, *, show_progress:
         measured_compute(config.out, config.compute_from)
     if on_spark(config):
         spark_check(config, source)
-        return launch_spark(config, start_run(config))
+        return launch_spark(config, start_run(config), show_progress)
     if config.cluster.hosts:
         can_emulate()
         return launch_emulated(config, start_run(config), show_progress)

@@ -46,6 +46,7 @@ GRACE_S = 5.0
 JDK_HINT = ("install a Java runtime (Spark 3.5 runs on Java 17: `apt-get install "
             "openjdk-17-jre-headless` on Debian) or set JAVA_HOME")
 MASTER_TIMEOUT_S = 3.0
+POLL_S = 0.2
 SPARK_RESERVED_MB, SPARK_MEMORY_FRACTION = 300, 0.6  # spark.memory.fraction's default
 
 
@@ -101,15 +102,22 @@ def reachable(master: str) -> None:
     raise ConfigError(f"Spark master {master} is unreachable: {'; '.join(errors)}")
 
 
-def launch_spark(config, record: RunRecord) -> dict:
+def launch_spark(config, record: RunRecord, show_progress: bool = False) -> dict:
     """Run the job on Spark through a driver process; return the summary or raise RunFailed
-    (the run stored as failed). Nothing the run started outlives it."""
+    (the run stored as failed). Nothing the run started outlives it. `show_progress`: the
+    driver's lines of progress (a line an epoch) on stderr."""
     driver = None
     try:
         with signal_handlers(sigterm=raise_interrupt):
             (record.dir / ERROR_FILE).unlink(missing_ok=True)
             driver = start_driver(config, record)
-            code = driver.wait()
+            log, shown = record.dir / "logs" / DRIVER_LOG, [0]
+            while (code := driver.poll()) is None:
+                time.sleep(POLL_S)
+                if show_progress:
+                    follow(log, shown)
+            if show_progress:
+                follow(log, shown)
             if code != 0:
                 raise RunFailed(driver_failure(record, code))
         return read_summary(record)
@@ -120,6 +128,21 @@ def launch_spark(config, record: RunRecord) -> dict:
     finally:
         with signal_handlers(sigterm=signal.SIG_IGN, sigint=signal.SIG_IGN):
             end_driver(driver, record.run_id)
+
+
+def follow(log: Path, shown: list[int]) -> None:
+    """Show the progress lines (`[...] epoch ...`) the driver's log gained since `shown[0]`
+    bytes."""
+    if not log.exists():
+        return
+    with open(log, "rb") as file:
+        file.seek(shown[0])
+        new = file.read()
+    complete = new[:new.rfind(b"\n") + 1]  # a line still being written waits
+    shown[0] += len(complete)
+    for line in complete.decode(errors="replace").splitlines():
+        if line.startswith("[") and " epoch " in line:
+            print(line, file=sys.stderr, flush=True)
 
 
 def start_driver(config, record: RunRecord) -> subprocess.Popen:

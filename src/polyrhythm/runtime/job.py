@@ -124,10 +124,10 @@ def run_rank(ctx: RankContext, local_workers: int | None = None) -> RunResult | 
     config = ctx.config
     role_name = ctx.topology.role(ctx.rank)
     set_threads(config, role_name, local_workers or config.workers, ctx.rank)
-    plan, source = agree_on_plan(ctx)
     began = time.perf_counter()
+    plan, source = agree_on_plan(ctx)
     role = build_role(ctx, plan, source)  # before the clock starts: building is set-up
-    read_s = time.perf_counter() - began  # a worker's: reading its shard, mostly
+    read_s = time.perf_counter() - began  # a worker's: opening the data, reading its shard
     resumed_s = 0.0
     if ctx.resume is not None:
         role.resume(ctx.resume)
