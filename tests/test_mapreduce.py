@@ -5,43 +5,40 @@ outlives the run; bad input is one line before any run record."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
-import psutil
 import pytest
 import torch
+
+import polyrhythm
 from helpers import (
+    HANG_GUARD_S,
     equivalence_config,
     max_diff,
     reference_parameters,
     stored_parameters,
     whole_data,
 )
-from test_losses import write_table
-
-import polyrhythm
 from polyrhythm.config.spark import check_placeable, task_slots
 from polyrhythm.errors import ConfigError
 from polyrhythm.launch.spark import partitions_fit, processes_of
 from polyrhythm.metrics.records import STORE_NAME
 from polyrhythm.metrics.store import RunStore
 from polyrhythm.runtime.mapreduce import DriverModel, ExecutorModel, Partition, Step, shares
-
-
-def java_processes() -> set[int]:
-    return {p.pid for p in psutil.process_iter(["name"]) if p.info["name"] == "java"}
+from test_losses import write_table
 
 
 def test_full_batch_gradient_descent_reaches_the_least_squares_solution(tmp_path):
     data = write_table(tmp_path / "table.csv", "mse", rows=400)
     config = equivalence_config(tmp_path, dataset="csv", data_path=str(data), loss="mse",
                                 model="linear", strategy="mapreduce", workers=2,
-                                batch_size=360, epochs=25, steps_per_epoch=1, lr=0.5,
+                                batch_size=360, epochs=10, steps_per_epoch=1, lr=0.5,
                                 momentum=0.0, weight_decay=0.0, lr_decay_every=0,
                                 warmup_steps=2)
-    before = java_processes()
     summary = polyrhythm.train(config)
     _, train, _ = whole_data(config)
     assert len(train) == 360  # so that one batch of 360 is the whole training set
@@ -54,14 +51,18 @@ def test_full_batch_gradient_descent_reaches_the_least_squares_solution(tmp_path
     row = RunStore(tmp_path / "runs" / STORE_NAME).run(summary["run_id"])
     assert row["status"] == "completed" and row["strategy"] == "mapreduce"
     parts = summary["mapreduce"]
-    assert parts["steps_measured"] == 23 and parts["partitions"] == 2
+    assert parts["steps_measured"] == 8 and parts["partitions"] == 2
     spans = ("schedule_s", "read_s", "broadcast_s", "compute_s", "aggregate_s", "update_s")
     assert all(parts[s] > 0 for s in spans), parts
     assert sum(parts[s] for s in spans) == pytest.approx(parts["step_s"], rel=1e-6)
-    assert [w["steps"] for w in summary["per_worker"]] == [25, 25]
-    # Nothing Spark started is left: no JVM, executor or Python worker.
+    assert [w["steps"] for w in summary["per_worker"]] == [10, 10]
+    # Its resource samples: each executor (JVM and Python workers) as a worker, the driver.
+    sampled = {(r["role"], r["rank"]) for r in RunStore(
+        tmp_path / "runs" / STORE_NAME).series("resources", summary["run_id"])}
+    assert sampled == {("driver", -1), ("worker", 0), ("worker", 1)}
+    # Nothing Spark started is left: no JVM, executor or Python worker (every one of them
+    # carries the run's id in its environment).
     assert processes_of(summary["run_id"]) == []
-    assert java_processes() <= before
 
 
 def test_mini_batches_take_the_steps_bsp_takes(tmp_path):
@@ -78,6 +79,27 @@ def test_mini_batches_take_the_steps_bsp_takes(tmp_path):
     assert max_diff(stored_parameters(mapreduce), reference_parameters(bsp_config)) <= 1e-5
     assert mapreduce["final_val_accuracy"] == pytest.approx(bsp["final_val_accuracy"])
     assert processes_of(mapreduce["run_id"]) == []
+
+
+def test_an_interrupted_run_leaves_no_process_and_is_stored_as_interrupted(tmp_path):
+    """Ctrl-C once the run's Spark is up (its JVM started): every JVM and Python process of
+    the run ends, and the run is stored as interrupted."""
+    data = write_table(tmp_path / "table.csv", "mse", rows=400)
+    out = tmp_path / "runs"
+    run = subprocess.Popen([sys.executable, "-m", "polyrhythm.cli", "train", "--strategy",
+                            "mapreduce", "--dataset", "csv", "--data-path", str(data), "--loss",
+                            "mse", "--model", "linear", "--workers", "2", "--epochs", "500",
+                            "--out", str(out)], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + HANG_GUARD_S
+    while not any(p.name() == "java" for d in out.glob("2*") for p in processes_of(d.name)):
+        assert run.poll() is None and time.monotonic() < deadline, "no JVM started"
+        time.sleep(0.1)
+    run.send_signal(signal.SIGINT)
+    _, said = run.communicate(timeout=HANG_GUARD_S)
+    assert run.returncode != 0 and "interrupted; all processes stopped" in said, said
+    (row,) = RunStore(out / STORE_NAME).runs()
+    assert row["status"] == "failed" and "interrupted" in row["error"]
+    assert processes_of(row["run_id"]) == []
 
 
 def test_partition_gradients_sum_to_the_global_batch_gradient(tmp_path):

@@ -15,6 +15,7 @@ clocks' skew.
 
 from __future__ import annotations
 
+import contextlib
 import resource
 import sys
 import time
@@ -25,6 +26,7 @@ import torch
 from polyrhythm.data.datasets import open_source
 from polyrhythm.data.plan import load_val, make_plan
 from polyrhythm.data.sharding import steps_per_epoch
+from polyrhythm.launch.spark_resources import SparkSampler
 from polyrhythm.metrics.records import RunRecord, complete_run
 from polyrhythm.runtime.mapreduce import (
     DriverModel,
@@ -57,6 +59,20 @@ def train_mapreduce(context, config, record: RunRecord) -> dict:
                    "traffic": {"bytes_sent": 0, "bytes_received": 0, "messages_sent": 0,
                                "messages_received": 0, "native_collective_bytes": 0}}
                   for i in range(count)]
+    sampler = SparkSampler(record.run_id, started,
+                           lambda rank: _moved(partitions, config.workers, rank))
+    with sampler if config.instrumentation else contextlib.nullcontext():
+        _train(job, driver, partitions, parts, val, config, steps, step_shares, started)
+    figures = mapreduce_figures(parts, config.warmup_steps, loading, count, sizes)
+    result = run_result(config, driver, val, partitions, time.perf_counter() - started,
+                        figures)
+    result.summary["data"] = plan.summary()
+    result.series["resources"] = sampler.samples
+    torch.save(result.state_dict, record.model_path)
+    return complete_run(record, result.summary, result.epochs, result.series)
+
+
+def _train(job, driver, partitions, parts, val, config, steps, step_shares, started) -> None:
     taken = 0
     for epoch in range(config.epochs):
         epoch_began, losses = time.perf_counter(), []
@@ -71,12 +87,14 @@ def train_mapreduce(context, config, record: RunRecord) -> dict:
                 _count_traffic(p["traffic"], len(driver.flat))
         _end_epoch(partitions, driver, val, epoch, epoch_began, started, losses, config)
         progress(epoch, config.epochs, losses, parts)
-    figures = mapreduce_figures(parts, config.warmup_steps, loading, count, sizes)
-    result = run_result(config, driver, val, partitions, time.perf_counter() - started,
-                        figures)
-    result.summary["data"] = plan.summary()
-    torch.save(result.state_dict, record.model_path)
-    return complete_run(record, result.summary, result.epochs, result.series)
+
+
+def _moved(partitions: list[dict], executors: int, rank: int) -> tuple[int, int]:
+    """The bytes executor `rank` has moved so far: its share of every task's (the driver's,
+    rank -1: all of them, the other way)."""
+    sent = sum(p["traffic"]["bytes_sent"] for p in partitions)
+    received = sum(p["traffic"]["bytes_received"] for p in partitions)
+    return (received, sent) if rank < 0 else (sent // executors, received // executors)
 
 
 def cache_partitions(context, config, plan) -> tuple:
