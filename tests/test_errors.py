@@ -25,8 +25,8 @@ from polyrhythm.metrics.records import STORE_NAME
 from polyrhythm.metrics.store import RunStore
 
 STRATEGY_NAMES = ["allreduce", "asp", "backup", "bsp", "downpour", "dpsgd", "easgd", "gossip",
-                  "kasp", "kbsp", "localsgd", "reduce-broadcast", "ring", "softsync", "ssp",
-                  "switch", "tree"]
+                  "kasp", "kbsp", "localsgd", "mapreduce", "reduce-broadcast", "ring",
+                  "softsync", "ssp", "switch", "tree"]
 MODEL_NAMES = ["cnn", "mlp"]
 DATASET_NAMES = ["cifar10", "cifar100", "digits", "mnist5k", "synthetic"]
 EARLIER_RUN = "20200101-000000-bsp-earlier"

@@ -159,6 +159,9 @@ def _reopened(record: RunRecord, out: str | Path, overrides: dict, resumable: se
         raise ConfigError(f"a resumed run keeps its config: {', '.join(sorted(changed))} "
                           f"cannot change (only {', '.join(sorted(resumable))} can)")
     stored = load_config(record.dir / "config.toml", out=str(out))
+    if on_spark(stored):  # the Spark launcher starts runs afresh only
+        raise ConfigError(f"run {record.run_id} ran on Spark, which cannot resume a run: "
+                          "start it again")
     config = resolve_config(stored, **overrides)
     if config.cluster.hosts:
         can_emulate()

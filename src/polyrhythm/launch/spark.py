@@ -15,6 +15,7 @@ pyspark, a master that does not answer, a run its master cannot place (spark_che
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import shutil
@@ -119,7 +120,7 @@ def launch_spark(config, record: RunRecord, show_progress: bool = False) -> dict
             if show_progress:
                 follow(log, shown)
             if code != 0:
-                raise RunFailed(driver_failure(record, code))
+                raise driver_failure(record, code)
         return read_summary(record)
     except BaseException as exc:
         if isinstance(exc, RunFailed) and (summary := completed_summary(record)) is not None:
@@ -162,14 +163,15 @@ def start_driver(config, record: RunRecord) -> subprocess.Popen:
             start_new_session=True)
 
 
-def driver_failure(record: RunRecord, code: int) -> str:
-    """What ended the run, as the driver said it, or how the driver itself ended."""
-    said = record.dir / ERROR_FILE
-    if said.is_file() and said.read_text().strip():
-        return said.read_text().strip().splitlines()[0]
+def driver_failure(record: RunRecord, code: int) -> RunFailed:
+    """What ended the run, as the driver said it (whether it diverged too), or how the
+    driver itself ended."""
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        said = json.loads((record.dir / ERROR_FILE).read_text())
+        return RunFailed(said["error"], diverged=bool(said["diverged"]))
     log = record.dir / "logs" / DRIVER_LOG
     how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-    return f"the Spark driver {how} (log: {log})"
+    return RunFailed(f"the Spark driver {how} (log: {log})")
 
 
 def end_driver(driver: subprocess.Popen | None, run_id: str) -> None:

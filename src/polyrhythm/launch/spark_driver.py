@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import re
+import shutil
 import signal
 import sys
 import traceback
@@ -21,7 +23,7 @@ from pathlib import Path
 
 from polyrhythm.config import load_config
 from polyrhythm.config.spark import executor_memory_of, master_of, runs_mapreduce
-from polyrhythm.errors import PolyrhythmError, one_line
+from polyrhythm.errors import Diverged, PolyrhythmError, one_line
 from polyrhythm.launch.local import raise_interrupt
 from polyrhythm.launch.spark import ERROR_FILE
 from polyrhythm.metrics.records import RunRecord
@@ -41,9 +43,11 @@ CONF = {
 
 
 @contextlib.contextmanager
-def spark_context(config, app: str) -> Iterator:
+def spark_context(config, app: str, logs: Path) -> Iterator:
     """The run's SparkContext on its master; stopped after, and its gateway JVM with it (a
-    stopped context leaves the JVM running until this process ends)."""
+    stopped context leaves the JVM running until this process ends). local-cluster's
+    executors write their logs into pyspark's own folder: they move to `logs`."""
+    import pyspark
     from pyspark import SparkConf, SparkContext
 
     master = master_of(config)
@@ -51,6 +55,7 @@ def spark_context(config, app: str) -> Iterator:
     conf.set("spark.executor.memory", f"{executor_memory_of(master, config.executor_memory)}m")
     context = SparkContext(conf=conf)
     context.setLogLevel("ERROR")
+    executors = Path(pyspark.__file__).parent / "work" / context.applicationId
     try:
         yield context
     finally:
@@ -66,6 +71,9 @@ def spark_context(config, app: str) -> Iterator:
                     process.stdin.close()
                     process.wait(10)
         SparkContext._gateway = SparkContext._jvm = None
+        if master.startswith("local-cluster") and executors.is_dir():
+            with contextlib.suppress(OSError):
+                shutil.move(executors, logs / "spark-executors")
 
 
 def run_driver(config_path: str, run_id: str, out: str) -> None:
@@ -74,7 +82,7 @@ def run_driver(config_path: str, run_id: str, out: str) -> None:
     if path and not Path(path).is_absolute():  # executors run in Spark's folders, not here
         config = load_config(config_path, out=out, data_path=str(Path(path).resolve()))
     record = RunRecord(Path(out), run_id)
-    with spark_context(config, f"polyrhythm {run_id}") as context:
+    with spark_context(config, f"polyrhythm {run_id}", record.dir / "logs") as context:
         try:
             if runs_mapreduce(config):
                 from polyrhythm.launch.mapreduce import train_mapreduce
@@ -119,17 +127,22 @@ def main(argv: list[str] | None = None) -> int:
         run_driver(args.config, args.run_id, args.out)
         return 0
     except KeyboardInterrupt:
-        error.write_text("interrupted; all processes stopped\n")
+        say(error, "interrupted; all processes stopped")
         return 130
     except PolyrhythmError as exc:
-        error.write_text(f"{exc}\n")
+        diverged = isinstance(exc, Diverged) or getattr(exc, "diverged", False)
+        say(error, str(exc), diverged)
         return 1
     except Exception as exc:  # Spark's or a bug: its traceback stays in the driver's log
         traceback.print_exc()
-        error.write_text(f"the Spark driver raised {type(exc).__name__}: {one_line(exc)} "
-                         "(traceback in logs/spark-driver.log)\n")
+        say(error, f"the Spark driver raised {type(exc).__name__}: {one_line(exc)} "
+                   "(traceback in logs/spark-driver.log)")
         return 1
 
+
+def say(error: Path, line: str, diverged: bool = False) -> None:
+    """Leave the launcher what ended the run (launch/spark.py driver_failure reads it)."""
+    error.write_text(json.dumps({"error": one_line(Exception(line)), "diverged": diverged}))
 
 if __name__ == "__main__":
     sys.exit(main())
