@@ -155,6 +155,11 @@ def test_placement_and_memory_checks_without_spark(tmp_path):
     with pytest.raises(ConfigError, match="takes no emulated hosts"):
         check_placeable(equivalence_config(tmp_path, strategy="mapreduce", workers=2,
                                            hosts=2), 2)
+    for flags in ({"compress": "topk"}, {"slowdown": [1.0, 3.0]},
+                  {"compute": "emulated", "compute_time": "10ms"}):
+        with pytest.raises(ConfigError, match=f"mapreduce takes no --{next(iter(flags))}"):
+            check_placeable(equivalence_config(tmp_path, strategy="mapreduce", workers=2,
+                                               **flags), 2)
     # HIGGS on two executors of 1 GB: 10.5 M rows x 28 features do not fit their storage.
     with pytest.raises(ConfigError, match=r"caches 601 MB .* beyond its 434 MB"):
         partitions_fit(config, 10_500_000, 28)

@@ -86,6 +86,8 @@ def check_placeable(config, cores: int) -> None:
     if config.cluster.hosts:
         raise ConfigError(f"{where} runs on Spark's executors, which Spark places: it takes no "
                           "emulated hosts ([cluster] hosts, workers_per_host)")
+    if runs_mapreduce(config):
+        unread_by_mapreduce(config)
     if not runs_mapreduce(config) and config.on_worker_failure == "continue":
         raise ConfigError("--launcher spark cannot go on without a lost worker (a Spark "
                           "barrier stage ends every task when one fails): set "
@@ -101,3 +103,17 @@ def check_placeable(config, cores: int) -> None:
     if memory < MIN_EXECUTOR_MEMORY_MB:
         raise ConfigError(f"executors of {memory} MB are too small: Spark needs at least "
                           f"{MIN_EXECUTOR_MEMORY_MB} MB each (--executor-memory)")
+
+
+def unread_by_mapreduce(config) -> None:
+    """What mapreduce's Spark jobs do not do, as one line rather than silently ignored:
+    emulated or slowed compute, compression, shared epochs."""
+    given = {"compute": config.compute != "real", "slowdown": bool(config.slowdown),
+             "worker_delay_s": bool(config.worker_delay_s),
+             "compress": config.compression.name != "none",
+             "shared_epochs": config.shared_epochs}
+    for key, set_ in given.items():
+        if set_:
+            raise ConfigError(f"mapreduce takes no --{key.replace('_', '-')}: its Spark "
+                              "tasks compute for real, uncompressed, each on its own "
+                              "partition")
