@@ -41,7 +41,8 @@ def run_rows(out: Path, sweep: str) -> list[dict]:
 
 def _row(store: SweepStore, run_id: str, summary: dict, config: dict) -> dict:
     row = {"strategy": summary["strategy"], "loss": config["loss"],
-           "batch": config["batch_size"], "run_id": run_id}
+           "batch": config["batch_size"], "run_id": run_id,
+           "cpu": _worker_cpu(store.series("resources", run_id))}
     if summary["strategy"] == "mapreduce":
         m = summary["mapreduce"]
         ms = {p: 1000 * m[f"{p}_s"] for p in ("schedule", "read", "broadcast", "compute",
@@ -71,16 +72,24 @@ def _row(store: SweepStore, run_id: str, summary: dict, config: dict) -> dict:
     return row
 
 
+def _worker_cpu(samples: list[dict]) -> float | None:
+    """The workers' mean CPU (% of a core) over the run's samples, a worker's processes
+    together (an executor's JVM and Python workers)."""
+    values = [s["cpu_percent"] for s in samples if s["role"] == "worker"]
+    return float(np.mean(values)) if values else None
+
+
 def table(rows: list[dict]) -> str:
     head = ("| model | system | mini-batch | ms per mini-batch | " +
             " | ".join(f"{p} (ms)" for p in PARTS) +
-            " | reading, rows/s per mini-batch | first read, rows/s |")
+            " | reading, rows/s per mini-batch | first read, rows/s | a worker's CPU (%) |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in sorted(rows, key=lambda r: (r["loss"], SYSTEMS.index(r["strategy"]), r["batch"])):
         parts = " | ".join(f"{r['parts'][p]:,.1f}" for p in PARTS)
         lines.append(f"| {TASKS[r['loss']].split(' (')[0]} | `{r['strategy']}` | "
                      f"{r['batch']:,} | {r['step_ms']:,.1f} | {parts} | "
-                     f"{_rate(r['read_rate'])} | {_rate(r['load_rate'])} |")
+                     f"{_rate(r['read_rate'])} | {_rate(r['load_rate'])} | "
+                     f"{_rate(r['cpu'])} |")
     return "\n".join(lines)
 
 
@@ -123,6 +132,7 @@ def figure(rows: list[dict], path: Path) -> None:
             ax.set_xticks(range(len(batches)), [f"{b:,}" for b in batches])
             ax.set_xlabel("mini-batch (rows)")
             ax.legend(fontsize=8)
+        parts_ax.margins(y=0.12)  # room for the bars' letters
         parts_ax.set_ylabel("ms per mini-batch")
         parts_ax.set_title(f"{TASKS[loss]}: a mini-batch's time (M mapreduce, B bsp, A asp)",
                            fontsize=10)

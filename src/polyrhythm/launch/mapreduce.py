@@ -174,11 +174,14 @@ def partition_task(broadcast, step: Step, values: dict, toml: str, shape, classe
         fetched = time.time()
         model = ExecutorModel.of(toml, values, shape, classes)
         for partition in partitions:
-            gradient, loss = model.gradient(partition, weights, step)
+            gradient, loss, gathered = model.gradient(partition, weights, step)
             ended = time.time()
+            # Reading: the partition fetched and deserialised, then the batch's rows
+            # gathered from it (a bsp worker's read span is the gathering alone).
             yield (gradient, loss, [{
-                "index": partition.index, "began": began, "read": read - began,
-                "fetched": fetched - read, "computed": ended - fetched, "ended": ended,
+                "index": partition.index, "began": began, "read": read - began + gathered,
+                "fetched": fetched - read, "computed": ended - fetched - gathered,
+                "ended": ended,
                 "cpu_s": time.process_time() - cpu, "rows": len(partition.y),
                 "rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}])
 

@@ -13,6 +13,7 @@ its partition is the whole partition: full-batch gradient descent (MLlib's GD).
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -103,12 +104,13 @@ class ExecutorModel:
         return cls._built[config_toml]
 
     def gradient(self, partition: Partition, weights: np.ndarray,
-                 step: Step) -> tuple[np.ndarray, float]:
+                 step: Step) -> tuple[np.ndarray, float, float]:
         """(the partition's share of the step's gradient, weighted by its share of the global
-        batch; its loss, weighted alike)."""
+        batch; its loss, weighted alike; the seconds its rows took to gather, as a bsp
+        worker's read span counts its batch's)."""
         data, rows = partition.dataset(), step.shares[partition.index]
         if rows == 0:
-            return np.zeros(len(self.flat), np.float32), 0.0
+            return np.zeros(len(self.flat), np.float32), 0.0, 0.0
         self.flat.data.copy_(torch.from_numpy(weights))
         seed = self.config.seed
         if rows >= len(data):
@@ -117,12 +119,14 @@ class ExecutorModel:
             order = epoch_order(np.arange(len(data)), step.epoch, seed, partition.index)
             idx = batch_slice(order, rows, step.step)
         augment = data.augment and batch_generator(seed, partition.index, step.taken)
+        began = time.perf_counter()
         x, y = data.batch(torch.from_numpy(idx), augment or None)
+        gathered = time.perf_counter() - began
         self.model.zero_grad(set_to_none=True)
         loss = self.loss(self.model(x), y)
         loss.backward()
         weight = rows / step.rows
-        return (self.flat.grad() * weight).numpy(), loss.item() * weight
+        return (self.flat.grad() * weight).numpy(), loss.item() * weight, gathered
 
 
 class DriverModel:
