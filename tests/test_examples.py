@@ -19,7 +19,7 @@ import torch
 
 from helpers import HANG_GUARD_S
 from polyrhythm import api
-from polyrhythm.errors import DataError
+from polyrhythm.errors import ConfigError, DataError
 from polyrhythm.metrics.records import STORE_NAME, RunRecord
 from polyrhythm.metrics.store import RunStore
 from polyrhythm.strategies import STRATEGIES
@@ -282,7 +282,16 @@ def test_a_script_trains_the_lm_with_its_messages_compressed(tmp_path: Path, str
     assert_lm_trained(summary)
 
 
-@pytest.mark.parametrize("strategy", list(STRATEGIES))
+@pytest.mark.parametrize("settings", [{"strategy": "mapreduce"}, {"launcher": "spark"}])
+def test_a_script_on_spark_is_one_line_before_any_record(tmp_path: Path,
+                                                         settings: dict) -> None:
+    with pytest.raises(ConfigError, match="a script runs on this machine, an emulated "
+                                          "cluster or torchrun, not on Spark"):
+        run(tmp_path, "char_lm", TINY_LM, **settings)
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("strategy", [s for s in STRATEGIES if s != "mapreduce"])
 def test_every_strategy_trains_the_lm(tmp_path: Path, strategy: str) -> None:
     """Each strategy with its defaults (a parameter-server strategy gets its one server):
     2 workers, 21 steps of the tiny language model, and the loss falls: the stored model's

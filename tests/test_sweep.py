@@ -469,3 +469,11 @@ strategy = ["allreduce", "bsp"]
 def test_a_bad_script_in_a_sweep_is_one_line(data, needle):
     with pytest.raises(ConfigError, match=needle):
         parse_sweep(data)
+
+
+def test_a_key_with_a_line_break_is_quoted_in_its_one_line_error(tmp_path):
+    # Found by the fuzzer: a nested key's carriage return split the error in two lines.
+    with pytest.raises(ConfigError) as info:
+        parse_sweep({"base": {"alpha": [{"\r": 2**63}]}, "grid": {"workers": [1]}},
+                    out=str(tmp_path))
+    assert str(info.value) == "base.alpha.'\\r': an integer beyond 64 bits is no run setting"

@@ -83,6 +83,10 @@ def run_script(script: str | Path, args: list[str] | None = None,
     path = Path(script)
     if not path.is_file():
         raise ConfigError(f"no script {str(script)!r}")
+    if on_spark(config):
+        raise ConfigError("a script runs on this machine, an emulated cluster or torchrun, "
+                          "not on Spark (mapreduce and --launcher spark train polyrhythm "
+                          "train's job)")
     if config.cluster.hosts:
         can_emulate()
     if config.compute_from is not None:  # the run to replay, before this one is recorded

@@ -233,7 +233,9 @@ def _check_plain(value, where: str) -> None:
     its fields as JSON): no dates or times, no integers beyond 64 bits."""
     if isinstance(value, dict):
         for k, v in value.items():
-            _check_plain(v, f"{where}.{k}")
+            # A key with a line break or control character is shown quoted: the error
+            # stays one line.
+            _check_plain(v, f"{where}.{k if str(k).isprintable() else repr(k)}")
     elif isinstance(value, list):
         for v in value:
             _check_plain(v, where)
