@@ -126,6 +126,9 @@ CHOICES = {"compute": ["real", "emulated"], "compute_distribution": ["normal", "
            "placement": ["dedicated", "collocated"], "rule": ["at", "empirical", "straggler"],
            "labels": ["fine", "coarse"], "bandwidth": ["100mbit", "1gbit"],
            "sharding": ["random", "mod", "stratified", "distribution-aware"],
+           "launcher": ["local", "spark"], "table_like": ["higgs", "msd"],
+           "master": ["local-cluster[2,1,1024]", "spark://127.0.0.1:9", "local[2]"],
+           "spark_conf": ["spark.ui.enabled=false", "x", "=y"],
            **dict.fromkeys(["compute_time", "compute_jitter", "latency", "latency_jitter"],
                            ["0ms", "120ms", "1.5s"])}
 

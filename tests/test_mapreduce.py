@@ -17,13 +17,15 @@ import torch
 import polyrhythm
 from helpers import (
     HANG_GUARD_S,
+    SPARK_CONF,
     equivalence_config,
     max_diff,
     reference_parameters,
     stored_parameters,
     whole_data,
 )
-from polyrhythm.config.spark import check_placeable, task_slots
+from polyrhythm.cli import main
+from polyrhythm.config.spark import check_placeable, check_spark_settings, task_slots
 from polyrhythm.errors import ConfigError
 from polyrhythm.launch.spark import partitions_fit, processes_of
 from polyrhythm.metrics.records import STORE_NAME
@@ -36,9 +38,9 @@ def test_full_batch_gradient_descent_reaches_the_least_squares_solution(tmp_path
     data = write_table(tmp_path / "table.csv", "mse", rows=400)
     config = equivalence_config(tmp_path, dataset="csv", data_path=str(data), loss="mse",
                                 model="linear", strategy="mapreduce", workers=2,
-                                batch_size=360, epochs=10, steps_per_epoch=1, lr=0.5,
-                                momentum=0.0, weight_decay=0.0, lr_decay_every=0,
-                                warmup_steps=2)
+                                spark_conf=SPARK_CONF, batch_size=360, epochs=10,
+                                steps_per_epoch=1, lr=0.5, momentum=0.0,
+                                weight_decay=0.0, lr_decay_every=0, warmup_steps=2)
     summary = polyrhythm.train(config)
     _, train, _ = whole_data(config)
     assert len(train) == 360  # so that one batch of 360 is the whole training set
@@ -72,7 +74,8 @@ def test_mini_batches_take_the_steps_bsp_takes(tmp_path):
     data = write_table(tmp_path / "table.csv", "bce", rows=400)
     fields = dict(dataset="csv", data_path=str(data), loss="bce", model="linear", workers=2,
                   batch_size=32, epochs=2, steps_per_epoch=10, lr=0.2)
-    mapreduce = polyrhythm.train(equivalence_config(tmp_path, strategy="mapreduce", **fields))
+    mapreduce = polyrhythm.train(equivalence_config(tmp_path, strategy="mapreduce",
+                                                    spark_conf=SPARK_CONF, **fields))
     bsp_config = equivalence_config(tmp_path, strategy="bsp", **fields)
     bsp = polyrhythm.train(bsp_config)
     assert max_diff(stored_parameters(mapreduce), stored_parameters(bsp)) <= 1e-5
@@ -89,7 +92,8 @@ def test_an_interrupted_run_leaves_no_process_and_is_stored_as_interrupted(tmp_p
     run = subprocess.Popen([sys.executable, "-m", "polyrhythm.cli", "train", "--strategy",
                             "mapreduce", "--dataset", "csv", "--data-path", str(data), "--loss",
                             "mse", "--model", "linear", "--workers", "2", "--epochs", "500",
-                            "--out", str(out)], stderr=subprocess.PIPE, text=True)
+                            "--out", str(out), "--spark-conf", *SPARK_CONF],
+                           stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + HANG_GUARD_S
     while not any(p.name() == "java" for d in out.glob("2*") for p in processes_of(d.name)):
         assert run.poll() is None and time.monotonic() < deadline, "no JVM started"
@@ -127,7 +131,7 @@ def test_partition_gradients_sum_to_the_global_batch_gradient(tmp_path):
     assert np.abs(total - expected.numpy()).max() <= 1e-5
 
 
-def test_what_spark_cannot_run_is_one_line_before_any_record(tmp_path):
+def test_what_spark_cannot_run_is_one_line_before_any_record(tmp_path, capsys):
     data = write_table(tmp_path / "table.csv", "mse", rows=100)
     base = ["--dataset", "csv", "--data-path", str(data), "--loss", "mse", "--model", "linear",
             "--strategy", "mapreduce", "--out", str(tmp_path / "runs")]
@@ -139,10 +143,10 @@ def test_what_spark_cannot_run_is_one_line_before_any_record(tmp_path):
                                                                    "mapreduce needs 3",
     }
     for flags, said in cases.items():
-        done = subprocess.run([sys.executable, "-m", "polyrhythm.cli", "train", *base, *flags],
-                              capture_output=True, text=True, timeout=120)
-        assert done.returncode == 2, done.stderr
-        assert said in done.stderr and done.stderr.count("\n") == 1, done.stderr
+        code = main(["train", *base, *flags])
+        err = capsys.readouterr().err
+        assert code == 2, err
+        assert said in err and err.count("\n") == 1, err
     assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").glob("2*"))
 
 
@@ -164,3 +168,9 @@ def test_placement_and_memory_checks_without_spark(tmp_path):
     with pytest.raises(ConfigError, match=r"caches 601 MB .* beyond its 434 MB"):
         partitions_fit(config, 10_500_000, 28)
     partitions_fit(config, 1_000_000, 90)  # YearPredictionMSD's width, a million rows: fits
+    # Spark's settings where nothing runs on Spark, or mapreduce's where ranks are tasks.
+    for fields, said in (({"master": "local[2]"}, "--master is a Spark setting"),
+                         ({"spark_conf": ["a=b"]}, "--spark-conf is a Spark setting"),
+                         ({"launcher": "spark", "partitions": 3}, "--partitions is mapreduce's")):
+        with pytest.raises(ConfigError, match=said):
+            check_spark_settings(equivalence_config(tmp_path, **fields))

@@ -18,6 +18,7 @@ import pytest
 import polyrhythm
 from helpers import (
     HANG_GUARD_S,
+    SPARK_CONF,
     equivalence_config,
     finished,
     give_up,
@@ -59,7 +60,7 @@ def test_a_bsp_run_on_spark_takes_the_local_launchers_steps(tmp_path, monkeypatc
     monkeypatch.chdir(tmp_path)
     config = equivalence_config(tmp_path, strategy="bsp", workers=2, servers=1, out="runs")
     before = java_processes()
-    spark = polyrhythm.train(config, launcher="spark")
+    spark = polyrhythm.train(config, launcher="spark", spark_conf=SPARK_CONF)
     local = polyrhythm.train(config)
     assert max_diff(stored_parameters(spark), stored_parameters(local)) <= 1e-4
     assert spark.keys() == local.keys()
@@ -106,7 +107,8 @@ def test_a_killed_rank_fails_the_run_naming_it_and_leaves_nothing(tmp_path):
     before = java_processes()
     launcher = subprocess.Popen(
         [sys.executable, "-m", "polyrhythm.cli", "train", "--launcher", "spark", "--strategy",
-         "bsp", "--workers", "2", "--dataset", "digits", "--epochs", "1000", "--out", str(out)],
+         "bsp", "--workers", "2", "--dataset", "digits", "--epochs", "1000", "--out", str(out),
+         "--spark-conf", *SPARK_CONF],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     rank = rank_of_run(out, 2, launcher)
     run_id = rank.environ()[RUN_VARIABLE]

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from polyrhythm.config import RunConfig, layered, load_config
-from polyrhythm.config.spark import on_spark
+from polyrhythm.config.spark import check_spark_settings, on_spark
 from polyrhythm.data.datasets import open_source
 from polyrhythm.data.splitters import splitter
 from polyrhythm.errors import ConfigError
@@ -51,6 +51,7 @@ def train(config: RunConfig | dict | str | Path | None = None, *, show_progress:
     a process of the job fails (the run is then stored as failed).
     """
     config = resolve_config(config, **overrides)
+    check_spark_settings(config)
     # Fail on what is missing, unsafe or mismatched (data, targets the loss cannot take, a
     # model that cannot take its samples or whose output does not fit the loss, a user's
     # splitter that cannot be imported, a run to replay, root for a cluster) before a run
@@ -83,6 +84,7 @@ def run_script(script: str | Path, args: list[str] | None = None,
     path = Path(script)
     if not path.is_file():
         raise ConfigError(f"no script {str(script)!r}")
+    check_spark_settings(config)
     if on_spark(config):
         raise ConfigError("a script runs on this machine, an emulated cluster or torchrun, "
                           "not on Spark (mapreduce and --launcher spark train polyrhythm "

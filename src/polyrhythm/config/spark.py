@@ -28,6 +28,11 @@ SPARK = (
           rule=at_least(MIN_EXECUTOR_MEMORY_MB)),
     Param("partitions", int, "mapreduce: partitions of the cached training set",
           derived="one per worker (executor)", rule=at_least(1)),
+    Param("spark_conf", list, "Spark: settings of its own for the run, KEY=VALUE each (e.g. "
+          "spark.executor.extraJavaOptions=-XX:TieredStopAtLevel=1); they override "
+          "polyrhythm's", [], item=str, metavar="KEY=VALUE",
+          rule=Rule(lambda v, run: all("=" in x and x.split("=", 1)[0].strip() for x in v),
+                    lambda run: "be KEY=VALUE settings")),
 )
 
 _LOCAL_CLUSTER = re.compile(r"local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*\]$")
@@ -117,3 +122,14 @@ def unread_by_mapreduce(config) -> None:
             raise ConfigError(f"mapreduce takes no --{key.replace('_', '-')}: its Spark "
                               "tasks compute for real, uncompressed, each on its own "
                               "partition")
+
+
+def check_spark_settings(config) -> None:
+    """Spark's settings on a run that does not run on Spark (or partitions on one whose
+    ranks are tasks), as one line rather than silently ignored."""
+    given = [name for name in ("master", "partitions", "spark_conf") if getattr(config, name)]
+    if not on_spark(config) and given:
+        raise ConfigError(f"--{given[0].replace('_', '-')} is a Spark setting: add "
+                          "--launcher spark (or --strategy mapreduce)")
+    if on_spark(config) and not runs_mapreduce(config) and config.partitions:
+        raise ConfigError("--partitions is mapreduce's: --launcher spark runs a task per rank")

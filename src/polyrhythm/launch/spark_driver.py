@@ -53,6 +53,8 @@ def spark_context(config, app: str, logs: Path) -> Iterator:
     master = master_of(config)
     conf = SparkConf().setMaster(master).setAppName(app).setAll(list(CONF.items()))
     conf.set("spark.executor.memory", f"{executor_memory_of(master, config.executor_memory)}m")
+    conf.setAll([tuple(part.strip() for part in item.split("=", 1))
+                 for item in config.spark_conf])
     context = SparkContext(conf=conf)
     context.setLogLevel("ERROR")
     executors = Path(pyspark.__file__).parent / "work" / context.applicationId
