@@ -154,6 +154,8 @@ def test_only_a_killed_worker_or_one_cut_off_from_its_peers_is_lost():
     assert is_a_loss(1, report(Kind.LOST)) and is_a_loss(1, report(Kind.SILENT))
     assert not any(is_a_loss(1, report(k)) for k in (Kind.BUG, Kind.USER, Kind.DIVERGED))
     assert not is_a_loss(1, None)
+    # It lost a peer, then aborted on its way out: the peer explains it.
+    assert is_a_loss(-signal.SIGABRT, report(Kind.LOST))
 
 
 def test_the_cause_is_the_rank_that_explains_the_others():
@@ -170,6 +172,8 @@ def test_the_cause_is_the_rank_that_explains_the_others():
     assert cause([1, 2], {1: 1, 2: 1}, of({1: lost, 2: silent})) == 2
     assert cause([2, 1], {1: 1, 2: 1}, of({1: bug, 2: Kind.USER})) == 1
     assert cause([1, 2], {}, of({1: lost, 2: bug})) == 2  # exit codes unknown (torchrun)
+    # Rank 0 reported its lost peer, then aborted at exit: the killed rank 2 still explains it.
+    assert cause([0, 2], {0: -signal.SIGABRT, 2: -signal.SIGKILL}, of({0: lost})) == 2
 
 
 def test_how_a_rank_ended_in_words():

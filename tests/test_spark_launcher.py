@@ -182,8 +182,13 @@ def test_the_rank_that_explains_a_failure_names_it(tmp_path):
     # Rank 2 killed: its peers' broken connections are its doing.
     codes = {0: 1, 1: 1, 2: -signal.SIGKILL}
     assert explained(codes, lost) and not explained({0: 1, 1: 1}, lost)
-    failure = str(ranks_failure(codes, lost, topology, record))
-    assert failure == "rank 2 (worker 1) was killed by SIGKILL"
+    failure_of_2 = "rank 2 (worker 1) was killed by SIGKILL"
+    assert str(ranks_failure(codes, lost, topology, record)) == failure_of_2
+    # Rank 0 reported its lost peer, then aborted on its way out: that explains nothing, and
+    # the killed rank is still the one named once its code comes.
+    assert not explained({0: -signal.SIGABRT}, lost)
+    aborted = {0: -signal.SIGABRT, 2: -signal.SIGKILL}
+    assert str(ranks_failure(aborted, lost, topology, record)) == failure_of_2
     # A rank's own error explains the others' lost peers, wherever it ran.
     own = {**lost, 2: RankFailure(2, Kind.BUG, "ValueError: bad")}
     assert "rank 2 (worker 1) raised ValueError: bad; traceback in" in str(

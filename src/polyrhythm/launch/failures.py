@@ -134,10 +134,11 @@ def clear_reports(run_dir: Path) -> None:
 def is_a_loss(code: int, failure: RankFailure | None) -> bool:
     """Whether a worker that ended so (exit code, report) is lost, one a run may go on
     without: killed from outside, or failed as a peer's connection broke or it fell silent;
-    never one that crashed, raised an error of its own or diverged."""
-    if code < 0:
-        return -code not in CRASHES
-    return lost_a_peer(failure)
+    never one that crashed, raised an error of its own or diverged. One that lost a peer and
+    then died (Gloo's threads can abort its exit) is lost: the peer explains it."""
+    if lost_a_peer(failure):
+        return True
+    return code < 0 and -code not in CRASHES
 
 
 def lost_a_peer(failure: RankFailure | None) -> bool:
@@ -221,14 +222,15 @@ def cause(failed: list[int], codes: dict[int, int], failures: dict[int, RankFail
     """The rank whose failure explains the others': one that diverged, then one killed or
     crashed (its peers then fail on the broken connection), one that raised an error of its
     own, one that ended without saying why, one that timed out, and last one that only lost a
-    peer; the lowest rank first among equals. `codes`: exit codes where known."""
+    peer (even if it then died); the lowest rank first among equals. `codes`: exit codes
+    where known."""
     order = {Kind.DIVERGED: 0, Kind.BUG: 2, Kind.USER: 2, Kind.SILENT: 4, Kind.LOST: 5}
 
     def rank_key(r: int) -> tuple[int, int]:
         failure = failures.get(r)
         if failure is not None and failure.kind == Kind.DIVERGED:
             return 0, r
-        if codes.get(r, 0) < 0:
+        if codes.get(r, 0) < 0 and not lost_a_peer(failure):  # died after losing a peer: LOST
             return 1, r
         return (3 if failure is None else order[failure.kind]), r
 

@@ -155,9 +155,9 @@ def awaited_cause(job: BarrierJob, ended, world: int, record: RunRecord) -> dict
 
 
 def explained(codes: dict[int, int], reports: dict) -> bool:
-    """Whether a rank explains a failure by itself: killed or crashed (a negative code), or
-    failed on anything but a lost or silent peer."""
-    return (any(code < 0 for code in codes.values())
+    """Whether a rank explains a failure by itself: killed or crashed (a negative code) without
+    having lost a peer first, or failed on anything but a lost or silent peer."""
+    return (any(code < 0 and not lost_a_peer(reports.get(r)) for r, code in codes.items())
             or any(not lost_a_peer(f) for f in reports.values()))
 
 
