@@ -74,7 +74,10 @@ def test_mini_batches_take_the_steps_bsp_takes(tmp_path):
     data = write_table(tmp_path / "table.csv", "bce", rows=400)
     fields = dict(dataset="csv", data_path=str(data), loss="bce", model="linear", workers=2,
                   batch_size=32, epochs=2, steps_per_epoch=10, lr=0.2)
+    # On local[2] (tasks in the driver's JVM; the other tests run local-cluster's executor
+    # JVMs): the arithmetic is the same, at 9 s less CPU.
     mapreduce = polyrhythm.train(equivalence_config(tmp_path, strategy="mapreduce",
+                                                    master="local[2]",
                                                     spark_conf=SPARK_CONF, **fields))
     bsp_config = equivalence_config(tmp_path, strategy="bsp", **fields)
     bsp = polyrhythm.train(bsp_config)
