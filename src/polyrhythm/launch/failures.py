@@ -141,6 +141,13 @@ def is_a_loss(code: int, failure: RankFailure | None) -> bool:
     return code < 0 and -code not in CRASHES
 
 
+def died_by_itself(code: int | None, failure: RankFailure | None) -> bool:
+    """Whether a rank's death explains itself: killed or crashed (a negative exit code), but
+    not after it had reported a lost peer (Gloo's threads can abort such a rank's exit): that
+    peer explains it."""
+    return code is not None and code < 0 and not lost_a_peer(failure)
+
+
 def lost_a_peer(failure: RankFailure | None) -> bool:
     """Whether a rank failed only because a peer's connection broke or fell silent: that
     peer explains it."""
@@ -230,7 +237,7 @@ def cause(failed: list[int], codes: dict[int, int], failures: dict[int, RankFail
         failure = failures.get(r)
         if failure is not None and failure.kind == Kind.DIVERGED:
             return 0, r
-        if codes.get(r, 0) < 0 and not lost_a_peer(failure):  # died after losing a peer: LOST
+        if died_by_itself(codes.get(r), failure):
             return 1, r
         return (3 if failure is None else order[failure.kind]), r
 

@@ -16,7 +16,6 @@ process outlives the run.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import gc
 import os
 import queue
@@ -45,6 +44,7 @@ from polyrhythm.launch.failures import (
     rank_failed,
     recorded_failure,
 )
+from polyrhythm.launch.prctl import set_process_name, signal_on_parent_death
 from polyrhythm.launch.progress import ProgressBoard
 from polyrhythm.metrics.records import RunRecord, read_summary
 from polyrhythm.runtime.checkpoint import Resume, tidy
@@ -52,9 +52,6 @@ from polyrhythm.runtime.checkpoint import Resume, tidy
 RENDEZVOUS_TIMEOUT = timedelta(seconds=120)
 RENDEZVOUS_FILE = "rendezvous"
 GRACE_S = 3.0
-_PR_SET_NAME, PR_SET_PDEATHSIG = 15, 1
-
-
 def process_name(rank: int) -> str:
     """The name each rank's process shows in ps/top (/proc/PID/comm)."""
     return f"polyrhythm-r{rank}"
@@ -301,13 +298,9 @@ def bind_to_launcher(rank: int, alive) -> None:
     The launcher holds the other end of `alive` and never writes into it: end-of-file means
     it is gone, even killed by SIGKILL, and a thread then ends this rank whatever it is doing
     (a rank also holds the forkserver's own liveness pipe open, so the forkserver cannot be
-    relied on to exit first). PR_SET_PDEATHSIG ends it if the forkserver is killed."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        libc.prctl(_PR_SET_NAME, process_name(rank).encode())
-    except (OSError, AttributeError):
-        pass  # not Linux: the watch below and the supervisor's teardown still apply
+    relied on to exit first). The parent-death signal ends it if the forkserver is killed."""
+    signal_on_parent_death(signal.SIGKILL)
+    set_process_name(process_name(rank))
     threading.Thread(target=_leave_with_launcher, args=(alive,), daemon=True,
                      name="launcher-watch").start()
     signal.signal(signal.SIGINT, signal.default_int_handler)

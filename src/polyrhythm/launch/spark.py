@@ -15,7 +15,6 @@ pyspark, a master that does not answer, a run its master cannot place (spark_che
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import math
 import os
@@ -38,7 +37,8 @@ from polyrhythm.config.spark import (
 )
 from polyrhythm.errors import ConfigError, RunFailed
 from polyrhythm.launch.failures import completed_summary, recorded_failure
-from polyrhythm.launch.local import PR_SET_PDEATHSIG, raise_interrupt, signal_handlers
+from polyrhythm.launch.local import raise_interrupt, signal_handlers
+from polyrhythm.launch.prctl import signal_on_parent_death
 from polyrhythm.metrics.records import RunRecord, read_summary
 
 RUN_VARIABLE = "POLYRHYTHM_SPARK_RUN"  # every process of a run's Spark carries it
@@ -167,8 +167,7 @@ def start_driver(config, record: RunRecord) -> subprocess.Popen:
 def _stop_with_launcher() -> None:
     """In the driver, before it runs: SIGTERM when the launcher dies, even by SIGKILL (the
     driver then stops its Spark context and its executors with it)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    signal_on_parent_death(signal.SIGTERM)
 
 
 def driver_failure(record: RunRecord, code: int) -> RunFailed:

@@ -30,6 +30,7 @@ from polyrhythm.errors import RunFailed
 from polyrhythm.launch.failures import (
     cause,
     clear_reports,
+    died_by_itself,
     lost_a_peer,
     rank_failed,
     read_reports,
@@ -157,7 +158,7 @@ def awaited_cause(job: BarrierJob, ended, world: int, record: RunRecord) -> dict
 def explained(codes: dict[int, int], reports: dict) -> bool:
     """Whether a rank explains a failure by itself: killed or crashed (a negative code) without
     having lost a peer first, or failed on anything but a lost or silent peer."""
-    return (any(code < 0 and not lost_a_peer(reports.get(r)) for r, code in codes.items())
+    return (any(died_by_itself(code, reports.get(r)) for r, code in codes.items())
             or any(not lost_a_peer(f) for f in reports.values()))
 
 

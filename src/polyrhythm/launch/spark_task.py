@@ -15,7 +15,6 @@ process imports torch), so that it stays small and starts at once.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import ipaddress
 import os
 import signal
@@ -29,7 +28,8 @@ from typing import Any
 
 from pyspark.accumulators import AccumulatorParam
 
-PR_SET_PDEATHSIG = 1  # prctl(2); as bind_to_launcher in launch/local.py sets it
+from polyrhythm.launch.prctl import signal_on_parent_death
+
 # What a rank on loopback gets unless the user set it (launch/forkserver.py's reasons): Gloo
 # listening on loopback only, OpenMP's idle threads spinning briefly.
 LOOPBACK_ENVIRONMENT = {"GLOO_SOCKET_IFNAME": "lo"}
@@ -108,8 +108,7 @@ class RankTask:
 def die_with(parent: int) -> None:
     """In the child, before exec: SIGKILL when the process that started it ends, even by
     SIGKILL; at once if it already has (it may end between the fork and this call)."""
-    with contextlib.suppress(OSError, AttributeError):  # not Linux: the wait's finally only
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    signal_on_parent_death(signal.SIGKILL)  # not Linux: the wait's finally only
     if os.getppid() != parent:
         os.kill(os.getpid(), signal.SIGKILL)
 
