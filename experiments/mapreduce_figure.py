@@ -131,8 +131,12 @@ def figure(rows: list[dict], path: Path) -> None:
         for ax in (parts_ax, read_ax):
             ax.set_xticks(range(len(batches)), [f"{b:,}" for b in batches])
             ax.set_xlabel("mini-batch (rows)")
-            ax.legend(fontsize=8)
-        parts_ax.margins(y=0.12)  # room for the bars' letters
+            # Beside the plot: inside, it covers the tall mapreduce bars.
+            ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        # Room above the tallest stack for its letter (autoscale's margin stops at the
+        # stacked bars' sticky edges).
+        tallest = max(sum(r["parts"].values()) for r in mine)
+        parts_ax.set_ylim(0, tallest * 1.1)
         parts_ax.set_ylabel("ms per mini-batch")
         parts_ax.set_title(f"{TASKS[loss]}: a mini-batch's time (M mapreduce, B bsp, A asp)",
                            fontsize=10)
