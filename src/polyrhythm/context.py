@@ -66,6 +66,9 @@ class RankContext:
     # In a user's script: its own optimizer, as the optim.Updater the workers step where
     # they step one themselves (runtime/script.py); None: the run's [optimizer].
     user_optimizer: Any = None
+    # The words of a script's optimizer's settings in each push's header, between the
+    # header's fields and the values (optim.OptimizerSpec.push_words; 0: none ride).
+    push_hyper_words: int = 0
 
     @property
     def worker_index(self) -> int:

@@ -135,12 +135,13 @@ class TorchUpdater:
 
     `groups`: (a, b, overrides) spans covering the slice in order, with the hyperparameters
     that differ from `hyper` (a user's group without weight decay on biases); slice_groups
-    cuts a whole model's groups for one slice. A group with its own lr keeps its ratio to
-    `hyper`'s: each step, it steps at the lr given times that ratio (a scheduler scales every
-    group alike; the worker checks it does: runtime/script.py)."""
+    cuts a whole model's groups for one slice. `owners`: each span's param group in the
+    user's optimizer, whose settings `follow` sets from a push (Hyperparameters' layout
+    `riding`); a span without them steps at the lr `step` is given."""
 
     def __init__(self, weights: torch.Tensor, cls: type,
-                 groups: list[tuple[int, int, dict]] | None = None, **hyper) -> None:
+                 groups: list[tuple[int, int, dict]] | None = None,
+                 owners: list[int] | None = None, riding: Riding = (), **hyper) -> None:
         if ELEMENTWISE.get(cls.__name__) is not cls:
             raise ConfigError(f"optimizer {cls.__name__} is not elementwise, so it cannot "
                               f"step slices of the model; use one of "
@@ -160,19 +161,32 @@ class TorchUpdater:
                              **hyper)
         self.optimizer.polyrhythm_internal = True  # not a user's: stepping it is ours
         self.hyper = hyper
-        base = hyper.get("lr", self.optimizer.defaults["lr"])
-        self.ratios = [over["lr"] / base if "lr" in over and base else 1.0
-                       for _, _, over in groups]
+        self.owners, self.riding = owners or [0] * len(groups), riding
+        self.followed = False  # the groups' settings are a push's (follow): step keeps them
 
     @property
     def state_keys(self) -> StateKeys:
         return kept_state(type(self.optimizer), self.hyper)
 
+    def follow(self, values: list[float], scale: float = 1.0) -> None:
+        """Every group's settings as a push carried them (Hyperparameters.values: each user
+        group's riding settings in turn), its lr times `scale`; the next step keeps them."""
+        width = sum(w for _, w in self.riding)
+        for group, owner in zip(self.optimizer.param_groups, self.owners, strict=True):
+            at = owner * width
+            for key, w in self.riding:
+                group[key] = values[at] if w == 1 else tuple(values[at:at + w])
+                at += w
+            group["lr"] *= scale
+        self.followed = True
+
     @torch.no_grad()
-    def step(self, grad: torch.Tensor, lr: float) -> None:
-        for group, p, (a, b), ratio in zip(self.optimizer.param_groups, self.params,
-                                           self.ranges, self.ratios, strict=True):
-            group["lr"] = lr * ratio
+    def step(self, grad: torch.Tensor, lr: float | None) -> None:
+        """One step by `grad`, every group at `lr` (None: at the settings `follow` set)."""
+        for group, p, (a, b) in zip(self.optimizer.param_groups, self.params, self.ranges,
+                                    strict=True):
+            if lr is not None:
+                group["lr"] = lr
             p.grad = grad[a:b]
         self.optimizer.step()
         for p in self.params:
@@ -192,19 +206,37 @@ class TorchUpdater:
         return self.state_dict()  # flat already
 
 
+# The settings of a param group that ride on each push (runtime/optimizers.py
+# Hyperparameters): (key, how many numbers), in order.
+Riding = tuple[tuple[str, int], ...]
+
+
 class OptimizerSpec(NamedTuple):
     """A user's torch.optim optimizer as servers rebuild it on their slices of the flat
-    model: its class's name (an ELEMENTWISE one), its defaults and its param groups as
-    (a, b, overrides) spans of the whole flat model (runtime/script.py makes it)."""
+    model: its class's name (an ELEMENTWISE one), its defaults, its param groups as
+    (a, b, overrides) spans of the whole flat model with each span's group (`owners`), and
+    the settings every push carries for each group (`riding`; runtime/optimizers.py)."""
 
     name: str
     hyper: dict
     groups: list[tuple[int, int, dict]]
+    owners: list[int] = []
+    riding: Riding = ()
+    group_count: int = 1
+
+    @property
+    def push_words(self) -> int:
+        """The float32 words the settings take in each push (a float64 each)."""
+        return 2 * self.group_count * sum(w for _, w in self.riding)
 
     def updater(self, weights: torch.Tensor, start: int, stop: int) -> TorchUpdater:
         """The optimizer on `weights`, elements [start, stop) of the flat model."""
+        owners = self.owners or [0] * len(self.groups)
+        mine = [(span, o) for span, o in zip(self.groups, owners, strict=True)
+                if span[0] < stop and start < span[1]]
         return TorchUpdater(weights, ELEMENTWISE[self.name],
-                            slice_groups(self.groups, start, stop), **self.hyper)
+                            slice_groups([span for span, _ in mine], start, stop),
+                            [o for _, o in mine], self.riding, **self.hyper)
 
     def state_keys(self) -> StateKeys:
         """The keys of its flat state (a handover's, for the servers it describes)."""

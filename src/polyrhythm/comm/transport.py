@@ -262,8 +262,8 @@ class Transport:
     def broadcast_object(self, obj: Any, src: int) -> Any:
         """Rank `src`'s `obj` on every rank (set-up, before the clocks start: not counted)."""
         box = [obj]
-        with on_the_wire():
-            dist.broadcast_object_list(box, src=src)
+        with on_the_wire():  # among the survivors, where workers were lost (exclude)
+            dist.broadcast_object_list(box, src=src, group=self._group(WORLD))
         return box[0]
 
     def barrier(self) -> None:

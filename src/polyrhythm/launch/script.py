@@ -20,6 +20,7 @@ script's `job.epochs(n)` begins (runtime/script.py).
 from __future__ import annotations
 
 import atexit
+import math
 import os
 import sys
 import time
@@ -190,6 +191,7 @@ def _serve(ctx: RankContext) -> dict:
     if described["epochs"]:
         config = ctx.config = lasting(config, described["epochs"])
     optimizer = described["optimizer"]
+    ctx.push_hyper_words = optimizer.push_words if optimizer is not None else 0
     shard = server_shard(ctx, initial, steps, described["shapes"],
                          make_updater=lambda weights, a, b, concurrency:
                          optimizer.updater(weights, a, b),
@@ -202,20 +204,35 @@ def _serve(ctx: RankContext) -> dict:
 
 
 def _finish_worker(job: Job, record: RunRecord | None) -> None:
-    """`job.finish()`, once this worker has left its servers or peers: hand in the report,
-    and leave the job."""
+    """`job.finish()`, once this worker has left its servers or peers: agree on the final
+    model's buffers, hand in the report, take the final model, and leave the job."""
     lost = agree_on_lost(job.ctx, set())
-    _finish(job.ctx, job.report(lost), record)
+    job.agree_on_statistics()
+    _finish(job.ctx, job.report(lost), record, job)
 
 
-def _finish(ctx: RankContext, report: dict, record: RunRecord | None) -> None:
-    """Gather every rank's report to rank 0, which records the run; leave together."""
+def _finish(ctx: RankContext, report: dict, record: RunRecord | None,
+            job: Job | None = None) -> None:
+    """Gather every rank's report to rank 0, which makes the final model's parameters and
+    sends them to every rank: each worker (`job`) takes them, and the first worker left
+    runs the script's evaluation of it. Rank 0 records the run; all leave together."""
     reports = ctx.transport.gather_object(report, dst=0)
+    final = None
+    if reports is not None:
+        first = next(r for r in reports if "model" in r)
+        final = (_final_parameters(reports), first["rank"])
+    flat, first_rank = ctx.transport.broadcast_object(final, src=0)
+    figures = None
+    if job is not None:
+        job.take_final(flat, first_rank)
+        if ctx.rank == first_rank:
+            figures = job.final_figures()
+    figures = ctx.transport.broadcast_object(figures, src=first_rank)
     result = None
     if reports is not None and record is not None:
         failed = _failed_on_its_own(ctx, reports, record)
         if failed is None:
-            result = _result(ctx, reports)
+            result = _result(ctx, reports, flat, figures)
         else:
             recorded_failure(record, failed, ctx.config, script=True)
     leave_together(ctx, result, record)
@@ -224,6 +241,13 @@ def _finish(ctx: RankContext, report: dict, record: RunRecord | None) -> None:
     # exception", SIGABRT) while Gloo's threads wind down: a completed run would read as a
     # crash. Handlers registered before this one are skipped: stdio is flushed here.
     atexit.register(_leave, 0, ctx)
+
+
+def _final_parameters(reports: list[dict]) -> torch.Tensor:
+    """The run's final flat parameters: the servers' shards, or where no server holds the
+    model the first worker's (the workers' consensus, where they average)."""
+    return torch.cat([values for _, _, values in sorted(r["shard"] for r in reports
+                                                        if "shard" in r)])
 
 
 def _failed_on_its_own(ctx: RankContext, reports: list[dict],
@@ -253,29 +277,48 @@ def _leave(code: int, ctx: RankContext | None = None) -> None:
     os._exit(code)
 
 
-def _result(ctx: RankContext, reports: list[dict]):
-    """The run's result: the final model (worker 0's state, its trained parameters from
-    the servers' shards or its own flat model), its last logged validation."""
+def _result(ctx: RankContext, reports: list[dict], flat: torch.Tensor,
+            figures: dict[str, float] | None):
+    """The run's result: the final model (the first worker's state, its buffers the
+    workers' mean, its trained parameters `flat`, ties kept: tied entries are one tensor),
+    and the script's evaluation of that model as its final figures (`figures`; None: not
+    evaluated, and the final figures unknown)."""
     first = next(r for r in reports if "model" in r)
     state = first["model"]
-    flat = torch.cat([values for _, _, values in sorted(r["shard"] for r in reports
-                                                        if "shard" in r)])
-    offset = 0
-    for name in first["trained"]:
-        n = state[name].numel()
-        state[name] = flat[offset:offset + n].view_as(state[name]).clone()
-        offset += n
+    shapes = first["shapes"]
+    bounds = [0]
+    for shape in shapes:
+        bounds.append(bounds[-1] + math.prod(shape))
+    pieces: dict[int, torch.Tensor] = {}
+    for name, i in first["aliases"].items():
+        if name in state:
+            if i not in pieces:
+                pieces[i] = flat[bounds[i]:bounds[i + 1]].view(shapes[i]).clone()
+            state[name] = pieces[i]
+    figures = figures or {}
+    final = {k: figures[k] for k in ("val_loss", "val_accuracy") if k in figures}
+    logged_accuracy = "val_accuracy" in figures or any("val_accuracy" in e
+                                                         for e in first["epochs"])
+    result = combine(ctx.config, reports, state, final, len(flat), ctx.now(), logged_accuracy)
+    summary = result.summary
+    summary["script"] = os.path.abspath(sys.argv[0])
+    summary["epochs"] = len(first["epochs"])  # the script's, whatever the config says
+    # final_val_* are the script's evaluation of model.pt, or unknown; what worker 0 logged
+    # last (of its own model, which may not be the final one) is kept apart, named so.
+    summary["final_evaluated"] = bool(figures)
+    if figures:
+        summary["final_figures"] = figures
     last = first["epochs"][-1] if first["epochs"] else {}
-    final = {k: last[k] for k in ("val_loss", "val_accuracy") if k in last}
-    logged_accuracy = any("val_accuracy" in e for e in first["epochs"])
-    result = combine(ctx.config, reports, state, final, offset, ctx.now(), logged_accuracy)
-    result.summary["script"] = os.path.abspath(sys.argv[0])
-    result.summary["epochs"] = len(first["epochs"])  # the script's, whatever the config says
+    logged = {k: last[k] for k in ("val_loss", "val_accuracy") if k in last}
+    if logged:
+        summary["last_logged"] = {**logged, "worker": first["worker"]}
     # The global batch is the workers' loaders', not the config's (the simulator's
-    # calibration sizes a run's steps by it).
-    result.summary["batch_size"] = sum(r["batch_size"] for r in reports if "batch_size" in r)
+    # calibration sizes a run's steps by it), and each worker's.
+    batches = [r["batch_size"] for r in sorted(reports, key=lambda r: r["rank"])
+               if "batch_size" in r]
+    summary["batch_size"], summary["worker_batch_size"] = sum(batches), batches
     # From the clock's start (the workers' first step) until now, in the machine's time: the
     # window an emulated cluster's fidelity guard judges, as for polyrhythm train's job.
     now = time.time()
-    result.summary["training_window"] = [now - ctx.now(), now]
+    summary["training_window"] = [now - ctx.now(), now]
     return result

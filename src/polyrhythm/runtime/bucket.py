@@ -53,6 +53,7 @@ class Bucket:
         self.version = 0  # weight updates applied so far
         self.progress = 0.0  # global batches' worth of gradient applied (drives lr decay)
         self.lr = RUN_SCHEDULE  # the rate the last push carried (a script's scheduler)
+        self.hyper: list[float] | None = None  # the settings it carried (a script's optimizer)
         # Compressed replies: each worker's [version, over, progress, encoded change].
         self.replies = None
         if codecs is not None and codecs.replies is not None:
@@ -78,14 +79,16 @@ class Bucket:
         return box
 
     def accumulate(self, grad: torch.Tensor, weight: float, scale: float = 1.0,
-                   lr: float = RUN_SCHEDULE, *, applied_next: bool = False) -> None:
+                   lr: float = RUN_SCHEDULE, hyper: list[float] | None = None, *,
+                   applied_next: bool = False) -> None:
         """Add a gradient with its batch weight; `scale` shrinks its step, not its weight;
         `lr`, the rate its worker's optimizer steps at now (RUN_SCHEDULE: the run's
-        schedule's). `applied_next`: `apply` comes before `grad` is written again, so a push
+        schedule's); `hyper`, every setting of its optimizer's groups now (a script's: the
+        update steps at its last push's). `applied_next`: `apply` comes before `grad` is written again, so a push
         alone in its update with weight and scale 1 (a single worker's) is taken as the update
         itself: the pending sum would hold exactly its values, after three passes over them on
         the step's critical path (add, copy, zero)."""
-        self.lr = lr
+        self.lr, self.hyper = lr, hyper
         if applied_next and weight == 1 and scale == 1 and not self.pending_weight \
                 and not self.policy.elastic:
             self.alone = grad[:self.stop - self.start]
@@ -125,14 +128,19 @@ class Bucket:
         (Adam: the gradient's scale cancels out) gets the mean gradient, and its learning
         rate is scaled by the share of a global batch the update is (an asynchronous push's
         batch share, a staleness-aware scale), as a linear one's step is by the gradient."""
+        scale = 1.0
         if not self.optimizer.linear and self.pending_weight > 0:
             share = self.pending_share
             if self.policy.averages:
                 share /= self.pending_weight
             if share > 0 and share != 1:
                 update.div_(share)
-                lr *= share
-        self.optimizer.step(update, lr)
+                scale = share
+        if self.hyper is not None:  # a script's optimizer, at the settings its push carried
+            self.optimizer.follow(self.hyper, scale)
+            self.optimizer.step(update, None)
+        else:
+            self.optimizer.step(update, lr * scale)
 
     def take_over(self, weights: torch.Tensor, optimizer: dict | None, steps: int) -> None:
         """Start from another layout's state (a Strategy-Switch's synchronous phase, or a

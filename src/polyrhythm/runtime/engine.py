@@ -7,6 +7,7 @@ the checkpoint due; the state a checkpoint keeps; the report rank 0 gathers.
 from __future__ import annotations
 
 import gc
+import hashlib
 import math
 import time
 
@@ -18,7 +19,6 @@ from polyrhythm.errors import ConfigError, Diverged
 from polyrhythm.flat import FlatParameters
 from polyrhythm.metrics.recorder import SPAN_NAMES
 from polyrhythm.runtime import checkpoint
-from polyrhythm.runtime.optimizers import rates
 from polyrhythm.strategies.base import EpochEnd
 
 PROGRESS_INTERVAL_S = 0.25
@@ -56,7 +56,12 @@ class WorkerEngine:
         self.epoch = 0
         self.kept: dict[str, object] = {}  # more state the checkpoints keep (Job.keep)
         self.logged: dict[str, float] = {}  # the figures logged for the epoch now
-        self.rates: list[float] = []  # the optimizer's group rates when wrapped
+        # A script's optimizer's settings as its pushes carry them to servers (None: no
+        # servers step it).
+        self.hyper = None
+        # Seconds of this step's exchange made before its step (a script's clip of the mean
+        # gradient): not compute.
+        self.exchanged_early = 0.0
         self._taken, self._started, self._begun = 0, False, None
         self.resumed = False  # its state is a checkpoint's (ctx.resume), loaded
         # Resumed: the job's clock at the checkpoint's end of epoch, where it goes on from,
@@ -128,8 +133,10 @@ class WorkerEngine:
                            f"training loss {loss}")
         self.start()
         began = self._begun if self._begun is not None else self._last
-        if self.optimizer is not None:  # before begin_step, which reads it
-            self.strategy.rate = self._rate()
+        if self.optimizer is not None:  # before begin_step, which reads them
+            self.strategy.rate = float(self.optimizer.param_groups[0]["lr"])
+            if self.hyper is not None:
+                self.strategy.hyper = self.hyper.values()
         if self._begun is None:  # a script: its gradients are final only now
             self.strategy.begin_step(self.epoch)
             self.strategy.gradients_ready()
@@ -143,7 +150,8 @@ class WorkerEngine:
         # A push encoded while backward ran is the compress span's, not compute's.
         # So is reading the step's batch (the built-in job's), read's.
         compute = (time.perf_counter() - began - ctx.spans.current.get("compress", 0.0)
-                   - ctx.spans.current.get("read", 0.0))
+                   - ctx.spans.current.get("read", 0.0) - self.exchanged_early)
+        self.exchanged_early = 0.0
         ctx.spans.totals["compute"] += compute
         self.strategy.step(self.epoch)
         ended = self._last = time.perf_counter()
@@ -155,19 +163,6 @@ class WorkerEngine:
                                     *(spans.get(name, 0.0) for name in SPAN_NAMES),
                                     ended - began))
         self._progress(loss, ended)
-
-    def _rate(self) -> float:
-        """Group 0's rate now; one line if a group's rate left its ratio to it (servers
-        step every group at the rate a push carries times its ratio)."""
-        now = rates(self.optimizer)
-        if self.ctx.topology.servers and len(now) > 1 and now[0]:
-            first, then = self.rates[0], self.rates
-            if any(abs(r / now[0] - t / first) > 1e-9 * (t / first) for r, t in
-                   zip(now[1:], then[1:], strict=True)):
-                raise ConfigError("the param groups' learning rates changed out of proportion "
-                                  "(each group's must stay the same multiple of group 0's: "
-                                  "servers step every group at one scheduled rate)")
-        return now[0]
 
     def _step_loss(self) -> float | None:
         """The sum of the losses backward ran on since the last step (a script that
@@ -239,6 +234,7 @@ class WorkerEngine:
             if not torch.isfinite(self.flat.data).all():
                 raise Diverged(f"diverged at epoch {self.epoch + 1}, step {self._steps}: "
                                "non-finite parameters")
+            self._check_agreement()
             logged = dict(self.logged)
             validate = self.validation.now if self.validation else lambda: logged
             record |= self.strategy.end_epoch(EpochEnd(self.epoch + 1, self._waited,
@@ -249,6 +245,36 @@ class WorkerEngine:
         self.epochs_done.append(record)
         self._checkpoint(len(self.epochs_done))
         self._reset_epoch()
+
+    def _check_agreement(self) -> None:
+        """Where the workers must hold the same parameters (the all-reduce family), check
+        that they do: a digest of their bits and their optimizer's settings, compared
+        exactly (one line naming the likely cause if they differ)."""
+        if self.workers < 2 or not self.strategy.workers_agree:
+            return
+        digest = hashlib.blake2b(self.flat.data.numpy().tobytes(), digest_size=6).digest()
+        settings = agreed_settings(self.optimizer)
+        rows = self.ctx.transport.rows_of_members(torch.tensor(
+            [float(int.from_bytes(digest, "little")), *(v for _, v in settings)],
+            dtype=torch.float64))
+        other = next((w for w in range(1, len(rows)) if not torch.equal(rows[w], rows[0])),
+                     None)
+        if other is None:
+            return
+        name = self.ctx.config.strategy.name
+        where = (f"workers 0 and {other} hold different parameters after epoch "
+                 f"{self.epoch + 1}, though under {name} every worker steps the same "
+                 "gradient")
+        differs = [(key, float(rows[0, i + 1]), float(rows[other, i + 1]))
+                   for i, (key, _) in enumerate(settings) if rows[0, i + 1] != rows[other, i + 1]]
+        if differs:
+            key, mine, theirs = differs[0]
+            raise ConfigError(f"{where}: their optimizers' {key} differ ({mine:g} on worker 0, "
+                              f"{theirs:g} on worker {other}): a scheduler stepped on each "
+                              "worker's own figure (ReduceLROnPlateau on its own validation "
+                              "loss?); step it on job.mean(value), which every worker shares")
+        raise ConfigError(f"{where}: something changed one worker's model or optimizer on its "
+                          "own (a step or an edit outside opt.step()?)")
 
     # -- state -------------------------------------------------------------------------
 
@@ -344,12 +370,27 @@ class WorkerEngine:
         if me != first:
             return report
         if self.scripted:
-            trained = {id(p) for p in self.flat.params}
+            # Its state, and which trained parameter (by flat order) each of its entries
+            # is: tied ones (an output layer sharing the embedding) name the same.
+            index = {id(p): i for i, p in enumerate(self.flat.params)}
             report["model"] = {k: v.clone() for k, v in self.model.state_dict().items()}
-            report["trained"] = [name for name, p in self.model.named_parameters()
-                                 if id(p) in trained]
+            report["aliases"] = {name: index[id(p)] for name, p in
+                                 self.model.named_parameters(remove_duplicate=False)
+                                 if id(p) in index}
         if not ctx.topology.servers:  # no server holds the model
             report["shard"] = (0, len(self.flat), final)
         if statistics is not None:
             report["statistics"] = statistics
         return report
+
+
+def agreed_settings(optimizer: torch.optim.Optimizer | None) -> list[tuple[str, float]]:
+    """A script's optimizer's numeric settings per param group (`group 1 lr`, ...): what
+    workers that must agree must agree on too (none for the run's own optimizer)."""
+    if optimizer is None:
+        return []
+    return [(f"param group {g}'s {k}" if len(optimizer.param_groups) > 1 else k, float(x))
+            for g, group in enumerate(optimizer.param_groups)
+            for k, v in sorted(group.items()) if k != "params"
+            for x in (v if isinstance(v, tuple | list) else [v])
+            if isinstance(x, int | float) and not isinstance(x, bool)]

@@ -84,11 +84,6 @@ def trained_parameters(optimizer: torch.optim.Optimizer, flat: FlatParameters) -
     return [group_of[id(p)] for p in flat.params]
 
 
-def rates(optimizer: torch.optim.Optimizer) -> list[float]:
-    """Each param group's learning rate now."""
-    return [float(group["lr"]) for group in optimizer.param_groups]
-
-
 def constructor_hyper(optimizer: torch.optim.Optimizer) -> dict:
     """Group 0's hyperparameters that its class's constructor takes (a group may hold
     more: AdamW's decoupled_weight_decay)."""
@@ -114,10 +109,66 @@ def optimizer_spec(optimizer: torch.optim.Optimizer, flat: FlatParameters,
     hyper = constructor_hyper(optimizer)
     owner = trained_parameters(optimizer, flat)
     spans: list[tuple[int, int, dict]] = []
+    owners: list[int] = []
     for g, (a, b) in zip(owner, flat.ranges, strict=True):
         over = {k: v for k, v in groups[g].items() if k not in hyper or hyper[k] != v}
-        if spans and spans[-1][2] == over and spans[-1][1] == a:
+        if spans and owners[-1] == g and spans[-1][1] == a:
             spans[-1] = (spans[-1][0], b, over)
         else:
             spans.append((a, b, over))
-    return OptimizerSpec(cls.__name__, hyper, spans)
+            owners.append(g)
+    return OptimizerSpec(cls.__name__, hyper, spans, owners,
+                         Hyperparameters(optimizer).riding, len(groups))
+
+
+class Hyperparameters:
+    """A user's optimizer's param-group settings as each push carries them to the servers:
+    every number of every group (lr, momentum, betas, weight decay, eps, ...), read at each
+    step, so whatever a scheduler changes (OneCycleLR's momentum too) changes the servers'
+    steps from that push on, each update at its push's settings. A setting that is not a
+    number (nesterov, amsgrad, foreach, ...) cannot ride: it must stay as it was at
+    job.wrap, and so must the groups (one line otherwise, never a silent drop)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer = optimizer
+        groups = optimizer.param_groups
+        common = set.intersection(*(set(g) for g in groups)) - _NOT_HYPER
+        self.riding = tuple((k, _width(groups[0][k])) for k in sorted(common)
+                            if all(_width(g[k]) == _width(groups[0][k]) > 0 for g in groups))
+        self.fixed = [self._fixed(g) for g in groups]
+
+    def _fixed(self, group: dict) -> dict:
+        ride = {k for k, _ in self.riding}
+        return {k: v for k, v in group.items() if k not in ride and k not in _NOT_HYPER}
+
+    def values(self) -> list[float]:
+        """Every group's riding settings now, in order (one line if the groups or a setting
+        that cannot ride changed since job.wrap)."""
+        groups = self.optimizer.param_groups
+        if len(groups) != len(self.fixed):
+            raise ConfigError(f"the optimizer has {len(groups)} param groups, {len(self.fixed)}"
+                              " when it was wrapped: the servers step the groups it had "
+                              "then; add every group before job.wrap")
+        values: list[float] = []
+        for g, (group, fixed) in enumerate(zip(groups, self.fixed, strict=True)):
+            for key, width in self.riding:
+                value = group[key]
+                values.extend(map(float, value) if width > 1 else (float(value),))
+            if len(fixed) and self._fixed(group) != fixed:
+                key = next(k for k in fixed if group.get(k) != fixed[k])
+                raise ConfigError(f"param group {g}'s {key} changed from {fixed[key]!r} to "
+                                  f"{group.get(key)!r} after job.wrap: the servers follow "
+                                  "each group's numbers as they change, not this setting")
+        return values
+
+
+def _width(value) -> int:
+    """How many numbers a setting is (0: not numbers, so it cannot ride on a push)."""
+    def number(v) -> bool:
+        return (isinstance(v, int | float) and not isinstance(v, bool)) or (
+            isinstance(v, torch.Tensor) and v.numel() == 1 and v.is_floating_point())
+    if number(value):
+        return 1
+    if isinstance(value, tuple | list) and value and all(number(v) for v in value):
+        return len(value)
+    return 0

@@ -20,9 +20,10 @@ zeros of its output's shapes (runtime/compute.py): the rest of the loop runs as 
 
 from __future__ import annotations
 
+import time
 import types
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 from torch import nn
@@ -31,13 +32,15 @@ from polyrhythm.config import RunConfig
 from polyrhythm.config.emulation import compute_times
 from polyrhythm.context import RankContext
 from polyrhythm.errors import ConfigError
-from polyrhythm.flat import FlatParameters
+from polyrhythm.comm.transport import WORKERS
+from polyrhythm.flat import FlatParameters, RunningStatistics
 from polyrhythm.runtime.compute import EmulatedForward
 from polyrhythm.runtime.engine import OWN_STATE, WorkerEngine
-from polyrhythm.runtime.optimizers import UserOptimizer, optimizer_spec, rates
+from polyrhythm.runtime.optimizers import Hyperparameters, UserOptimizer, optimizer_spec
 from polyrhythm.runtime.script_data import ShardSampler, shard_loader
 from polyrhythm.runtime.script_hooks import _ACTIVE, EpochOfBatches, wrapped_step
 from polyrhythm.strategies import STRATEGIES
+from polyrhythm.strategies.spec import EVERY_WORKERS, SOME_WORKERS
 
 
 def lasting(config: RunConfig, epochs: int) -> RunConfig:
@@ -60,6 +63,10 @@ class Job(WorkerEngine):
         self._finish = finish
         self.servers_spec = None  # the optimizer the servers rebuild (runtime/optimizers.py)
         self.ended_pass = False  # a loader pass ended the epoch, which ends at the next
+        self.finished = False  # job.finish() was called: the model is the run's final one
+        self.final_rank: int | None = None  # the rank that saves it (the first worker left)
+        self._evaluate = None  # the script's evaluation of the final model (job.finish)
+        self._share = 1.0  # this worker's share of each global batch
         self._samplers: weakref.WeakSet[ShardSampler] = weakref.WeakSet()
 
     # -- the script's calls ------------------------------------------------------------
@@ -88,13 +95,14 @@ class Job(WorkerEngine):
         ctx, config = self.ctx, self.ctx.config
         spec = STRATEGIES[config.strategy.name]
         if optimizer is not None:
-            self.rates = rates(optimizer)
             if ctx.topology.servers:  # before anything else can fail on one worker only
                 self.servers_spec = optimizer_spec(optimizer, self.flat, config.strategy.name)
+                self.hyper = Hyperparameters(optimizer)
+                ctx.push_hyper_words = self.servers_spec.push_words
             ctx.user_optimizer = UserOptimizer(optimizer, self.flat)
             optimizer._polyrhythm_job = self
             optimizer.step = types.MethodType(wrapped_step, optimizer)
-        share = 1.0 / self.workers if batch_share is None else batch_share
+        share = self._share = 1.0 / self.workers if batch_share is None else batch_share
         self.strategy = spec.build_worker(ctx, self.flat, share, config.strategy)
         self._emulate_compute(model)
         _ACTIVE[:] = [self]
@@ -138,6 +146,42 @@ class Job(WorkerEngine):
             value = float(value.item() if isinstance(value, torch.Tensor) else value)
             self.logged[name] = value
 
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Clip the gradient this step's update applies, as torch.nn.utils.clip_grad_norm_
+        clips one process's, and return its norm; call it between backward and opt.step().
+        Where every update applies the mean of every worker's gradient (allreduce, ring,
+        tree, reduce-broadcast, bsp, a Strategy-Switch's synchronous phase), that mean is
+        made now and clipped, as DDP's averaged gradient is after its backward (the step then
+        sends it as it is); where each update is one worker's (asp, ssp, downpour, the
+        averaging strategies' local steps), this worker's own. One line where an update
+        takes a quorum's (kbsp, kasp, backup, softsync): its gradient exists only on the
+        servers. torch's own clip_grad_norm_ clips this worker's alone, whatever the
+        strategy."""
+        params = self.flat.params if self.flat is not None else list(self.model.parameters())
+        if self.ctx is not None:
+            name = self.ctx.config.strategy.name
+            if self.strategy.updates_from == SOME_WORKERS:
+                raise ConfigError(f"job.clip_grad_norm_: under {name} an update applies the "
+                                  "gradients of a quorum of workers that only the servers "
+                                  "know; clip each worker's own with "
+                                  "torch.nn.utils.clip_grad_norm_ instead")
+            if self.strategy.updates_from == EVERY_WORKERS:
+                self.start()
+                began = time.perf_counter()
+                self.strategy.reduce_gradients()
+                self.exchanged_early += time.perf_counter() - began
+        return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type)
+
+    def mean(self, value: float) -> float:
+        """The mean of `value` over the workers, the same on every worker (every worker calls
+        it together): a figure a scheduler steps on (ReduceLROnPlateau's), so that workers
+        whose models must agree (allreduce) step alike rather than each on its own."""
+        value = float(value.item() if isinstance(value, torch.Tensor) else value)
+        if self.ctx is None:
+            return value
+        rows = self.ctx.transport.rows_of_members(torch.tensor([value], dtype=torch.float64))
+        return float(rows.mean())
+
     def keep(self, name: str, obj) -> None:
         """Keep `obj`'s state (its state_dict and load_state_dict: a scheduler, a data
         position, ...) in this worker's checkpoints under `name`; a resumed run loads it at
@@ -151,15 +195,71 @@ class Job(WorkerEngine):
                               "state is loaded with the rest")
         self.kept[name] = obj
 
-    def finish(self) -> None:
-        """The script is done: this worker leaves its servers or peers; in a script the run
-        is recorded (rank 0) and this process leaves the job."""
+    def finish(self, evaluate: Callable[[nn.Module], dict | float] | None = None) -> None:
+        """The script is done: this worker leaves its servers or peers and, once the job
+        has agreed on it, holds the run's final model (the parameters as the strategy ended
+        them: the servers' where they hold the model, the workers' consensus where they
+        average; every tie kept; buffers such as BatchNorm's statistics the workers'
+        batch-weighted mean). In a script the run is recorded (rank 0), with `model.pt` that
+        model, and this process leaves the job. `evaluate(model)`: the script's evaluation
+        (a dict of figures, val_loss and val_accuracy among them, or a val_loss), run once,
+        by the first worker, on the final model: the run's final figures (without it they
+        are unknown, NaN: what a worker logged last was of its own model)."""
+        if self.finished:
+            raise ConfigError("job.finish() was called twice: call it once, after training")
         self.close_pass()
+        self._evaluate = evaluate
         if self.ctx is not None and self.strategy is not None:
             self.start()
             self.strategy.finish()  # decentralised strategies may agree on a final model
         if self._finish is not None:
             self._finish(self)
+        elif self.ctx is None and evaluate is not None and self.model is not None:
+            self.final_figures()  # a plain run: its one worker's model is the final one
+        self.finished = True
+
+    def save(self, path) -> None:
+        """Write the run's final model's state_dict to `path` (torch.save), once for the
+        whole job: by the first worker left (alone, by this process). After job.finish(),
+        which makes the model the final one."""
+        if not self.finished:
+            raise ConfigError("job.save(path) writes the run's final model: call it after "
+                              "job.finish() (before, each worker holds a model of its own)")
+        if self.ctx is None or self.ctx.rank == self.final_rank:
+            torch.save(self.model.state_dict(), path)
+
+    def take_final(self, flat: torch.Tensor, first_rank: int) -> None:
+        """The run's final parameters (every worker's, once the job agreed on them), and
+        the rank that saves and evaluates them (launch/script.py)."""
+        self.flat.data.copy_(flat)
+        self.final_rank = first_rank
+
+    def final_figures(self) -> dict[str, float] | None:
+        """The script's evaluation of the final model (job.finish(evaluate=...)), as floats;
+        None without one."""
+        if self._evaluate is None:
+            return None
+        figures = self._evaluate(self.model)
+        if isinstance(figures, int | float | torch.Tensor):
+            figures = {"val_loss": figures}
+        if not isinstance(figures, dict):
+            raise ConfigError(f"job.finish(evaluate=...) returned {type(figures).__name__}: "
+                              "return a dict of figures (val_loss=..., val_accuracy=...) or "
+                              "a val_loss")
+        return {str(k): float(v.item() if isinstance(v, torch.Tensor) else v)
+                for k, v in figures.items()}
+
+    def agree_on_statistics(self) -> None:
+        """Every worker's buffers (BatchNorm's running statistics) become the workers'
+        batch-weighted mean: one all-reduce among the workers left, whose shares it adds up
+        too (a lost worker's no longer count)."""
+        statistics = RunningStatistics(self.model)
+        if not statistics:
+            return
+        share = torch.tensor([self._share], dtype=torch.float64)
+        values = torch.cat([statistics.get() * self._share, share])
+        self.ctx.transport.all_reduce(values, WORKERS)
+        statistics.set(values[:-1] / values[-1])
 
     def begin_epoch(self, epoch: int) -> None:
         super().begin_epoch(epoch)

@@ -117,7 +117,9 @@ class ParameterServerShard:
         topology = self.ctx.topology
         if self.handover:
             self.receive_handover()
-        pushes = self.ctx.transport.receiver(topology.worker_ranks, PUSH_HEADER + self.capacity)
+        # A script's optimizer's settings ride between the header and the values.
+        head = PUSH_HEADER + self.ctx.push_hyper_words
+        pushes = self.ctx.transport.receiver(topology.worker_ranks, head + self.capacity)
         unfinished = dict.fromkeys(topology.worker_ranks, len(self.buckets))
         while unfinished:
             try:
@@ -133,11 +135,13 @@ class ParameterServerShard:
             kind, bucket = int(kind), self.buckets[int(key)]
             served = serve(bucket, self.course, kind, worker, int(clock), int(pulled), weight)
             if served.decision.accumulate:  # before the release: the values are in `inbox`
-                values = inbox[PUSH_HEADER:]
+                values = inbox[head:]
+                hyper = (inbox[PUSH_HEADER:head].view(torch.float64).tolist()
+                         if head > PUSH_HEADER else None)
                 if bucket.codecs is not None:
                     with self.ctx.spans("compress"):
                         values = bucket.codecs.gradient(values)
-                bucket.accumulate(values, weight, served.decision.scale, lr,
+                bucket.accumulate(values, weight, served.decision.scale, lr, hyper,
                                   applied_next=served.update)
                 self.staleness.record(served.staleness)
                 if self.record:

@@ -8,9 +8,12 @@ schedules over point-to-point messages (comm/collectives.py): ring, tree, reduce
 
 from __future__ import annotations
 
+import torch
+
 from polyrhythm.comm.compressed import CompressedAllReduce
 from polyrhythm.comm.transport import NATIVE, WORKERS
 from polyrhythm.compression.buckets import compressing
+from polyrhythm.flat import FlatParameters
 from polyrhythm.optim import lr_at
 from polyrhythm.strategies.base import Strategy
 
@@ -36,7 +39,18 @@ class AllReduceWorker(Strategy):
         self.algorithm = algorithm
         self.compressed = gradient_sum(self, algorithm)
 
-    def step(self, epoch: int) -> None:
+    reduced: torch.Tensor | None = None  # this step's mean gradient, if summed before it
+
+    @property
+    def workers_agree(self) -> bool:
+        return True
+
+    def reduce_gradients(self) -> None:
+        self.reduced = self._sum()
+        into_model(self.flat, self.reduced)
+
+    def _sum(self) -> torch.Tensor:
+        """The workers' mean gradient (their batch-weighted sum)."""
         with self.ctx.spans("push"):  # weighted: the sum is the global mean
             grad = self.flat.grad().mul_(self.batch_weight)
         if self.compressed is not None:
@@ -45,6 +59,14 @@ class AllReduceWorker(Strategy):
             # A collective sends, waits and receives at once: it all counts as waiting.
             with self.ctx.spans("wait"):
                 self.ctx.transport.all_reduce(grad, WORKERS, self.algorithm)
+        return grad
+
+    def step(self, epoch: int) -> None:
+        # Summed already (reduce_gradients): the model's gradients are views of it, clipped
+        # in place since.
+        grad, self.reduced = self.reduced, None
+        if grad is None:
+            grad = self._sum()
         with self.ctx.spans("apply"):
             self.optimizer.step(grad, lr_at(self.ctx.config.optimizer, epoch))
 
@@ -58,3 +80,10 @@ class AllReduceWorker(Strategy):
         self.optimizer.load_state_dict(state["optimizer"])
         if self.compressed is not None and "compressed" in state:
             self.compressed.load_state_dict(state["compressed"])
+
+
+def into_model(flat: FlatParameters, grad: torch.Tensor) -> None:
+    """Each trained parameter's gradient becomes its part of the flat `grad` (a view: what
+    changes it in place, a clip, changes `grad`)."""
+    for p, (a, b) in zip(flat.params, flat.ranges, strict=True):
+        p.grad = grad[a:b].view_as(p)

@@ -38,6 +38,12 @@ class Strategy(ABC):
     """
 
     rate: float | None = None
+    # A script's optimizer's settings now (runtime/optimizers.py Hyperparameters.values),
+    # which pushes carry to servers; None where none ride.
+    hyper: list[float] | None = None
+    # Whose gradients one update applies (strategies/spec.py EVERY_WORKERS, ...), as the
+    # strategy's declaration says (set by StrategySpec.build_worker).
+    updates_from: str | None = None
 
     def __init__(self, ctx: RankContext, flat: FlatParameters, batch_weight: float,
                  settings: Settings) -> None:
@@ -61,6 +67,20 @@ class Strategy(ABC):
         """Called in a user's script, between begin_step and step, once the step's
         gradients are in the model: where backward's hooks would have sent them, send them
         now (the user may have clipped or accumulated them since)."""
+
+    def reduce_gradients(self) -> None:
+        """Where every update applies every worker's gradient (updates_from): make the
+        gradients in the model this step's mean of all workers', now, so that a script can
+        clip them as one process clips its own (job.clip_grad_norm_); the step then sends
+        them as they are. Every worker calls it at the same step."""
+        raise NotImplementedError(f"{type(self).__name__} has no mean gradient before a step")
+
+    @property
+    def workers_agree(self) -> bool:
+        """Every worker steps the same gradient with a copy of the same optimizer, so all
+        hold the same parameters after each step (the all-reduce family): a difference is a
+        worker's own doing, checked at epoch ends (runtime/engine.py)."""
+        return False
 
     @abstractmethod
     def step(self, epoch: int) -> None:

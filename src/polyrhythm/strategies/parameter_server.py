@@ -16,7 +16,7 @@ from polyrhythm.strategies.consistency import (
     SoftSynchronousPolicy,
     StaleSynchronousPolicy,
 )
-from polyrhythm.strategies.spec import StrategySpec, always
+from polyrhythm.strategies.spec import EVERY_WORKERS, SOME_WORKERS, StrategySpec, always
 
 PS_WORKER = "polyrhythm.strategies.ps:ParameterServerWorker"
 
@@ -30,7 +30,7 @@ def _quorum(default: str, derive) -> Param:
 
 BSP = StrategySpec(
     "bsp", "synchronous parameter server: one update per round of N pushes",
-    source="bulk synchronous parallel", worker=PS_WORKER,
+    source="bulk synchronous parallel", worker=PS_WORKER, updates_from=EVERY_WORKERS,
     policy=lambda s, n: BulkSynchronousPolicy(n))
 
 ASP = StrategySpec(
@@ -54,13 +54,15 @@ KBSP = StrategySpec(
     "kbsp", "k-BSP: one update from the first k workers of a round, the late gradients "
     "dropped", source="k-BSP, Dutta et al., AISTATS 2018", worker=PS_WORKER,
     params=(_quorum("N-1", lambda run: max(1, run.workers - 1)),),
-    policy=lambda s, n: QuorumSynchronousPolicy(n, s.quorum), whole_gradient=always)
+    policy=lambda s, n: QuorumSynchronousPolicy(n, s.quorum), whole_gradient=always,
+    updates_from=SOME_WORKERS)
 
 KASP = StrategySpec(
     "kasp", "k-ASP: one update per k gradients, late ones count toward the next",
     source="k-ASP, Dutta et al., AISTATS 2018", worker=PS_WORKER,
     params=(_quorum("N/2", lambda run: max(1, run.workers // 2)),),
-    policy=lambda s, n: QuorumAsynchronousPolicy(n, s.quorum), whole_gradient=always)
+    policy=lambda s, n: QuorumAsynchronousPolicy(n, s.quorum), whole_gradient=always,
+    updates_from=SOME_WORKERS)
 
 BACKUP = StrategySpec(
     "backup", "backup workers: of N workers, the first N-b gradients of a round count",
@@ -69,7 +71,8 @@ BACKUP = StrategySpec(
               rule=Rule(lambda b, run: 1 <= b < run.workers,
                         lambda run: f"be at least 1 and below the worker count {run.workers}")),
     ),
-    policy=lambda s, n: QuorumSynchronousPolicy(n, n - s.backup), whole_gradient=always)
+    policy=lambda s, n: QuorumSynchronousPolicy(n, n - s.backup), whole_gradient=always,
+    updates_from=SOME_WORKERS)
 
 SOFTSYNC = StrategySpec(
     "softsync", "staleness-aware async: each gradient's lr divided by its staleness, with a "
@@ -77,7 +80,8 @@ SOFTSYNC = StrategySpec(
         _quorum("1", lambda run: 1),
         Param("lr_floor", float, "smallest share of the learning rate a stale gradient keeps",
               0.1, rule=within(0, 1, low_open=True))),
-    policy=lambda s, n: SoftSynchronousPolicy(n, s.quorum, s.lr_floor), whole_gradient=always)
+    policy=lambda s, n: SoftSynchronousPolicy(n, s.quorum, s.lr_floor), whole_gradient=always,
+    updates_from=SOME_WORKERS)
 
 DOWNPOUR = StrategySpec(
     "downpour", "Downpour SGD: async PS, push every n_push and fetch every n_fetch steps",

@@ -15,12 +15,14 @@ from functools import partial
 import torch
 
 from polyrhythm.comm.messages import PUSH_HEADER, REPLY_HEADER, RUN_SCHEDULE
+from polyrhythm.comm.transport import WORKERS
 from polyrhythm.compression.buckets import WorkerCodecs, compressing
 from polyrhythm.compression.wire import bucket_words
 from polyrhythm.context import RankContext
 from polyrhythm.flat import FlatParameters
 from polyrhythm.layout import BucketLayout
 from polyrhythm.optim import lr_at
+from polyrhythm.strategies.allreduce import into_model
 from polyrhythm.strategies.base import Strategy
 from polyrhythm.strategies.cadence import PushFetch
 from polyrhythm.strategies.serving import DONE, FETCH, GRADIENT, PUSH
@@ -49,7 +51,9 @@ class ServerLink:
         replies = bucket_words(config.compression, self.buckets, flat.shapes, replies=True)
         capacity = {s: max(w for (t, _, _), w in zip(self.buckets, pushes, strict=True)
                            if t == s) for s, _, _ in self.buckets}  # pushes are padded to it
-        self.outbox = [torch.zeros(PUSH_HEADER + capacity[s]) for s, _, _ in self.buckets]
+        # A script's optimizer's settings ride between the header and the values.
+        self.head = PUSH_HEADER + ctx.push_hyper_words
+        self.outbox = [torch.zeros(self.head + capacity[s]) for s, _, _ in self.buckets]
         self.inbox = [torch.empty(REPLY_HEADER + words) for words in replies]
         # The reply is received where wait_replies would copy it to: nothing to copy.
         self.in_place = replies_are_the_model and len(self.buckets) == 1 and self.codecs is None
@@ -62,6 +66,7 @@ class ServerLink:
         self.receives: list = []
         self.first_sent: float | None = None  # when the first message left (ctx.now())
         self.lr = RUN_SCHEDULE  # the rate pushes carry (a script's scheduler's)
+        self.hyper: torch.Tensor | None = None  # the settings they carry (float64 words)
 
     def expect_replies(self) -> None:
         """Post every bucket's receive before sending, so a reply never waits for it."""
@@ -76,12 +81,15 @@ class ServerLink:
         server, a, b = self.buckets[k]
         box = self.outbox[k]
         box[:PUSH_HEADER] = torch.tensor([kind, clock, self.pulled[k], self.weight, k, self.lr])
+        if self.hyper is not None:
+            box[PUSH_HEADER:self.head] = self.hyper
+        head = self.head
         if kind & GRADIENT and self.codecs is not None:
             encoder = self.codecs.pushes[k]
             with self.ctx.spans("compress"):
-                encoder.encode(values[a:b], box[PUSH_HEADER:PUSH_HEADER + encoder.words])
+                encoder.encode(values[a:b], box[head:head + encoder.words])
         elif kind & GRADIENT and values is not None:  # None: the gradient is in place
-            box[PUSH_HEADER:PUSH_HEADER + b - a] = values[a:b]
+            box[head:head + b - a] = values[a:b]
         self.sends[k] = self.ctx.transport.isend(box, self.ctx.topology.server_ranks[server])
         if self.first_sent is None:
             self.first_sent = self.ctx.now()
@@ -89,7 +97,7 @@ class ServerLink:
     def payload(self, k: int) -> torch.Tensor:
         """Where bucket k's uncompressed gradient goes in its outbox."""
         _, a, b = self.buckets[k]
-        return self.outbox[k][PUSH_HEADER:PUSH_HEADER + b - a]
+        return self.outbox[k][self.head:self.head + b - a]
 
     def send_all(self, kind: int, clock: int, values: torch.Tensor | None = None) -> None:
         for k in range(len(self.buckets)):
@@ -186,6 +194,8 @@ class ParameterServerWorker(Strategy):
 
     def begin_step(self, epoch: int) -> None:
         self.link.lr = RUN_SCHEDULE if self.rate is None else self.rate
+        if self.hyper is not None:  # exact: each a float64 in two words
+            self.link.hyper = torch.tensor(self.hyper, dtype=torch.float64).view(torch.float32)
         self.pushing, self.fetching = self.cadence.step()
         self.missing = list(self.needs) if self.pushing else []
         self.fed = [False] * len(self.fed)
@@ -216,6 +226,14 @@ class ParameterServerWorker(Strategy):
             if p.grad is not None:
                 self._on_grad(i, p)
 
+    def reduce_gradients(self) -> None:
+        """bsp's mean gradient, summed among the workers now: each pushes it (at its batch
+        weight, so the servers' weighted sum is that mean)."""
+        grad = self.flat.grad().mul_(self.batch_weight)
+        with self.ctx.spans("wait"):
+            self.ctx.transport.all_reduce(grad, WORKERS)
+        into_model(self.flat, grad)
+
     def _push(self, k: int) -> None:
         self.link.send(k, PUSH if self.fetching else GRADIENT, self.cadence.pushes,
                        None if self.direct else self.grad)
@@ -241,9 +259,10 @@ class ParameterServerWorker(Strategy):
         if self.fetching:
             link.wait_replies(self.flat.data)
         else:  # Downpour between fetches: step the local replica
+            # At a script's rate (its scheduler's), else the run's schedule's.
+            lr = lr_at(self.ctx.config.optimizer, epoch) if self.rate is None else self.rate
             with self.ctx.spans("apply"):
-                self.flat.data.add_(self.flat.grad(),
-                                    alpha=-lr_at(self.ctx.config.optimizer, epoch))
+                self.flat.data.add_(self.flat.grad(), alpha=-lr)
 
     @property
     def stopped(self) -> bool:

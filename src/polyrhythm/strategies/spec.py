@@ -16,6 +16,10 @@ from polyrhythm.strategies.consistency import ConsistencyPolicy
 PARAMETER_SERVER, COLLECTIVE, DECENTRALISED = "parameter server", "collective", "decentralised"
 SWITCHING = "switching"  # one strategy, then another (Strategy-Switch)
 MAP_REDUCE = "map-reduce"  # Spark jobs driven from one driver (MLlib); no worker side
+# Whose gradients one update applies: the mean of every worker's of the step (all-reduce,
+# bsp), one worker's (asp, ssp, the averaging strategies' local steps), or a quorum's (k-BSP,
+# k-ASP, backup workers, softsync), which no worker knows before the update.
+EVERY_WORKERS, ONE_WORKERS, SOME_WORKERS = "every worker's", "one worker's", "some workers'"
 
 
 def never(settings: Mapping[str, Any]) -> bool:
@@ -35,6 +39,8 @@ class StrategySpec(Component):
       `worker(ctx, flat, batch_weight, settings, **worker_args)`.
     - `policy(settings, workers)`: the policy of each server bucket; None for strategies
       without servers.
+    - `updates_from`: whose gradients one update applies (EVERY_WORKERS, ONE_WORKERS,
+      SOME_WORKERS), what a script's job.clip_grad_norm_ clips (None: the worker's own).
     - `whole_gradient(settings)` (the strategy's settings as given, a mapping): its policy
       decides on a worker's whole gradient (quorums, value bounds), so the model travels as
       one bucket to one server. Policies are per bucket and a worker waits for all its
@@ -47,6 +53,9 @@ class StrategySpec(Component):
     worker_args: Mapping[str, Any] = field(default_factory=dict)
     policy: Callable[..., ConsistencyPolicy] | None = None
     whole_gradient: Callable[[Mapping[str, Any]], bool] = never
+    # Whose gradients an update applies (EVERY_WORKERS, ...): what job.clip_grad_norm_ clips.
+    # None: the worker side says (a Strategy-Switch's, its phase's).
+    updates_from: str | None = ONE_WORKERS
 
     @property
     def uses_servers(self) -> bool:
@@ -54,7 +63,10 @@ class StrategySpec(Component):
 
     def build_worker(self, ctx: Any, flat: Any, batch_weight: float, settings: Any) -> Any:
         """The worker side of this strategy for one worker."""
-        return load_object(self.worker)(ctx, flat, batch_weight, settings, **self.worker_args)
+        worker = load_object(self.worker)(ctx, flat, batch_weight, settings, **self.worker_args)
+        if self.updates_from is not None:
+            worker.updates_from = self.updates_from
+        return worker
 
 
 STRATEGIES: Registry[StrategySpec] = Registry("strategy")

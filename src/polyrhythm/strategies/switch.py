@@ -64,11 +64,23 @@ class SwitchWorker(Strategy):
             self._switch(0)
 
     def begin_step(self, epoch: int) -> None:
-        self.current.rate = self.rate  # a script's scheduler's rate, which pushes carry
+        # A script's scheduler's rate and settings, which pushes carry.
+        self.current.rate, self.current.hyper = self.rate, self.hyper
         self.current.begin_step(epoch)
 
     def gradients_ready(self) -> None:
         self.current.gradients_ready()
+
+    @property
+    def updates_from(self) -> str | None:  # the phase's
+        return self.current.updates_from
+
+    def reduce_gradients(self) -> None:
+        self.current.reduce_gradients()
+
+    @property
+    def workers_agree(self) -> bool:
+        return self.current.workers_agree
 
     def step(self, epoch: int) -> None:
         self.current.step(epoch)

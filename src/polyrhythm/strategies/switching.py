@@ -167,7 +167,7 @@ SWITCH = StrategySpec(
     "switch", "Strategy-Switch: a collective strategy first, then for good a parameter "
     "server's, when the rule says so", source="the Strategy-Switch thesis, ch. 4; after "
     "Sync-Switch, Li et al., ICDCS 2021", family=SWITCHING,
-    worker="polyrhythm.strategies.switch:SwitchWorker", params=(
+    worker="polyrhythm.strategies.switch:SwitchWorker", updates_from=None, params=(
         Param("from", str, "the strategy before the switch (a collective one)", "allreduce",
               section="strategy"),
         Param("to", str, "the strategy after the switch (a parameter-server one)", "asp",
