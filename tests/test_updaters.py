@@ -11,7 +11,7 @@ import torch
 from polyrhythm.errors import ConfigError
 from polyrhythm.flat import FlatParameters
 from polyrhythm.optim import ELEMENTWISE, FlatSGD, TorchUpdater, cut, joined, slice_groups
-from polyrhythm.runtime.optimizers import UserOptimizer, optimizer_spec
+from polyrhythm.runtime.optimizers import Hyperparameters, UserOptimizer, optimizer_spec
 
 HYPER = {  # away from the defaults, so each hyperparameter is exercised
     "SGD": {"momentum": 0.9, "weight_decay": 1e-2},
@@ -235,12 +235,14 @@ def grouped_user_optimizer() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
                                     "weight_decay": 0.0}], lr=0.01, weight_decay=0.1)
 
 
-def steps(updaters, cuts: list[int], grads: list[torch.Tensor]) -> None:
-    """Step at the user's group 0 rate, as a push carries it (a user's optimizer keeps its
-    own rates whatever it is given)."""
+def steps(updaters, cuts: list[int], grads: list[torch.Tensor], settings=None) -> None:
+    """Step each updater by each gradient: the user's own as it is (it keeps its own
+    settings), the servers' at `settings`, every group's as a push carries them."""
     for g in grads:
         for u, (a, b) in zip(updaters, pairwise(cuts), strict=True):
-            u.step(g[a:b].clone(), 0.01)
+            if settings is not None:
+                u.follow(settings)
+            u.step(g[a:b].clone(), None)
 
 
 def test_a_users_optimizers_flat_state_is_what_the_servers_take_over():
@@ -261,7 +263,7 @@ def test_a_users_optimizers_flat_state_is_what_the_servers_take_over():
     servers = [spec.updater(on_servers[a:b], a, b) for a, b in pairwise(CUTS)]
     for u, (a, b) in zip(servers, pairwise(CUTS), strict=True):
         u.load_state_dict(cut(whole, a, b))
-    steps(servers, CUTS, grads[10:])
+    steps(servers, CUTS, grads[10:], Hyperparameters(user).values())
     steps([mine], [0, SIZE], grads[10:])  # the user's own, never interrupted
     assert torch.equal(on_servers, flat.data)
 

@@ -72,11 +72,7 @@ def format_summary(s: dict) -> str:
                      + (f"val acc {accuracy:.4f}  " if accuracy is not None else "")
                      + f"{e['samples_per_s']:.0f} samples/s"
                      + (f"  {e['phase']}" if e.get("phase") else ""))
-    accuracy = s.get("final_val_accuracy")
-    lines.append("  final validation "
-                 + (f"accuracy {accuracy:.4f}, " if accuracy is not None else "")
-                 + f"loss {s['final_val_loss']:.4f}; {s['samples_per_s']:.0f} samples/s; "
-                 f"{s['wall_s']:.1f} s")
+    lines.append(f"  {final_line(s)}; {s['samples_per_s']:.0f} samples/s; {s['wall_s']:.1f} s")
     lines.append(f"  weight updates {s['weight_updates']}; staleness mean "
                  f"{s['staleness_mean']:.2f}, max {s['staleness_max']}")
     for lost in s.get("lost_workers", []):
@@ -89,6 +85,22 @@ def format_summary(s: dict) -> str:
         lines.append("  " + cluster_line(cluster))
     lines.append(f"  stored in {s['run_dir']}")
     return "\n".join(lines)
+
+
+def final_line(s: dict) -> str:
+    """The final model's figures; for a script that did not evaluate it (no
+    job.finish(evaluate=...)), that they are unknown, and what worker 0 logged last of its
+    own model."""
+    if s.get("final_evaluated", True):
+        accuracy = s.get("final_val_accuracy")
+        return ("final validation " + (f"accuracy {accuracy:.4f}, " if accuracy is not None
+                                       else "") + f"loss {s['final_val_loss']:.4f}")
+    line = "final model not evaluated (job.finish(evaluate=...) evaluates it)"
+    if logged := s.get("last_logged"):
+        figures = ", ".join(f"{k.removeprefix('val_').replace('accuracy', 'acc')} {v:.4f}"
+                            for k, v in logged.items() if k != "worker")
+        line += f"; worker {logged['worker']} logged val {figures} last"
+    return line
 
 
 def cluster_line(cluster: dict) -> str:

@@ -220,6 +220,29 @@ def mark_left(run_dir: Path, rank: int) -> None:
         _left_path(run_dir, rank).touch()
 
 
+def mark_joined(run_dir: Path, rank: int, joined: bool = True) -> None:
+    """Leave the mark that rank `rank` joined its job (a script's polyrhythm.init()), or,
+    `joined` False, that it stepped an optimizer without having joined it."""
+    with contextlib.suppress(OSError):
+        (Path(run_dir) / "logs" / f"rank{rank}.{'joined' if joined else 'unjoined'}").touch()
+
+
+def never_joined(run_dir: Path, rank: int, code: int | None,
+                 topology) -> RunFailed | None:
+    """The run's failure if rank `rank`'s script stepped an optimizer without joining its
+    job, or ended well (`code` 0) without having joined it: it never called
+    polyrhythm.init(), so it trained alone; None otherwise."""
+    logs = Path(run_dir) / "logs"
+    if (logs / f"rank{rank}.unjoined").exists() or (
+            code == 0 and not (logs / f"rank{rank}.joined").exists()):
+        return RunFailed(f"rank {rank} ({topology.describe(rank)}) {NEVER_JOINED}")
+    return None
+
+
+NEVER_JOINED = ("ran the script without joining its job: it never called polyrhythm.init(), "
+                "so each process would train alone; call job = polyrhythm.init() first")
+
+
 def have_left(run_dir: Path, ranks: list[int]) -> bool:
     """Whether every rank of `ranks` has left the mark (mark_left)."""
     return all(_left_path(run_dir, r).exists() for r in ranks)

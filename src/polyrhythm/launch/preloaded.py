@@ -92,7 +92,10 @@ def _run_script(script: str, args: list[str], cwd: str, env: dict[str, str],
     sys.argv = [script, *args]
     sys.path[0] = os.path.dirname(script)
     _fresh_state(env)
+    _join_before_stepping()
     code = _main(script)
+    if (joined := sys.modules.get("polyrhythm.launch.script")) is not None:
+        joined.EXIT_STATUS.append(code)  # a job its script forgot to finish: finished if 0
     for thread in threading.enumerate():  # the interpreter waits for non-daemon threads
         if thread is not threading.current_thread() and not thread.daemon:
             thread.join()
@@ -132,6 +135,27 @@ def _fresh_state(env: dict[str, str]) -> None:
     multiprocessing.set_start_method(None, force=True)  # the script may set its own
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()  # as seeded at import, from the OS
+
+
+def _join_before_stepping() -> None:
+    """A script that steps an optimizer without having joined its job (no
+    polyrhythm.init()) stops there, rather than train all of itself in every rank; the
+    launcher says so in one line (failures.py never_joined)."""
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    def check(optimizer, args, kwargs) -> None:
+        joined = sys.modules.get("polyrhythm.launch.script")
+        if joined is None or not joined.joined():
+            from pathlib import Path
+
+            from polyrhythm.launch.failures import mark_joined
+            from polyrhythm.launch.script import ENV_CONFIG
+
+            # The config file lies in the run's folder, where the launcher looks for marks;
+            # it says the one line (no traceback: nothing failed in the script itself).
+            mark_joined(Path(os.environ[ENV_CONFIG]).parent, int(os.environ["RANK"]), False)
+            raise SystemExit(1)
+    register_optimizer_step_pre_hook(check)
 
 
 def _main(script: str) -> int:

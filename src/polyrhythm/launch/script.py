@@ -39,6 +39,7 @@ from polyrhythm.errors import ConfigError, RunFailed
 from polyrhythm.launch.failures import (
     RankFailure,
     lost_a_peer,
+    mark_joined,
     mark_left,
     mark_training,
     rank_ended,
@@ -65,6 +66,14 @@ ENV_RESUME, ENV_RESUME_SERVERS = "POLYRHYTHM_RESUME", "POLYRHYTHM_RESUME_SERVERS
 # this many steps for them (what only fixed-round strategies read: those need a loader).
 UNKNOWN_STEPS = 10**9
 _JOINED: list = []
+# The script's exit status, where its launcher knows it before the exit handlers run (a rank
+# of polyrhythm run: launch/preloaded.py): a job left unfinished is finished only after 0.
+EXIT_STATUS: list[int] = []
+
+
+def joined() -> bool:
+    """Whether this process has joined its job (polyrhythm.init())."""
+    return bool(_JOINED)
 
 
 def init() -> Job:
@@ -82,6 +91,8 @@ def init() -> Job:
                           "workers)")
     # job_record holds the run until this process ends: a resume waits for it (runlock.py).
     record, run_dir = job_record(config, rank, os.environ.get(ENV_RUN_ID), script=sys.argv[0])
+    if run_dir is not None:
+        mark_joined(run_dir, rank)
     rendezvous = os.environ.get(ENV_RENDEZVOUS)
     # Under polyrhythm run (its file store) the launcher, which sees every rank end, records
     # a failure: rank 0 may only have lost a peer that explains it (a server, when a worker
@@ -105,8 +116,21 @@ def init() -> Job:
         torch.set_num_threads(1)  # servers mostly wait
         _finish(ctx, _serve(ctx), record)
         _leave(0, ctx)
-    return Job(ctx, describe_servers=_describe if topology.servers else None,
-               finish=lambda job: _finish_worker(job, record))
+    job = Job(ctx, describe_servers=_describe if topology.servers else None,
+              finish=lambda job: _finish_worker(job, record))
+    atexit.register(_finish_at_exit, job)
+    return job
+
+
+def _finish_at_exit(job: Job) -> None:
+    """A script that trained and ended without job.finish() (and without an error: that
+    ends the process through its excepthook) is finished as it exits, with a notice."""
+    if job.finished or job.strategy is None or (EXIT_STATUS and EXIT_STATUS[-1] != 0):
+        return
+    print(f"polyrhythm: worker {job.worker}'s script ended without job.finish(): finished "
+          "it as the script exits (call job.finish() after training)", file=sys.stderr)
+    job.finish()
+    _leave(0, job.ctx)  # the exit handlers running now would not run the one finish adds
 
 
 def job_config() -> RunConfig:

@@ -47,6 +47,7 @@ from polyrhythm.launch.failures import (
     going_on_without,
     left_behind,
     lost_a_peer,
+    never_joined,
     rank_failed,
     read_reports,
     recorded_failure,
@@ -244,7 +245,12 @@ def _supervise(procs: list[ScriptRank], topology: Topology, record: RunRecord,
             if code is None:
                 continue
             running.discard(rank)
-            if code == 0 or rank in lost:
+            if rank in lost:
+                continue
+            if (unjoined := never_joined(record.dir, rank, code, topology)) is not None:
+                _stop(procs)
+                raise unjoined
+            if code == 0:
                 continue
             reports = read_reports(record.dir)
             if carry_on and training_began(record.dir) and goes_on_without(
