@@ -14,9 +14,11 @@ made distributed by five polyrhythm lines: `pr.init()`, `job.wrap(model, opt)`, 
     torchrun --standalone --nproc-per-node 2 examples/char_lm.py --ddp --powersgd 4
 
 `--ddp` trains the same model under torch's own DistributedDataParallel (started by torchrun),
-on the very batches polyrhythm's all-reduce takes, to compare the two. With `--clip 0` both end
-with the same parameters; with clipping they differ a little, by design: polyrhythm clips each
-worker's own gradient before the exchange, DDP clips the averaged one after it.
+on the very batches polyrhythm's all-reduce takes, to compare the two: both end with the same
+parameters, clipped or not. Under polyrhythm the clip is `job.clip_grad_norm_`, which clips
+what the step applies (under all-reduce the workers' mean gradient, as DDP's clip after its
+backward does); `torch.nn.utils.clip_grad_norm_` would clip each worker's own before the
+exchange.
 
 `--ddp --powersgd R` registers PyTorch's own PowerSGD communication hook (rank R, error
 feedback and warm start, matrices compressed where the factors take under half of them) to
@@ -67,7 +69,7 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
                         help="clip each step's gradient to this norm (0: no clipping)")
     parser.add_argument("--chars", type=int, default=None,
                         help="use only the first CHARS characters of the text (quick tries)")
-    parser.add_argument("--save", help="worker 0 saves the model's state_dict here at the end")
+    parser.add_argument("--save", help="the run's final model's state_dict goes here")
     parser.add_argument("--ddp", action="store_true",
                         help="train under torch's DistributedDataParallel (torchrun) instead")
     parser.add_argument("--powersgd", type=int, metavar="R",
@@ -254,8 +256,9 @@ def validation_line(loss: float, accuracy: float) -> str:
 
 
 def train(args, model, opt, schedule, batches, epochs, windows, log, talk: bool,
-          clock: StepClock) -> None:
-    """The loop, as a single-process script has it: stops after `args.steps` steps."""
+          clock: StepClock, clip) -> None:
+    """The loop, as a single-process script has it: stops after `args.steps` steps.
+    `clip(max_norm)` clips the gradient the step applies."""
     step = 0
     for _ in epochs:
         clock.new_epoch()
@@ -263,7 +266,7 @@ def train(args, model, opt, schedule, batches, epochs, windows, log, talk: bool,
             loss = next_char_loss(model(x), y)
             loss.backward()
             if args.clip:
-                nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+                clip(args.clip)
             opt.step()
             opt.zero_grad(set_to_none=True)
             schedule.step()
@@ -292,10 +295,13 @@ def main(args: argparse.Namespace) -> None:
             print(validation_line(val_loss, val_accuracy), flush=True)
 
     clock = StepClock(args.measure_after or 0, args.batch * job.workers)
-    train(args, model, opt, schedule, batches, epochs, validation, log, job.worker == 0, clock)
-    if args.save and job.worker == 0:
-        torch.save(model.state_dict(), args.save)
-    job.finish()
+    train(args, model, opt, schedule, batches, epochs, validation, log, job.worker == 0, clock,
+          job.clip_grad_norm_)
+    # The run's final model, evaluated once: the record's final figures are this model's.
+    job.finish(evaluate=lambda final: dict(zip(("val_loss", "val_accuracy"),
+                                               evaluate(final, validation), strict=True)))
+    if args.save:
+        job.save(args.save)
 
 
 def ddp(args: argparse.Namespace) -> None:
@@ -328,7 +334,8 @@ def ddp(args: argparse.Namespace) -> None:
         # all-reduces, issued from callbacks, reaching Gloo in different orders on the ranks.
         wrapped = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=ONE_BUCKET_MB)
         powersgd_hook(wrapped, args.powersgd)
-    train(args, wrapped, opt, schedule, batches, epochs, validation, log, rank == 0, clock)
+    train(args, wrapped, opt, schedule, batches, epochs, validation, log, rank == 0, clock,
+          lambda max_norm: nn.utils.clip_grad_norm_(model.parameters(), max_norm))
     if args.save and rank == 0:
         torch.save(model.state_dict(), args.save)
     dist.barrier()

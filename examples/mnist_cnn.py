@@ -30,7 +30,7 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=32, help="digits per worker and step")
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--momentum", type=float, default=0.9)
-    parser.add_argument("--save", help="worker 0 saves the model's state_dict here at the end")
+    parser.add_argument("--save", help="the run's final model's state_dict goes here (job.save)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seeds the model and which digits are held out")
     args = parser.parse_args(argv)
@@ -88,9 +88,10 @@ def main(args: argparse.Namespace) -> None:
         if job.worker == 0:
             print(f"epoch {epoch + 1}: val_loss {figures['val_loss']:.4f} "
                   f"val_accuracy {figures['val_accuracy']:.4f}", flush=True)
-    if args.save and job.worker == 0:
-        torch.save(model.state_dict(), args.save)
-    job.finish()
+    # The run's final model, evaluated once: the record's final figures are this model's.
+    job.finish(evaluate=lambda final: validate(final, validation))
+    if args.save:
+        job.save(args.save)  # written once, whatever the strategy
 
 
 if __name__ == "__main__":

@@ -51,7 +51,7 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, help="learning rate (default 0.1 sgd, 0.01 adam)")
     parser.add_argument("--batch", type=int, default=64, help="rows per worker and step")
     parser.add_argument("--epochs", type=int, default=5)
-    parser.add_argument("--save", help="worker 0 saves the model's state_dict here at the end")
+    parser.add_argument("--save", help="the run's final model's state_dict goes here (job.save)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seeds the model, the held-out rows and --make-shaped's data")
     parser.add_argument("--make-shaped", metavar="FILE",
@@ -176,9 +176,9 @@ def main(args: argparse.Namespace) -> None:
         if job.worker == 0:
             print(f"epoch {epoch + 1} " + " ".join(f"{k} {v:.4f}" for k, v in figures.items()),
                   flush=True)
-    if args.save and job.worker == 0:
-        torch.save(model.state_dict(), args.save)
-    job.finish()
+    job.finish(evaluate=lambda final: validate(args.model, final, validation, target_scale))
+    if args.save:
+        job.save(args.save)  # the run's final model, written once
 
 
 if __name__ == "__main__":

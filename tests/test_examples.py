@@ -6,6 +6,7 @@ every strategy trains the language-model example and its loss falls."""
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import re
 import subprocess
@@ -66,7 +67,8 @@ def assert_learned(summary: dict) -> None:
     assert row["status"] == "completed"
     train = recorded(summary, "train_loss")
     assert train[-1] < 0.9 * train[0], train
-    assert summary["final_val_loss"] == recorded(summary, "val_loss")[-1]
+    # The final figures are the script's evaluation of the stored model (job.finish's).
+    assert summary["final_evaluated"] and math.isfinite(summary["final_val_loss"])
 
 
 def lm_validation_loss(state: dict[str, torch.Tensor] | None) -> float:
@@ -107,8 +109,10 @@ def test_char_lm_under_ssp_with_a_server_learns_and_saves_its_model(tmp_path: Pa
                   servers=1)
     assert_learned(summary)
     assert_lm_trained(summary)
-    accuracies = recorded(summary, "val_accuracy")  # what worker 0 logged with its loss
-    assert summary["final_val_accuracy"] == accuracies[-1] and 0 < accuracies[-1] < 1
+    # The final figures are the example's own evaluation of the stored model.
+    stored_state = torch.load(RunRecord(tmp_path / "runs", summary["run_id"]).model_path)
+    assert summary["final_val_loss"] == pytest.approx(lm_validation_loss(stored_state), rel=1e-6)
+    assert 0 < summary["final_val_accuracy"] < 1
     assert summary["epochs"] == 3 and summary["servers"] == 1
     assert summary["weight_updates"] == 2 * 21  # every push its own update
     model, stored = torch.load(saved), torch.load(RunRecord(tmp_path / "runs",
@@ -256,8 +260,8 @@ def test_mnist_cnn_learns_and_its_saved_model_is_the_runs(tmp_path: Path) -> Non
                   strategy="allreduce")
     assert_learned(summary)
     assert recorded(summary, "val_accuracy")[-1] >= 0.9
-    assert summary["final_val_accuracy"] == recorded(summary, "val_accuracy")[-1]
-    # Under all-reduce worker 0's model is the run's: the one recorded is the one saved.
+    assert summary["final_val_accuracy"] >= 0.9
+    # job.save writes the run's final model: the one recorded is the one saved.
     model = torch.load(saved)
     stored = torch.load(RunRecord(tmp_path / "runs", summary["run_id"]).model_path)
     assert model.keys() == stored.keys() and all(torch.equal(model[k], stored[k])

@@ -40,7 +40,7 @@ from polyrhythm.runtime.optimizers import Hyperparameters, UserOptimizer, optimi
 from polyrhythm.runtime.script_data import ShardSampler, shard_loader
 from polyrhythm.runtime.script_hooks import _ACTIVE, EpochOfBatches, wrapped_step
 from polyrhythm.strategies import STRATEGIES
-from polyrhythm.strategies.spec import EVERY_WORKERS, SOME_WORKERS
+from polyrhythm.strategies.spec import EVERY_WORKERS
 
 
 def lasting(config: RunConfig, epochs: int) -> RunConfig:
@@ -148,28 +148,20 @@ class Job(WorkerEngine):
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Clip the gradient this step's update applies, as torch.nn.utils.clip_grad_norm_
-        clips one process's, and return its norm; call it between backward and opt.step().
-        Where every update applies the mean of every worker's gradient (allreduce, ring,
-        tree, reduce-broadcast, bsp, a Strategy-Switch's synchronous phase), that mean is
-        made now and clipped, as DDP's averaged gradient is after its backward (the step then
-        sends it as it is); where each update is one worker's (asp, ssp, downpour, the
-        averaging strategies' local steps), this worker's own. One line where an update
-        takes a quorum's (kbsp, kasp, backup, softsync): its gradient exists only on the
-        servers. torch's own clip_grad_norm_ clips this worker's alone, whatever the
-        strategy."""
+        clips one process's, and return its norm; call it between backward and opt.step()
+        (Horovod's synchronize() then clip). Where every update applies the mean of every
+        worker's gradient (allreduce, ring, tree, reduce-broadcast, bsp, a Strategy-Switch's
+        synchronous phase), that mean is made now and clipped, as DDP's averaged gradient is
+        after its backward (the step then sends it as it is). Where an update applies one
+        worker's gradient (asp, ssp, downpour, the averaging strategies' local steps) or a
+        quorum's that only the servers gather (kbsp, kasp, backup, softsync), this worker's
+        own: every gradient the servers take is then clipped."""
         params = self.flat.params if self.flat is not None else list(self.model.parameters())
-        if self.ctx is not None:
-            name = self.ctx.config.strategy.name
-            if self.strategy.updates_from == SOME_WORKERS:
-                raise ConfigError(f"job.clip_grad_norm_: under {name} an update applies the "
-                                  "gradients of a quorum of workers that only the servers "
-                                  "know; clip each worker's own with "
-                                  "torch.nn.utils.clip_grad_norm_ instead")
-            if self.strategy.updates_from == EVERY_WORKERS:
-                self.start()
-                began = time.perf_counter()
-                self.strategy.reduce_gradients()
-                self.exchanged_early += time.perf_counter() - began
+        if self.ctx is not None and self.strategy.updates_from == EVERY_WORKERS:
+            self.start()
+            began = time.perf_counter()
+            self.strategy.reduce_gradients()
+            self.exchanged_early += time.perf_counter() - began
         return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type)
 
     def mean(self, value: float) -> float:
