@@ -4,7 +4,7 @@ momentum under OneCycleLR (which cycles the momentum too), or AdamW over two par
 under a ReduceLROnPlateau stepped on each worker's own figure (`--plateau own`) or on the
 workers' mean (`--plateau mean`). It evaluates the final model itself (job.finish(evaluate=)),
 saves it with job.save, and writes what each worker holds: its own buffers before finish
-(`--dump DIR`: own-W.pt) and its model after (final-W.pt). `--fault` forgets a call."""
+(`--dump DIR`: own-W.pt) and its model and rates after (final-W.pt, lr-W.pt). `--fault` forgets a call."""
 
 import argparse
 
@@ -59,7 +59,10 @@ def build(optimizer: str, epochs: int, steps: int):
     rest = [p for n, p in model.named_parameters() if not n.endswith("weight")]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
                              {"params": rest, "weight_decay": 0.0}], lr=0.05)
-    return model, opt, torch.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=0.5, patience=0, threshold=0.1)
+    # After epoch 2 worker 0's own loss fell 23 %, worker 1's 30 %, their mean 27 %: on its
+    # own figure worker 0 alone halves its rate; on the mean, both do after epoch 3 (17 %).
+    return model, opt, torch.optim.lr_scheduler.ReduceLROnPlateau(
+        opt, factor=0.5, patience=0, threshold=0.25)
 
 
 def main(args) -> None:
@@ -98,6 +101,7 @@ def main(args) -> None:
         job.save(args.save)
     if args.dump:
         torch.save(model.state_dict(), f"{args.dump}/final-{job.worker}.pt")
+        torch.save([group["lr"] for group in opt.param_groups], f"{args.dump}/lr-{job.worker}.pt")
 
 
 if __name__ == "__main__":
