@@ -4,7 +4,8 @@ momentum under OneCycleLR (which cycles the momentum too), or AdamW over two par
 under a ReduceLROnPlateau stepped on each worker's own figure (`--plateau own`) or on the
 workers' mean (`--plateau mean`). It evaluates the final model itself (job.finish(evaluate=)),
 saves it with job.save, and writes what each worker holds: its own buffers before finish
-(`--dump DIR`: own-W.pt) and its model and rates after (final-W.pt, lr-W.pt). `--fault` forgets a call."""
+(`--dump DIR`: own-W.pt) and its model and rates after (final-W.pt, lr-W.pt). `--fault`
+forgets a call."""
 
 import argparse
 

@@ -84,10 +84,10 @@ class Bucket:
         """Add a gradient with its batch weight; `scale` shrinks its step, not its weight;
         `lr`, the rate its worker's optimizer steps at now (RUN_SCHEDULE: the run's
         schedule's); `hyper`, every setting of its optimizer's groups now (a script's: the
-        update steps at its last push's). `applied_next`: `apply` comes before `grad` is written again, so a push
-        alone in its update with weight and scale 1 (a single worker's) is taken as the update
-        itself: the pending sum would hold exactly its values, after three passes over them on
-        the step's critical path (add, copy, zero)."""
+        update steps at its last push's). `applied_next`: `apply` comes before `grad` is
+        written again, so a push alone in its update with weight and scale 1 (a single
+        worker's) is taken as the update itself: the pending sum would hold exactly its
+        values, after three passes over them on the step's critical path (add, copy, zero)."""
         self.lr, self.hyper = lr, hyper
         if applied_next and weight == 1 and scale == 1 and not self.pending_weight \
                 and not self.policy.elastic:

@@ -28,11 +28,11 @@ from collections.abc import Callable, Iterable, Iterator
 import torch
 from torch import nn
 
+from polyrhythm.comm.transport import WORKERS
 from polyrhythm.config import RunConfig
 from polyrhythm.config.emulation import compute_times
 from polyrhythm.context import RankContext
 from polyrhythm.errors import ConfigError
-from polyrhythm.comm.transport import WORKERS
 from polyrhythm.flat import FlatParameters, RunningStatistics
 from polyrhythm.runtime.compute import EmulatedForward
 from polyrhythm.runtime.engine import OWN_STATE, WorkerEngine
