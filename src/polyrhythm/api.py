@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from polyrhythm.config import RunConfig, layered, load_config
+from polyrhythm.config import RunConfig, layered, load_config, unread_by_a_script
 from polyrhythm.config.spark import check_spark_settings, on_spark
 from polyrhythm.data.datasets import open_source
 from polyrhythm.data.splitters import splitter
@@ -85,6 +85,10 @@ def run_script(script: str | Path, args: list[str] | None = None,
     if not path.is_file():
         raise ConfigError(f"no script {str(script)!r}")
     check_spark_settings(config)
+    if unread := unread_by_a_script(config):
+        raise ConfigError(f"{' and '.join(unread)} set polyrhythm train's own job; a script's "
+                          "batch size, data, model and loss are its own (its loader's "
+                          "batch_size, ...): drop " + ("them" if len(unread) > 1 else "it"))
     if on_spark(config):
         raise ConfigError("a script runs on this machine, an emulated cluster or torchrun, "
                           "not on Spark (mapreduce and --launcher spark train polyrhythm "

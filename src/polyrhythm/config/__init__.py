@@ -64,7 +64,8 @@ from polyrhythm.strategies import STRATEGIES
 
 __all__ = ["CLUSTER", "COMPONENTS", "GENERAL", "OPTIMIZER", "Kind", "RunConfig", "flat_config",
            "flat_keys", "layered", "load_config", "load_toml", "make_config", "merged",
-           "owners", "sectioned", "unread_fields"]
+           "given_to_a_script", "owners", "sectioned", "unread_by_a_script",
+           "unread_fields"]
 
 
 class RunConfig:
@@ -129,16 +130,25 @@ class RunConfig:
         """Processes in the job: servers first, then workers."""
         return self.servers + self.workers
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, script: bool = False) -> dict[str, Any]:
         """The resolved config in sections, unset values left out: loads back as is. The
         emulation settings are left out too while at their defaults, so a run that emulates
-        nothing reads as it did before they existed."""
+        nothing reads as it did before they existed. `script`: a user's script's run, which
+        never reads polyrhythm train's data, model, batch size and loss (left out), nor the
+        run's epochs and [optimizer] unless they were given (left out unless given)."""
         general = {k: v for k, v in self._general.items() if stored(k, v, self.given)}
         out = general | {section: getattr(self, section).to_dict() for section in SECTIONS}
+        if script:
+            left = {"data", "model", *_TRAIN_JOB_ONLY}
+            if "epochs" not in self.given:
+                left.add("epochs")
+            if not self.given["optimizer"]:
+                left.add("optimizer")
+            out = {k: v for k, v in out.items() if k not in left}
         return uncompressed_left_out(unemulated_left_out(out))
 
-    def to_toml(self) -> str:
-        return tomli_w.dumps(self.to_dict())
+    def to_toml(self, script: bool = False) -> str:
+        return tomli_w.dumps(self.to_dict(script))
 
     def columns(self) -> dict[str, Any]:
         """The store's headline columns of a run (metrics/store.py RUN_COLUMNS)."""
@@ -252,6 +262,29 @@ def _check_run(run: Settings) -> None:
         if len(run[key]) not in (0, run.workers):
             raise ConfigError(f"{key} needs one value per worker ({run.workers}), got "
                               f"{len(run[key])}")
+
+
+# polyrhythm train's own job's settings, which a script's job never reads: its loader's batch
+# size, its data, its model and its loss are the script's.
+_TRAIN_JOB_ONLY = ("batch_size", "worker_batch_size", "loss")
+
+
+def unread_by_a_script(config: RunConfig) -> list[str]:
+    """The settings `config` was given that a user's script's job never reads, as flags
+    (--dataset, --batch-size, ...): polyrhythm run refuses them rather than record them."""
+    given = config.given
+    flags = [f"--{key}" for key in _TRAIN_JOB_ONLY if key in given]
+    for section in ("data", "model"):
+        flags += [f"--{COMPONENTS[section].name_key if key == 'name' else key}"
+                  for key in given[section]]
+    return [flag.replace("_", "-") for flag in flags]
+
+
+def given_to_a_script(config: RunConfig) -> frozenset[str]:
+    """The settings a script's job reads only in some scripts that `config` was given: the
+    run's epochs (read where the script does not loop on job.epochs(n)) and its [optimizer]
+    (read where the script wraps no optimizer of its own)."""
+    return frozenset({"epochs"} & set(config.given) | set(config.given["optimizer"]))
 
 
 def unread_fields(fields: Mapping[str, Any]) -> set[str]:

@@ -33,9 +33,9 @@ import torch.distributed as dist
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from polyrhythm.comm.transport import Transport
-from polyrhythm.config import RunConfig, load_config
+from polyrhythm.config import RunConfig, given_to_a_script, load_config
 from polyrhythm.context import ProgressSink, RankContext, Topology, no_progress
-from polyrhythm.errors import ConfigError, RunFailed
+from polyrhythm.errors import ConfigError, PolyrhythmError, RunFailed
 from polyrhythm.launch.failures import (
     RankFailure,
     lost_a_peer,
@@ -56,12 +56,16 @@ from polyrhythm.runtime.script import Job, lasting
 from polyrhythm.runtime.script_hooks import recording_backward, stepping_unwrapped
 from polyrhythm.runtime.summary import combine
 from polyrhythm.runtime.survivors import agree_on_lost
+from polyrhythm.strategies import STRATEGIES
 
 ENV_CONFIG, ENV_RUN_ID = "POLYRHYTHM_CONFIG", "POLYRHYTHM_RUN_ID"
 ENV_RENDEZVOUS = "POLYRHYTHM_RENDEZVOUS"  # a file store (polyrhythm run); else env:// (torchrun)
 # A resumed run's checkpoint folder, and how many servers wrote it (the model is re-sliced
 # where the run now has another number).
 ENV_RESUME, ENV_RESUME_SERVERS = "POLYRHYTHM_RESUME", "POLYRHYTHM_RESUME_SERVERS"
+# The settings polyrhythm run's user set that only some scripts read (config
+# given_to_a_script), comma-separated: the config file the ranks read holds every setting.
+ENV_GIVEN = "POLYRHYTHM_GIVEN"
 # Servers learn the length of an epoch from the script's loader; without one, an epoch is
 # this many steps for them (what only fixed-round strategies read: those need a loader).
 UNKNOWN_STEPS = 10**9
@@ -117,7 +121,7 @@ def init() -> Job:
         _finish(ctx, _serve(ctx), record)
         _leave(0, ctx)
     job = Job(ctx, describe_servers=_describe if topology.servers else None,
-              finish=lambda job: _finish_worker(job, record))
+              finish=lambda job: _finish_worker(job, record), given=_given(config))
     atexit.register(_finish_at_exit, job)
     return job
 
@@ -139,10 +143,25 @@ def job_config() -> RunConfig:
     path = os.environ.get(ENV_CONFIG)
     if path:
         return load_config(path)
-    servers = int(os.environ.get("POLYRHYTHM_SERVERS", "0") or 0)
     strategy = os.environ.get("POLYRHYTHM_STRATEGY", "allreduce")
+    given = os.environ.get("POLYRHYTHM_SERVERS", "")
+    if not given:  # polyrhythm run's default: one server where the strategy has servers
+        spec = STRATEGIES.get(strategy)
+        given = "1" if spec is not None and spec.uses_servers else "0"
+    if not given.isdigit():
+        raise ConfigError(f"POLYRHYTHM_SERVERS={given!r}: give a number of servers")
+    servers = int(given)
     return RunConfig(strategy=strategy, servers=servers,
                      workers=_env_int("WORLD_SIZE") - servers)
+
+
+def _given(config: RunConfig) -> frozenset[str] | None:
+    """The settings the run was given that only some scripts read (polyrhythm run's, or
+    those of torchrun's config file); None where unknown: a resumed run, checked when it
+    first started."""
+    if ENV_GIVEN in os.environ:
+        return frozenset(filter(None, os.environ[ENV_GIVEN].split(",")))
+    return None if os.environ.get(ENV_RESUME) else given_to_a_script(config)
 
 
 def _resume_point() -> Resume | None:
@@ -188,8 +207,14 @@ def _failing(rank: int, config, record: RunRecord | None, run_dir: Path | None):
         rank_ended(rank, failure, failure.error, Topology(config.servers, config.workers), run_dir,
                    record)
         # To the process's own stderr: torch's process group wraps this hook in one that
-        # holds what it prints in a buffer until it returns, which it never does.
-        traceback.print_exception(kind, exc, trace, file=sys.__stderr__)
+        # holds what it prints in a buffer until it returns, which it never does. A misuse
+        # polyrhythm names (a PolyrhythmError) is its one line, which polyrhythm run's
+        # launcher (it names the run) says itself; a bug, its traceback.
+        if isinstance(exc, PolyrhythmError):
+            if os.environ.get(ENV_RUN_ID) is None:
+                print(f"polyrhythm: error: {failure.error}", file=sys.__stderr__)
+        else:
+            traceback.print_exception(kind, exc, trace, file=sys.__stderr__)
         # Out now: tearing down a process group whose peers are failing too can abort
         # (SIGABRT), which would read as a crash rather than the error reported.
         _leave(1)

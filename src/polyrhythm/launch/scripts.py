@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TextIO
 
+from polyrhythm.config import given_to_a_script
 from polyrhythm.config.emulation import host_ranks
 from polyrhythm.config.servers import CONTINUE
 from polyrhythm.context import Topology
@@ -58,6 +59,7 @@ from polyrhythm.launch.local import GRACE_S, raise_interrupt, signal_handlers
 from polyrhythm.launch.preloaded import ScriptRank
 from polyrhythm.launch.script import (
     ENV_CONFIG,
+    ENV_GIVEN,
     ENV_RENDEZVOUS,
     ENV_RESUME,
     ENV_RESUME_SERVERS,
@@ -164,7 +166,8 @@ def _job(config, run_dir: Path, call: ScriptCall, resume: Resume | None,
     which may have other servers or checkpoints, its own) and, resuming, the checkpoint."""
     if resume is None:
         call.remember(run_dir)
-        return {ENV_CONFIG: str(run_dir / "config.toml"), ENV_RUN_ID: record.run_id}
+        return {ENV_CONFIG: str(run_dir / "config.toml"), ENV_RUN_ID: record.run_id,
+                ENV_GIVEN: ",".join(sorted(given_to_a_script(config)))}
     return {ENV_CONFIG: str(resumed_config(config, run_dir)), ENV_RUN_ID: record.run_id,
             ENV_RESUME: str(resume.folder.resolve()), ENV_RESUME_SERVERS: str(resume.servers)}
 

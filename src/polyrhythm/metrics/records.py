@@ -60,7 +60,7 @@ def start_run(config, script: str | None = None) -> RunRecord:
         columns |= {"dataset": "script", "model": Path(script).name}
     run_id = f"{now:%Y%m%d-%H%M%S}-{columns['strategy']}-{secrets.token_hex(3)}"
     record = RunRecord(Path(config.out), run_id)
-    toml = config.to_toml()
+    toml = config.to_toml(script=script is not None)  # what a script's job reads
     try:
         (record.dir / "logs").mkdir(parents=True)
         try:

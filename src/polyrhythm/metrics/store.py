@@ -233,13 +233,14 @@ class RunStore:
 
     def complete_run(self, run_id: str, summary: dict, epochs: list[dict],
                      series: dict[str, list[tuple]] | None = None) -> None:
-        """Mark the run completed with its summary, epochs and event series (see SERIES)."""
+        """Mark the run completed with its summary, epochs and event series (see SERIES);
+        its epochs column becomes the summary's (a script's own count)."""
         with self._connect() as conn:
             conn.execute(
                 "UPDATE runs SET status = 'completed', summary = ?, final_val_accuracy = ?,"
-                " samples_per_s = ?, wall_s = ? WHERE run_id = ?",
+                " samples_per_s = ?, wall_s = ?, epochs = COALESCE(?, epochs) WHERE run_id = ?",
                 (json.dumps(summary), summary["final_val_accuracy"], summary["samples_per_s"],
-                 summary["wall_s"], run_id))
+                 summary["wall_s"], summary.get("epochs"), run_id))
             conn.executemany(
                 f"INSERT OR REPLACE INTO epochs (run_id, {', '.join(EPOCH_COLUMNS)})"
                 f" VALUES (?{', ?' * len(EPOCH_COLUMNS)})",

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from polyrhythm.comm.transport import WORKERS
-from polyrhythm.config import RunConfig
+from polyrhythm.config import OPTIMIZER, RunConfig
 from polyrhythm.config.emulation import compute_times
 from polyrhythm.context import RankContext
 from polyrhythm.errors import ConfigError
@@ -56,10 +56,14 @@ class Job(WorkerEngine):
     nothing to exchange (the script runs as it would without polyrhythm; nothing is
     recorded)."""
 
-    def __init__(self, ctx: RankContext | None, describe_servers=None, finish=None) -> None:
+    def __init__(self, ctx: RankContext | None, describe_servers=None, finish=None,
+                 given: frozenset[str] | None = None) -> None:
         """`describe_servers(job)` tells the servers what they serve (at the first step);
-        `finish(job)` hands in the report and leaves the job (launch/script.py)."""
+        `finish(job)` hands in the report and leaves the job (launch/script.py). `given`:
+        the settings the user set that only some scripts read (the run's epochs and
+        [optimizer]), refused where this one does not (None: unknown, not checked)."""
         super().__init__(ctx, scripted=finish is not None, describe_servers=describe_servers)
+        self.given = given
         self._finish = finish
         self.servers_spec = None  # the optimizer the servers rebuild (runtime/optimizers.py)
         self.ended_pass = False  # a loader pass ended the epoch, which ends at the next
@@ -95,6 +99,7 @@ class Job(WorkerEngine):
         ctx, config = self.ctx, self.ctx.config
         spec = STRATEGIES[config.strategy.name]
         if optimizer is not None:
+            self._refuse_given(optimizer)
             if ctx.topology.servers:  # before anything else can fail on one worker only
                 self.servers_spec = optimizer_spec(optimizer, self.flat, config.strategy.name)
                 self.hyper = Hyperparameters(optimizer)
@@ -112,6 +117,10 @@ class Job(WorkerEngine):
         """The epochs to train, from the first not done (a resumed run's); each ends when
         the script moves on to the next. `n` is the run's length from then on, in place of
         the config's (a Strategy-Switch rule at a share of the epochs reads it)."""
+        if self.ctx is not None and self.given and "epochs" in self.given \
+                and n != self.ctx.config.epochs:
+            raise ConfigError(f"--epochs {self.ctx.config.epochs} was given, but the script "
+                              f"runs job.epochs({n}), which is the run's length: drop --epochs")
         self.total_epochs = n
         if self.ctx is not None:
             self.ctx.config = lasting(self.ctx.config, n)
@@ -121,6 +130,29 @@ class Job(WorkerEngine):
             self.begin_epoch(epoch)
             yield epoch
             self.end_epoch()
+
+    def start(self) -> None:
+        """Before the first step: a Strategy-Switch rule at a share of the epochs needs to
+        know how many there are (job.epochs(n), or --epochs)."""
+        config = self.ctx.config
+        if not self._started and self.given is not None and self.total_epochs is None \
+                and "epochs" not in self.given and config.strategy.name == "switch" \
+                and config.strategy.rule == "at":
+            raise ConfigError(f"switch's rule at switches after {config.strategy.at:g} of the "
+                              "run's epochs, but the script does not say how many it runs: "
+                              "loop on job.epochs(n), or give --epochs")
+        super().start()
+
+    def _refuse_given(self, optimizer: torch.optim.Optimizer) -> None:
+        """The run's [optimizer] settings, which the user set, steer nothing where the
+        script steps an optimizer of its own: one line rather than a setting dropped."""
+        flags = sorted(f"--{k.replace('_', '-')}" for k in self.given or ()
+                       if k in {p.name for p in OPTIMIZER})
+        if flags:
+            raise ConfigError(f"{' and '.join(flags)} set the run's own optimizer, but the "
+                              f"script steps its own ({type(optimizer).__name__}): set them "
+                              "in the script, or wrap no optimizer (job.wrap(model)) to train "
+                              "with the run's")
 
     def sampler(self, dataset, shuffle: bool = True, seed: int = 0) -> ShardSampler:
         """A sampler of this worker's shard of `dataset` for the script's own DataLoader
