@@ -8,6 +8,8 @@ clipping is DDP's; workers that must agree are checked to; a forgotten call is h
 from __future__ import annotations
 
 import importlib.util
+import re
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -15,11 +17,14 @@ import torch
 import torch.nn.functional as F
 
 from polyrhythm import api
-from polyrhythm.errors import RunFailed
+from polyrhythm.errors import ConfigError, RunFailed
+from polyrhythm.launch.script import job_config
 from polyrhythm.metrics.records import RunRecord
+from polyrhythm.runtime.script import Job
 from polyrhythm.runtime.script_data import ShardSampler
 
 SCRIPT = Path(__file__).parent / "scripts" / "faithful.py"
+USER_LOOP = Path(__file__).parent / "scripts" / "user_loop.py"
 _spec = importlib.util.spec_from_file_location("faithful", SCRIPT)
 faithful = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(faithful)
@@ -184,3 +189,78 @@ def test_a_script_that_never_joins_is_one_line(tmp_path: Path) -> None:
     line = str(failed.value)
     assert "\n" not in line
     assert "ran the script without joining its job: it never called polyrhythm.init()" in line
+
+
+# -- what a script's run records and refuses ----------------------------------------------
+
+def test_the_record_describes_what_the_script_did(ran) -> None:
+    """The script's 4 epochs of 12 examples a worker and its 408 parameters (the tied
+    output layer counted once), its name; no data set, model, batch size or optimizer of
+    polyrhythm train's that it never read."""
+    run = ran("bsp", "--optimizer", "adamw", "--plateau", "mean", "--epochs", "4")
+    summary = run.summary
+    record = RunRecord(run.folder / "runs", summary["run_id"])
+    assert (summary["epochs"], summary["worker_batch_size"], summary["batch_size"]) == (
+        4, [12, 12], 24)
+    assert summary["parameters"] == 408 and summary["script"] == str(SCRIPT)
+    row = record.store.run(summary["run_id"])
+    assert (row["epochs"], row["dataset"], row["model"]) == (4, "script", SCRIPT.name)
+    config = tomllib.loads((record.dir / "config.toml").read_text())
+    assert not {"data", "model", "optimizer", "batch_size", "epochs", "loss"} & set(config)
+    assert row["config"] == (record.dir / "config.toml").read_text()
+
+
+@pytest.mark.parametrize(("given", "says"), [
+    ({"batch_size": 32}, "--batch-size set polyrhythm train's own job"),
+    ({"dataset": "digits", "val_fraction": 0.2}, "--dataset and --val-fraction set"),
+    ({"model": "mlp", "loss": "mse"}, "--loss and --model set"),
+])
+def test_train_settings_a_script_never_reads_are_one_line_before_any_record(
+        tmp_path: Path, given: dict, says: str) -> None:
+    with pytest.raises(ConfigError, match=says):
+        api.run_script(SCRIPT, [], {"out": str(tmp_path / "runs"), "workers": 2, **given})
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(("given", "says"), [
+    ({"lr": 5.0, "momentum": 0.5}, "--lr and --momentum set the run's own optimizer, but the "
+                                   "script steps its own (SGD)"),
+    ({"epochs": 5}, "--epochs 5 was given, but the script runs job.epochs(3)"),
+])
+def test_run_settings_the_scripts_own_replace_are_one_line(tmp_path: Path, given: dict,
+                                                           says: str) -> None:
+    with pytest.raises(RunFailed, match=re.escape(says)) as failed:
+        api.run_script(SCRIPT, [], {"out": str(tmp_path / "runs"), "workers": 2,
+                                    "strategy": "bsp", **given})
+    assert "\n" not in str(failed.value)
+
+
+def test_a_switch_at_a_share_of_epochs_nobody_counted_is_one_line(tmp_path: Path) -> None:
+    """A script looping on range(n), not job.epochs(n): rule at needs --epochs, which it
+    then counts (4 epochs: all-reduce for 2)."""
+    config = {"out": str(tmp_path / "runs"), "workers": 2, "seed": 0, "strategy": "switch",
+              "at": 0.5, "servers": 1}
+    with pytest.raises(RunFailed, match=r"switch's rule at switches after 0\.5 of the run's "
+                                        r"epochs, but the script does not say how many"):
+        api.run_script(USER_LOOP, ["--plain-epochs"], config)
+    summary = api.run_script(USER_LOOP, ["--plain-epochs"], {**config, "epochs": 4})
+    assert summary["switch_epoch"] == 2 and summary["epochs"] == 4
+
+
+def test_torchrun_without_servers_gets_polyrhythm_runs_default(monkeypatch) -> None:
+    monkeypatch.delenv("POLYRHYTHM_CONFIG", raising=False)
+    monkeypatch.delenv("POLYRHYTHM_SERVERS", raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    for strategy, servers in (("bsp", 1), ("easgd", 1), ("allreduce", 0)):
+        monkeypatch.setenv("POLYRHYTHM_STRATEGY", strategy)
+        config = job_config()
+        assert (config.servers, config.workers) == (servers, 3 - servers)
+    monkeypatch.setenv("POLYRHYTHM_SERVERS", "two")
+    with pytest.raises(ConfigError, match="POLYRHYTHM_SERVERS='two': give a number"):
+        job_config()
+
+
+def test_a_closure_optimizer_is_refused_by_name_at_wrap() -> None:
+    model = torch.nn.Linear(2, 1)
+    with pytest.raises(ConfigError, match="LBFGS steps with a closure"):
+        Job(None).wrap(model, torch.optim.LBFGS(model.parameters()))

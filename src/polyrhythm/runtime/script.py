@@ -20,6 +20,7 @@ zeros of its output's shapes (runtime/compute.py): the rest of the loop runs as 
 
 from __future__ import annotations
 
+import inspect
 import time
 import types
 import weakref
@@ -48,6 +49,12 @@ def lasting(config: RunConfig, epochs: int) -> RunConfig:
     the servers once worker 0 tells them) in place of the config's."""
     return config if epochs == config.epochs else RunConfig(**{**config.given,
                                                                 "epochs": epochs})
+
+
+def needs_closure(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether the optimizer's step needs a closure (LBFGS: it re-evaluates the loss)."""
+    closure = inspect.signature(type(optimizer).step).parameters.get("closure")
+    return closure is not None and closure.default is inspect.Parameter.empty
 
 
 class Job(WorkerEngine):
@@ -90,6 +97,10 @@ class Job(WorkerEngine):
                               f"{type(optimizer).__name__}")
         if optimizer is None and self.ctx is None:
             raise ConfigError("job.wrap needs the script's optimizer when it runs alone")
+        if optimizer is not None and needs_closure(optimizer):
+            raise ConfigError(f"{type(optimizer).__name__} steps with a closure that "
+                              "re-evaluates the loss, which no strategy can share: wrap an "
+                              "optimizer that steps once per gradient (SGD, Adam, ...)")
         self.model, self.optimizer = model, optimizer
         if self.ctx is None:
             return model, optimizer
