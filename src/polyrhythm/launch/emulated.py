@@ -44,6 +44,7 @@ from polyrhythm.launch.failures import (
     how,
     left_behind,
     lost_a_peer,
+    never_joined,
     rank_failed,
     read_reports,
     recorded_failure,
@@ -128,9 +129,15 @@ def launch_emulated(config, record: RunRecord, show_progress: bool = False,
                 hosts.append(_start(cluster, host, len(ranks), port, record, groups[host],
                                     program))
             guard = FidelityGuard([g.threads for g in groups], list(shape.cpu)).start()
-            _supervise(hosts, layout, Topology(config.servers, config.workers), record,
+            topology = Topology(config.servers, config.workers)
+            _supervise(hosts, layout, topology, record,
                        program.show if show_progress else None, cluster,
                        carry_on=config.on_worker_failure == CONTINUE)
+            if program.script and completed_summary(record) is None:
+                # A script that never joined its job ran alone in every rank and ended well.
+                for rank in range(topology.world_size):
+                    if (unjoined := never_joined(record.dir, rank, 0, topology)) is not None:
+                        raise unjoined
             fidelity = guard.verdict_over(*read_summary(record)["training_window"])
         return amend_run(record, {"cluster": {"name": None if own else cluster.name,
                                               "placement": config.cluster.placement,
