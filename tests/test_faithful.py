@@ -250,8 +250,11 @@ def test_a_switch_at_a_share_of_epochs_nobody_counted_is_one_line(tmp_path: Path
 def test_torchrun_without_servers_gets_polyrhythm_runs_default(monkeypatch) -> None:
     monkeypatch.delenv("POLYRHYTHM_CONFIG", raising=False)
     monkeypatch.delenv("POLYRHYTHM_SERVERS", raising=False)
+    monkeypatch.delenv("POLYRHYTHM_STRATEGY", raising=False)
     monkeypatch.setenv("WORLD_SIZE", "3")
-    for strategy, servers in (("bsp", 1), ("easgd", 1), ("allreduce", 0)):
+    config = job_config()  # polyrhythm run's default strategy, bsp, with its one server
+    assert (config.strategy.name, config.servers, config.workers) == ("bsp", 1, 2)
+    for strategy, servers in (("easgd", 1), ("allreduce", 0)):
         monkeypatch.setenv("POLYRHYTHM_STRATEGY", strategy)
         config = job_config()
         assert (config.servers, config.workers) == (servers, 3 - servers)

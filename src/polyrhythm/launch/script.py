@@ -33,7 +33,7 @@ import torch.distributed as dist
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from polyrhythm.comm.transport import Transport
-from polyrhythm.config import RunConfig, given_to_a_script, load_config
+from polyrhythm.config import COMPONENTS, RunConfig, given_to_a_script, load_config
 from polyrhythm.context import ProgressSink, RankContext, Topology, no_progress
 from polyrhythm.errors import ConfigError, PolyrhythmError, RunFailed
 from polyrhythm.launch.failures import (
@@ -143,9 +143,10 @@ def job_config() -> RunConfig:
     path = os.environ.get(ENV_CONFIG)
     if path:
         return load_config(path)
-    strategy = os.environ.get("POLYRHYTHM_STRATEGY", "allreduce")
+    # polyrhythm run's defaults: its strategy, and one server where it has servers.
+    strategy = os.environ.get("POLYRHYTHM_STRATEGY") or COMPONENTS["strategy"].default
     given = os.environ.get("POLYRHYTHM_SERVERS", "")
-    if not given:  # polyrhythm run's default: one server where the strategy has servers
+    if not given:
         spec = STRATEGIES.get(strategy)
         given = "1" if spec is not None and spec.uses_servers else "0"
     if not given.isdigit():
