@@ -34,6 +34,12 @@ side is one session.
 
     python benchmarks/script.py            # about 2 minutes on 2 idle cores
     python benchmarks/script.py --quick    # smoke run: a small model, a few steps
+    git worktree add /tmp/before REV
+    python benchmarks/script.py --against /tmp/before   # this checkout's jobs against REV's
+
+`--against CHECKOUT` measures what a change costs: `allreduce` under torchrun and `bsp` with
+1 worker + 1 server, each this checkout's against the same job of CHECKOUT (its own
+char_lm.py, its src/ first on PYTHONPATH), side by side as above (target >= 0.98).
 """
 
 from __future__ import annotations
@@ -53,6 +59,8 @@ from machine_load import OtherLoad, shared_warning  # benchmarks/, this script's
 
 SCRIPT = Path(__file__).resolve().parent.parent / "examples" / "char_lm.py"
 RUN_TIMEOUT_S = 600
+# --against: a change that must not show (issue 43's faithfulness) keeps 98 % of the speed.
+AGAINST_TARGET = 0.98
 GRACE_S = 30  # for a job told to stop to stop its ranks
 # The line char_lm.py's worker 0 prints with --measure-after.
 MEASURED = re.compile(r"^samples/s (\d+(?:\.\d+)?) over \d+ steps")
@@ -72,6 +80,7 @@ class Comparison:
     baseline_command: list[str]
     target: float
     env: dict[str, str] = field(default_factory=dict)  # the polyrhythm side's
+    baseline_env: dict[str, str] = field(default_factory=dict)
     rates: list[float] = field(default_factory=list)  # polyrhythm's, one per repeat
     baseline_rates: list[float] = field(default_factory=list)
     other_load: list[float] = field(default_factory=list)  # cores, one entry per repeat
@@ -91,19 +100,32 @@ class Comparison:
                 f"{statistics.median(self.baseline_rates):.1f}]")
 
 
-def comparisons(out: str) -> list[Comparison]:
+def comparisons(out: str, against: Path | None = None) -> list[Comparison]:
     python = [sys.executable]
     torchrun = [*python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
                 "2", "SCRIPT"]
     run = [*python, "-m", "polyrhythm.cli", "run", "--out", out, "--threads", "1"]
+    bsp = [*run, "--strategy", "bsp", "--servers", "1", "--workers", "1", "SCRIPT", "--"]
+    if against is not None:  # the same jobs, this checkout's against `against`'s
+        then = {"PYTHONPATH": str(against / "src")}
+        other = str(against / "examples" / "char_lm.py")
+
+        def theirs(command: list[str]) -> list[str]:
+            return [other if part == "SCRIPT" else part for part in command]
+        return [
+            Comparison("allreduce now", torchrun, f"allreduce at {against.name}",
+                       theirs(torchrun), AGAINST_TARGET,
+                       env={"POLYRHYTHM_STRATEGY": "allreduce"},
+                       baseline_env={**then, "POLYRHYTHM_STRATEGY": "allreduce"}),
+            Comparison("bsp 1+1 now", bsp, f"bsp 1+1 at {against.name}", theirs(bsp),
+                       AGAINST_TARGET, baseline_env=then),
+        ]
     return [
         Comparison("allreduce under torchrun, 2 workers", torchrun,
                    "DDP under torchrun, 2 processes", [*torchrun, "--ddp"], 0.95,
                    env={"POLYRHYTHM_STRATEGY": "allreduce"}),
-        Comparison("bsp, 1 worker + 1 server",
-                   [*run, "--strategy", "bsp", "--servers", "1", "--workers", "1", "SCRIPT",
-                    "--"],
-                   "plain python, 1 process", [*python, "SCRIPT"], 0.90),
+        Comparison("bsp, 1 worker + 1 server", bsp, "plain python, 1 process",
+                   [*python, "SCRIPT"], 0.90),
     ]
 
 
@@ -166,7 +188,8 @@ def measure(comp: Comparison, script_args: list[str], cores: list[int], repeat: 
     """One paired measurement: polyrhythm on one core, the baseline on the other (the cores
     swap between repeats); in turn on a single core, the order swapping instead."""
     sides = [(comp.name, comp.command, comp.env, comp.rates),
-             (comp.baseline_name, comp.baseline_command, {}, comp.baseline_rates)]
+             (comp.baseline_name, comp.baseline_command, comp.baseline_env,
+              comp.baseline_rates)]
     if repeat % 2:
         sides.reverse()
     # Both jobs at once, one core each; or one after the other on a single core.
@@ -197,6 +220,10 @@ def load_of(comp: Comparison) -> str:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--against", metavar="CHECKOUT", type=Path,
+                        help="another checkout of polyrhythm (git worktree add DIR REV): "
+                        "each job of this one against the same job of that one, its own "
+                        "char_lm.py and src/")
     return parse_paired(parser, argv, "steps per run, warm-up included (default 200: one "
                                       "epoch of two workers is 204)")
 
@@ -230,7 +257,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"examples/char_lm.py {' '.join(script_args)}: {args.repeats} repeats, {how}, "
           "1 torch thread a process", flush=True)
     with tempfile.TemporaryDirectory(prefix="polyrhythm-script-bench-") as out:
-        comps = comparisons(out)
+        if args.against is not None and not (args.against / "src" / "polyrhythm").is_dir():
+            raise SystemExit(f"--against {args.against}: not a checkout of polyrhythm")
+        comps = comparisons(out, args.against)
         for repeat in range(args.repeats):
             for comp in comps:
                 measure(comp, script_args, cores, repeat, out)

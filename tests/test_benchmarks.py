@@ -365,6 +365,23 @@ def test_script_benchmark_reads_a_jobs_figure_and_names_its_failure(capsys, monk
     Path(re.search(r"its output: (\S+)\)", note).group(1)).unlink()
 
 
+def test_script_benchmark_against_another_checkout_runs_its_jobs(monkeypatch, tmp_path):
+    """--against: each job of this checkout beside the same job of the other, which runs its
+    own char_lm.py with its own src/ first on the path."""
+    bench = script_benchmark(monkeypatch)
+    now, then = bench.comparisons("out", tmp_path)
+    other = str(tmp_path / "examples" / "char_lm.py")
+    for comp in (now, then):
+        assert comp.command.count("SCRIPT") == 1 and "SCRIPT" not in comp.baseline_command
+        assert [other if part == "SCRIPT" else part for part in comp.command] == (
+            comp.baseline_command)
+        assert comp.baseline_env["PYTHONPATH"] == str(tmp_path / "src")
+        assert comp.target == 0.98
+    assert now.env["POLYRHYTHM_STRATEGY"] == now.baseline_env["POLYRHYTHM_STRATEGY"]
+    with pytest.raises(SystemExit, match="not a checkout of polyrhythm"):
+        bench.main(["--quick", "--against", str(tmp_path)])
+
+
 def compression_benchmark(monkeypatch):
     """benchmarks/compression.py as a module, as script_benchmark loads script.py (it imports
     script.py and machine_load.py from its folder)."""

@@ -200,7 +200,9 @@ class Job(WorkerEngine):
         quorum's that only the servers gather (kbsp, kasp, backup, softsync), this worker's
         own: every gradient the servers take is then clipped."""
         params = self.flat.params if self.flat is not None else list(self.model.parameters())
-        if self.ctx is not None and self.strategy.updates_from == EVERY_WORKERS:
+        # One worker's gradient is the mean already: nothing to make (no collective a step).
+        if self.ctx is not None and self.workers > 1 \
+                and self.strategy.updates_from == EVERY_WORKERS:
             self.start()
             began = time.perf_counter()
             self.strategy.reduce_gradients()
