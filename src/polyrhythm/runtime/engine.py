@@ -254,9 +254,10 @@ class WorkerEngine:
             return
         digest = hashlib.blake2b(self.flat.data.numpy().tobytes(), digest_size=6).digest()
         settings = agreed_settings(self.optimizer)
-        rows = self.ctx.transport.rows_of_members(torch.tensor(
-            [float(int.from_bytes(digest, "little")), *(v for _, v in settings)],
-            dtype=torch.float64))
+        with self.ctx.transport.uncounted():  # bookkeeping, not the training's traffic
+            rows = self.ctx.transport.rows_of_members(torch.tensor(
+                [float(int.from_bytes(digest, "little")), *(v for _, v in settings)],
+                dtype=torch.float64))
         other = next((w for w in range(1, len(rows)) if not torch.equal(rows[w], rows[0])),
                      None)
         if other is None:

@@ -295,7 +295,8 @@ class Job(WorkerEngine):
             return
         share = torch.tensor([self._share], dtype=torch.float64)
         values = torch.cat([statistics.get() * self._share, share])
-        self.ctx.transport.all_reduce(values, WORKERS)
+        with self.ctx.transport.uncounted():  # after training: not the training's traffic
+            self.ctx.transport.all_reduce(values, WORKERS)
         statistics.set(values[:-1] / values[-1])
 
     def begin_epoch(self, epoch: int) -> None:
