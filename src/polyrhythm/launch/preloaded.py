@@ -140,21 +140,24 @@ def _fresh_state(env: dict[str, str]) -> None:
 def _join_before_stepping() -> None:
     """A script that steps an optimizer without having joined its job (no
     polyrhythm.init()) stops there, rather than train all of itself in every rank; the
-    launcher says so in one line (failures.py never_joined)."""
+    launcher says so in one line (failures.py never_joined). (torch runs the global hooks
+    while iterating over them, so the hook cannot remove itself once the script joined: it
+    stays, a dictionary look-up a step.)"""
     from torch.optim.optimizer import register_optimizer_step_pre_hook
 
     def check(optimizer, args, kwargs) -> None:
         joined = sys.modules.get("polyrhythm.launch.script")
-        if joined is None or not joined.joined():
-            from pathlib import Path
+        if joined is not None and joined.joined():
+            return
+        from pathlib import Path
 
-            from polyrhythm.launch.failures import mark_joined
-            from polyrhythm.launch.script import ENV_CONFIG
+        from polyrhythm.launch.failures import mark_joined
+        from polyrhythm.launch.script import ENV_CONFIG
 
-            # The config file lies in the run's folder, where the launcher looks for marks;
-            # it says the one line (no traceback: nothing failed in the script itself).
-            mark_joined(Path(os.environ[ENV_CONFIG]).parent, int(os.environ["RANK"]), False)
-            raise SystemExit(1)
+        # The config file lies in the run's folder, where the launcher looks for marks; it
+        # says the one line (no traceback: nothing failed in the script itself).
+        mark_joined(Path(os.environ[ENV_CONFIG]).parent, int(os.environ["RANK"]), False)
+        raise SystemExit(1)
     register_optimizer_step_pre_hook(check)
 
 

@@ -145,13 +145,13 @@ def job_config() -> RunConfig:
         return load_config(path)
     # polyrhythm run's defaults: its strategy, and one server where it has servers.
     strategy = os.environ.get("POLYRHYTHM_STRATEGY") or COMPONENTS["strategy"].default
-    given = os.environ.get("POLYRHYTHM_SERVERS", "")
-    if not given:
+    named = os.environ.get("POLYRHYTHM_SERVERS", "")
+    if not named:
         spec = STRATEGIES.get(strategy)
-        given = "1" if spec is not None and spec.uses_servers else "0"
-    if not given.isdigit():
-        raise ConfigError(f"POLYRHYTHM_SERVERS={given!r}: give a number of servers")
-    servers = int(given)
+        named = "1" if spec is not None and spec.uses_servers else "0"
+    if not named.isdigit():
+        raise ConfigError(f"POLYRHYTHM_SERVERS={named!r}: give a number of servers")
+    servers = int(named)
     return RunConfig(strategy=strategy, servers=servers,
                      workers=_env_int("WORLD_SIZE") - servers)
 

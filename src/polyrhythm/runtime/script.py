@@ -145,11 +145,11 @@ class Job(WorkerEngine):
     def start(self) -> None:
         """Before the first step: a Strategy-Switch rule at a share of the epochs needs to
         know how many there are (job.epochs(n), or --epochs)."""
-        config = self.ctx.config
+        strategy = self.ctx.config.strategy
         if not self._started and self.given is not None and self.total_epochs is None \
-                and "epochs" not in self.given and config.strategy.name == "switch" \
-                and config.strategy.rule == "at":
-            raise ConfigError(f"switch's rule at switches after {config.strategy.at:g} of the "
+                and "epochs" not in self.given and strategy.name == "switch" \
+                and strategy.rule == "at":
+            raise ConfigError(f"switch's rule at switches after {strategy.at:g} of the "
                               "run's epochs, but the script does not say how many it runs: "
                               "loop on job.epochs(n), or give --epochs")
         super().start()
@@ -157,8 +157,7 @@ class Job(WorkerEngine):
     def _refuse_given(self, optimizer: torch.optim.Optimizer) -> None:
         """The run's [optimizer] settings, which the user set, steer nothing where the
         script steps an optimizer of its own: one line rather than a setting dropped."""
-        flags = sorted(f"--{k.replace('_', '-')}" for k in self.given or ()
-                       if k in {p.name for p in OPTIMIZER})
+        flags = sorted(p.flag for p in OPTIMIZER if p.name in (self.given or ()))
         if flags:
             raise ConfigError(f"{' and '.join(flags)} set the run's own optimizer, but the "
                               f"script steps its own ({type(optimizer).__name__}): set them "
