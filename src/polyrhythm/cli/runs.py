@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from polyrhythm.metrics.launcher import read_identity
 from polyrhythm.metrics.records import STORE_NAME, compression_label, compression_section
 from polyrhythm.metrics.store import LAUNCHER_GONE, RunStore
 
@@ -22,8 +23,8 @@ def run(args: argparse.Namespace) -> int:
         for r in rows:
             fields = {k: v for k, v in r.items() if k not in ("config", "summary")}
             fields["compress"] = compressor(r)
-            if fields.get("launcher"):
-                fields["launcher"] = json.loads(fields["launcher"])
+            if fields.get("launcher"):  # as stored; null if it is not a launcher's JSON
+                fields["launcher"] = read_identity(fields["launcher"])
             print(json.dumps(fields))
         return 0
     if not rows:

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from polyrhythm.config import RunConfig, make_config
-from polyrhythm.errors import StoreError
+from polyrhythm.errors import StoreError, one_line
+from polyrhythm.files import shown
 from polyrhythm.layout import BucketLayout
 from polyrhythm.metrics.records import completed_run, compute_series, config_fields
 from polyrhythm.sim.compressed import settings_key
@@ -59,11 +60,43 @@ class Calibration:
                    values["iterations"], values["measured"], values.get("cores_bound"))
 
 
+# The fields of a stored summary that size the simulation's work: a damaged store's would
+# make it endless (a count of 10^18 steps, servers or parameters). No run this library
+# stores comes near these.
+SIZES = {"warmup_steps": 2**40, "servers": 2**20, "parameters": 2**36}
+
+
 def calibrate(out: str | Path, run_id: str) -> Calibration:
-    """The calibration of completed run `run_id` of the store under `out`."""
+    """The calibration of completed run `run_id` of the store under `out`; a one-line
+    StoreError if what the store holds of it is not what a run records."""
     store, row = completed_run(out, run_id, "--calibrate")
-    summary = json.loads(row["summary"])
-    config = make_config({**config_fields(row["config"]), "out": str(out),
+    summary = _summary(row, run_id)
+    try:
+        return _calibration(out, run_id, store, row, summary)
+    # A field missing from the summary polyrhythm wrote, or of another kind: a damaged store.
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+        raise StoreError(f"--calibrate: run {run_id}'s stored summary is damaged "
+                         f"({type(exc).__name__}: {one_line(exc)})") from None
+
+
+def _summary(row: dict, run_id: str) -> dict:
+    """A completed run's stored summary, its sizes checked (SIZES)."""
+    try:
+        summary = json.loads(row["summary"] or "")
+    except (ValueError, RecursionError):
+        summary = None
+    if not isinstance(summary, dict):
+        raise StoreError(f"--calibrate: run {run_id}'s stored summary is not a JSON object")
+    for key, most in SIZES.items():
+        value = summary.get(key)
+        if type(value) is not int or not 0 <= value <= most:
+            raise StoreError(f"--calibrate: run {run_id}'s stored summary is damaged: "
+                             f"{key} is {shown(value)}, not a whole number up to {most:,}")
+    return summary
+
+
+def _calibration(out: str | Path, run_id: str, store, row: dict, summary: dict) -> Calibration:
+    config = make_config({**config_fields(row["config"], run_id), "out": str(out),
                           **_script_batch(summary, run_id)})
     warmup = summary["warmup_steps"]
     # Stored unstretched: the simulation stretches them again by the simulated config's
@@ -74,6 +107,8 @@ def calibrate(out: str | Path, run_id: str) -> Calibration:
                for w, times in enumerate(compute_series(rows, row, "--calibrate"))]
     workers = summary["per_worker"]
     steps = max(w["steps"] for w in workers)
+    if not 0 < steps <= len(rows):  # a step is an iteration row, at least one per step
+        raise ValueError(f"{steps} steps for {len(rows)} iteration rows")
     if summary["servers"]:
         update_s = sum(summary["update_s_per_server"]) / max(1, summary["weight_updates"])
     else:

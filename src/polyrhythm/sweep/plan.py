@@ -227,8 +227,8 @@ def _check_size(grid: dict[str, list], repeats: int) -> None:
     combinations = math.prod(len(values) for values in grid.values())
     _expect(combinations * repeats <= MAX_SWEEP_RUNS,
             f"the grid's {combinations:,} combination{'s' * (combinations != 1)} x "
-            f"{repeats:,} repeat{'s' * (repeats != 1)} are more than the {MAX_SWEEP_RUNS:,} runs a sweep may "
-            "plan: split it into smaller sweeps")
+            f"{repeats:,} repeat{'s' * (repeats != 1)} are more than the "
+            f"{MAX_SWEEP_RUNS:,} runs a sweep may plan: split it into smaller sweeps")
 
 
 def _expect(ok: bool, message: str) -> None:
