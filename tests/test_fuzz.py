@@ -26,25 +26,40 @@ from __future__ import annotations
 import contextlib
 import datetime
 import functools
+import gzip
 import io
+import json
 import math
 import os
+import shutil
+import tarfile
+import zipfile
+from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 import tomli_w
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
+import hostile
 import polyrhythm.api
 import polyrhythm.cli.compare
 import polyrhythm.cli.sweep
+import polyrhythm.report.figures
 import polyrhythm.runtime.job
+import polyrhythm.sim.plot
+from cifar_files import write_cifar
 from polyrhythm.cli import main
 from polyrhythm.config import COMPONENTS, RunConfig, flat_keys, load_config, owners
+from polyrhythm.data.csvfile import read_table
+from polyrhythm.data.datasets import NpzSource, load_cifar100
 from polyrhythm.errors import ConfigError, PolyrhythmError
-from polyrhythm.metrics.records import flatten
+from polyrhythm.launch.scripts import ScriptCall
+from polyrhythm.metrics.records import flatten, measured_compute
 from polyrhythm.settings import Param
 from polyrhythm.sweep import parse_sweep
 
@@ -58,6 +73,7 @@ WORDS = [*NAMES, "real", "emulated", "dedicated", "collocated", "normal", "unifo
 
 
 SCALE = int(os.environ.get("POLYRHYTHM_FUZZ_SCALE", "1"))
+STORE_EXAMPLES, FILE_EXAMPLES = 60, 300
 
 
 def budget(examples: int):
@@ -428,6 +444,257 @@ def test_sweep_files_are_accepted_or_one_line_errors(config_files: list[str], sc
     except (TypeError, ValueError):  # tomli_w cannot write it: no TOML file holds it
         return
     run_cli(["sweep", str(path), "--dry-run", *args])
+
+
+# --- damaged run stores ------------------------------------------------------------------------
+# A store of one completed run and a sweep of it, written column by column (tests/hostile.py),
+# then damaged: any value in any column (NULL, a blob, text where a count belongs, numbers
+# out of range, ids that are paths), a column left out, rows gone, the summary's JSON
+# damaged anywhere (a value replaced or removed), the config not TOML. `runs`, `runs --json`,
+# `report --latest`, `simulate --calibrate` and --compute-from each read it or say in one
+# line that it is damaged.
+
+JUNK = st.one_of(
+    st.none(), st.integers(-3, 5), st.sampled_from([2**31, 2**63 - 1, -(2**63)]),
+    st.binary(max_size=6),
+    st.sampled_from([math.inf, -math.inf, 0.5, -1.5, 1e308]),
+    st.sampled_from(["", "x", "1", "2.5", "../escaped", "a/b", ".", "{", "[]", '{"a": 1}',
+                     "[[1, 2]]", "[[\"k\", -1]]", "bsp", "completed", "running", "a\nb",
+                     "nan", "strategy = 'bsp'\n[[x]]"]))
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-2, 3) | huge_ints.filter(lambda i: i < 2**64)
+    | st.sampled_from([0.5, -1.0, 1e300, math.inf]) | st.text(max_size=4),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner,
+                                                                max_size=3), max_leaves=6)
+REMOVED = object()
+
+
+def json_paths(value: Any, path: tuple = ()) -> list[tuple]:
+    """Every path into a JSON value (keys and list indexes), the value's own first."""
+    inner = value.items() if isinstance(value, dict) else enumerate(value) \
+        if isinstance(value, list) else ()
+    return [path, *(p for k, v in inner for p in json_paths(v, (*path, k)))]
+
+
+def replaced(value: Any, path: tuple, new: Any) -> Any:
+    """`value` with what is at `path` replaced by `new` (REMOVED: taken out); as it is if
+    it has no such path (an earlier damage changed it)."""
+    if not path:
+        return new
+    if not isinstance(value, dict | list) or path[0] not in (
+            value if isinstance(value, dict) else range(len(value))):
+        return value
+    copy = dict(value) if isinstance(value, dict) else list(value)
+    if len(path) == 1 and new is REMOVED:
+        del copy[path[0]]
+    else:
+        copy[path[0]] = replaced(copy[path[0]], path[1:], new)
+    return copy
+
+
+def _json_or(text: Any) -> Any:
+    """The JSON `text` holds, or (an earlier damage left none) the good summary."""
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError):
+        return hostile.summary(Path("runs"))
+
+
+SUMMARY_PATHS = json_paths(hostile.summary(Path("runs")))[1:]
+COLUMNS_OF = hostile.store_columns()
+
+
+@st.composite
+def damaged_stores(draw) -> tuple[dict, dict]:
+    """(the store's rows, a table's column left out): one to three damages."""
+    tables = hostile.rows(Path("runs"))
+    dropped: dict[str, str] = {}
+    for _ in range(draw(st.integers(1, 3))):
+        kind = draw(st.sampled_from(["cell", "cell", "summary", "summary", "config",
+                                     "column", "rows"]))
+        table = draw(st.sampled_from(sorted(COLUMNS_OF)))
+        if kind == "cell":
+            column = draw(st.sampled_from(COLUMNS_OF[table]))
+            for row in tables[table][:draw(st.sampled_from([1, len(tables[table])]))]:
+                row[column] = draw(JUNK)
+        elif kind == "summary":
+            path = draw(st.sampled_from(SUMMARY_PATHS))
+            new = draw(json_values | st.just(REMOVED))
+            for run in tables["runs"]:  # none, if an earlier damage took the row out
+                run["summary"] = json.dumps(replaced(_json_or(run["summary"]), path, new))
+        elif kind == "config":
+            text = draw(st.sampled_from(["", "[", "workers = 'x'", "a = 1" + "0" * 5000,
+                                         "x = " + "[" * 2000, "[strategy]\nname = 5"])
+                        | strings)
+            for run in tables["runs"]:
+                run["config"] = text
+        elif kind == "column":
+            dropped[table] = draw(st.sampled_from(COLUMNS_OF[table]))
+        else:  # rows gone: all, or those of the second worker
+            tables[table] = draw(st.sampled_from([
+                [], [r for r in tables[table] if r.get("worker", 0) != 1]]))
+    return tables, dropped
+
+
+def run_reading(args: list[str]) -> None:
+    """`polyrhythm ARGS` of a command that reads: its output and exit code 0, or one line on
+    stderr and exit code 2."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(args)
+        except SystemExit as exc:
+            code = exc.code
+    assert "Traceback" not in out.getvalue() + err.getvalue()
+    if code == 0:
+        event("read")
+        return
+    event("rejected")
+    lines = err.getvalue().splitlines()
+    assert code == 2 and len(lines) == 1 and "error: " in lines[0], (args, code, err.getvalue())
+
+
+@pytest.fixture(scope="module")
+def quick_drawing():
+    """Figures drawn but not rendered to PNG (the rendering is what takes the time; it reads
+    nothing of the store): a report's every figure still reads its data."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(polyrhythm.report.figures, "png", lambda fig: b"PNG")
+        mp.setattr(polyrhythm.sim.plot, "scaling_png", lambda *a, **k: b"PNG")
+        yield
+
+
+@budget(STORE_EXAMPLES)
+@given(damage=damaged_stores())
+def test_damaged_stores_are_read_or_one_line_errors(quick_drawing, scratch: Path,
+                                                    damage: tuple[dict, dict]) -> None:
+    tables, dropped = damage
+    out = scratch / "store"
+    hostile.write_store(out, tables, dropped)
+    run_reading(["runs", "--out", str(out)])
+    run_reading(["runs", "--json", "--out", str(out)])
+    run_reading(["report", "--latest", "--out", str(out)])
+    run_reading(["simulate", "--calibrate", hostile.RUN_ID, "--out", str(out), "--plot",
+                 str(scratch / "sim.png")])
+    try:
+        measured_compute(out, hostile.RUN_ID)
+    except PolyrhythmError as exc:
+        check_rejection(exc)
+
+
+# --- mutated files -----------------------------------------------------------------------------
+# A good file of each kind a reader takes (an .npz data set; a CSV table, plain, gzip and
+# zip; CIFAR's pickled members in their folder and in a tar; a script run's script.json; a
+# config), mutated: bytes flipped, the file cut short, bytes inserted or a span replaced,
+# near its start (headers) or anywhere. Each reader takes it or says in one line why not.
+
+def _npz(path: Path) -> None:
+    source = NpzSource(SimpleNamespace(data_path=str(path)))
+    source.check()
+    source.labels()
+    source.rows(np.arange(2))
+
+
+def _cifar(path: Path) -> None:
+    source = load_cifar100(SimpleNamespace(data_path=str(path), augment=False,
+                                           labels="fine"), 0)
+    source.check()
+    source.rows(np.arange(2))
+
+
+def _table(path: Path) -> None:
+    read_table(path, "0")
+
+
+def _script_call(path: Path) -> None:
+    ScriptCall.recalled(path.parent)
+
+
+def _config(path: Path) -> None:
+    load_config(path)
+
+
+Seeds = dict[str, tuple[bytes, Callable[[Path], None], str]]
+
+
+@pytest.fixture(scope="module")
+def seed_files(tmp_path_factory) -> tuple[Seeds, Path]:
+    """({kind: (a good file's bytes, its reader, the file's name)}, the CIFAR folder a
+    member goes into); each reader takes its good file."""
+    root = tmp_path_factory.mktemp("seeds")
+    folder, _ = write_cifar(root, "cifar100", train_rows=4, test_rows=2, archive=False)
+    with tarfile.open(root / "cifar.tar", "w") as tar:
+        tar.add(folder, arcname=folder.name)
+    arrays = io.BytesIO()
+    np.savez(arrays, x=np.arange(24, dtype=np.float32).reshape(4, 6), y=np.array([0, 1, 0, 1]))
+    table = b"label,a,b\n0,1.5,2\n1,2.5,3\n0,0.5,1\n"
+    zipped = io.BytesIO()
+    with zipfile.ZipFile(zipped, "w") as z:
+        z.writestr("table.csv", table)
+    seeds = {
+        "npz": (arrays.getvalue(), _npz, "data.npz"),
+        "csv": (table, _table, "table.csv"),
+        "csv.gz": (gzip.compress(table), _table, "table.csv.gz"),
+        "csv.zip": (zipped.getvalue(), _table, "table.zip"),
+        "cifar member": ((folder / "train").read_bytes(), _cifar, "train"),
+        "cifar tar": ((root / "cifar.tar").read_bytes(), _cifar, "cifar.tar"),
+        "script.json": (json.dumps({"script": "/x/train.py", "args": ["--steps", "4"],
+                                    "cwd": "/x"}).encode(), _script_call, "script.json"),
+        "config": (b'workers = 2\n[strategy]\nname = "ssp"\nstaleness = 1\n', _config,
+                   "config.toml"),
+    }
+    for data, reader, name in seeds.values():  # good seeds: mutations start from files read
+        reader(_placed(root / "good", name, data, folder))
+    return seeds, folder
+
+
+def _placed(where: Path, name: str, data: bytes, cifar: Path) -> Path:
+    """`data` as file `name` in the folder `where` (made afresh; a CIFAR member beside the
+    other members of `cifar`); the path a reader takes."""
+    shutil.rmtree(where, ignore_errors=True)
+    if name == "train":
+        shutil.copytree(cifar, where)
+        (where / name).write_bytes(data)
+        return where
+    where.mkdir(parents=True)
+    (where / name).write_bytes(data)
+    return where / name
+
+
+mutations = st.lists(st.tuples(
+    st.sampled_from(["flip", "cut", "insert", "replace"]),
+    st.integers(0, 512) | st.integers(0, 2**20), st.binary(min_size=1, max_size=8)),
+    min_size=1, max_size=3)
+
+
+def mutated(data: bytes, operations: list[tuple[str, int, bytes]]) -> bytes:
+    for operation, at, junk in operations:
+        i = at % (len(data) + 1)
+        if operation == "flip" and i < len(data):
+            data = data[:i] + bytes([data[i] ^ junk[0] or 1]) + data[i + 1:]
+        elif operation == "cut":
+            data = data[:i]
+        elif operation == "insert":
+            data = data[:i] + junk + data[i:]
+        else:
+            data = data[:i] + junk + data[i + len(junk):]
+    return data
+
+
+@budget(FILE_EXAMPLES)
+@given(kind=st.sampled_from(["npz", "csv", "csv.gz", "csv.zip", "cifar member", "cifar tar",
+                             "script.json", "config"]), operations=mutations)
+def test_mutated_files_are_read_or_one_line_errors(seed_files, scratch: Path, kind: str,
+                                                   operations: list) -> None:
+    seeds, cifar = seed_files
+    data, reader, name = seeds[kind]
+    path = _placed(scratch / "mutated", name, mutated(data, operations), cifar)
+    try:
+        reader(path)
+    except PolyrhythmError as exc:
+        check_rejection(exc)
+    else:
+        event("accepted")
 
 
 # --- regressions: one regular test per bug the fuzzing found -----------------------------------

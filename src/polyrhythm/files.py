@@ -55,7 +55,7 @@ def open_regular(path: str | os.PathLike, what: str, error: type[PolyrhythmError
     `limit` bytes (any size if None); else a one-line `error` that starts with `what`
     ("config file"). A reader that must not read past the limit either (a file may grow
     while read) counts what it reads: read_regular does."""
-    name = shown(str(path))
+    name = repr(str(path))  # whole: a path is the user's to find
     try:
         # O_NONBLOCK: opening a named pipe for reading would wait for a writer, forever.
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -86,10 +86,9 @@ def read_regular(path: str | os.PathLike, what: str, error: type[PolyrhythmError
         try:
             data = stream.read(limit + 1)
         except OSError as exc:
-            raise error(f"cannot read {what} {shown(str(path))}: "
-                        f"{exc.strerror or exc}") from None
+            raise error(f"cannot read {what} {str(path)!r}: {exc.strerror or exc}") from None
     if len(data) > limit:
-        raise error(f"{what} {shown(str(path))} grew past {size_text(limit)} while it was "
+        raise error(f"{what} {str(path)!r} grew past {size_text(limit)} while it was "
                     "read")
     return data
 

@@ -63,10 +63,10 @@ from polyrhythm.metrics.records import SECTIONS
 from polyrhythm.settings import Param, Settings, shown
 from polyrhythm.strategies import STRATEGIES
 
-__all__ = ["CLUSTER", "COMPONENTS", "GENERAL", "OPTIMIZER", "Kind", "RunConfig", "flat_config",
-           "flat_keys", "layered", "load_config", "load_toml", "make_config", "merged",
-           "given_to_a_script", "owners", "sectioned", "unread_by_a_script",
-           "unread_fields"]
+__all__ = ["CLUSTER", "COMPONENTS", "GENERAL", "MAX_CONFIG_BYTES", "OPTIMIZER", "Kind",
+           "RunConfig", "flat_config", "flat_keys", "layered", "load_config", "load_toml",
+           "make_config", "merged", "given_to_a_script", "owners", "sectioned",
+           "unread_by_a_script", "unread_fields"]
 
 
 class RunConfig:

@@ -80,7 +80,8 @@ def _binary(raw: BinaryIO, path: Path) -> BinaryIO:
 def _zip_member(raw: BinaryIO, path: Path) -> BinaryIO:
     try:
         archive = zipfile.ZipFile(raw)
-    except zipfile.BadZipFile as exc:
+    # NotImplementedError: a zip version, compression or feature zipfile does not read
+    except (zipfile.BadZipFile, NotImplementedError) as exc:
         raise DataError(f"cannot read zip {str(path)!r}: {exc}") from None
     with archive:  # the member keeps the file open until it is closed itself
         files = [m for m in archive.infolist()
@@ -91,7 +92,10 @@ def _zip_member(raw: BinaryIO, path: Path) -> BinaryIO:
             raise DataError(f"zip {str(path)!r} holds {len(files)} files{listed}; it must hold "
                             "exactly one CSV file")
         _check_declared(path, files[0].file_size)
-        return archive.open(files[0])
+        try:
+            return archive.open(files[0])
+        except (zipfile.BadZipFile, NotImplementedError) as exc:
+            raise DataError(f"cannot read zip {str(path)!r}: {exc}") from None
 
 
 def _check_declared(path: Path, size: int) -> None:

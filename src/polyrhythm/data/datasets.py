@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import zipfile
+import zlib
 from pathlib import Path
 from typing import BinaryIO
 
@@ -203,7 +204,8 @@ class NpzSource(Source):
                         with z.open(info) as member:
                             _check_npy_header(member, info.file_size, self.path,
                                               info.filename)
-        except (zipfile.BadZipFile, OSError, EOFError) as exc:
+        # NotImplementedError: a zip version, compression or feature zipfile does not read
+        except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError) as exc:
             raise DataError(f"{str(self.path)!r} is not an .npz file: {exc}") from None
         if not {"x", "y"} <= names:
             raise DataError(f"{str(self.path)!r} must hold arrays x and y; it has "
@@ -224,6 +226,9 @@ class NpzSource(Source):
                                      str(self.path))
         except ValueError as exc:  # an object array: refused, never unpickled
             raise DataError(f"{str(self.path)!r}: {exc}".splitlines()[0]) from None
+        # A member's data damaged past its header (a bad CRC, a broken deflate stream).
+        except (zipfile.BadZipFile, OSError, EOFError, zlib.error) as exc:
+            raise DataError(f"cannot read {str(self.path)!r}: {one_line(exc)}") from None
         except MemoryError:
             raise DataError(f"{str(self.path)!r} holds arrays larger than this machine's "
                             "memory") from None

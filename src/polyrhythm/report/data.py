@@ -18,6 +18,7 @@ import numpy as np
 from polyrhythm.errors import ConfigError, StoreError
 from polyrhythm.metrics.records import config_fields
 from polyrhythm.metrics.store import SERIES, RunStore
+from polyrhythm.report.summary import readable
 
 # Fields that never tell groups apart: repeats differ in seed; the strategy leads the label.
 _NOT_LABELS = {"seed", "out", "strategy"}
@@ -85,7 +86,7 @@ def load_runs(store_path: str | Path, run_ids: list[str]) -> list[Run]:
     if unknown:
         raise StoreError(f"unknown run id{'s' if len(unknown) > 1 else ''} "
                          f"{', '.join(unknown)} in {str(path)!r}")
-    runs = [Run(r, _toml(r["config"], r["run_id"]), _json(r["summary"]))
+    runs = [Run(r, _toml(r["config"], r["run_id"]), readable(_json(r["summary"])))
             for r in map(rows.__getitem__, ids)]
     if not any(r.completed for r in runs):
         statuses = ", ".join(f"{r.run_id}: {r.row['status']}" for r in runs)

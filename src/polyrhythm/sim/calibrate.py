@@ -24,6 +24,7 @@ here (study.Prediction).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -114,9 +115,9 @@ def _calibration(out: str | Path, run_id: str, store, row: dict, summary: dict) 
     else:
         update_s = sum(w["apply_s"] for w in workers) / max(1, sum(w["steps"] for w in workers))
     message_s = _message_s(rows, warmup) if summary["servers"] else 0.0
-    measured = {"samples_per_s": summary["samples_per_s"],
-                "idleness": sum(w["idleness"] for w in workers) / len(workers),
-                "staleness_mean": summary["staleness_mean"]}
+    measured = {"samples_per_s": _measured(summary["samples_per_s"]),
+                "idleness": sum(_measured(w["idleness"]) for w in workers) / len(workers),
+                "staleness_mean": _measured(summary["staleness_mean"])}
     after = [row["compress_s"] for row in rows if row["step"] >= warmup] or [
         row["compress_s"] for row in rows]
     costs = Costs(summary["parameters"], update_s, 0.0, compute, message_s,
@@ -125,6 +126,13 @@ def _calibration(out: str | Path, run_id: str, store, row: dict, summary: dict) 
                   compress_s=sum(after) / max(1, len(after)),
                   server_compress_s=_server_compress_s(config, summary, store, run_id))
     return Calibration(run_id, config, costs, steps, measured, cores_bound(summary))
+
+
+def _measured(value) -> float:
+    """A number the run measured, as stored; ValueError (a damaged summary) if it is not."""
+    if type(value) not in (int, float) or not math.isfinite(value):
+        raise ValueError(f"{shown(value)} is no measurement")
+    return value
 
 
 def cores_bound(summary: dict) -> float | None:
