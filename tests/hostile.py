@@ -15,6 +15,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import polyrhythm
 from polyrhythm.config import make_config
 from polyrhythm.metrics.store import SCHEMA_VERSION, RunStore
 from polyrhythm.sweep import SweepStore
@@ -129,8 +130,9 @@ def probe(code: str, bound_s: float = PROBE_BOUND_S) -> subprocess.CompletedProc
     """Run `code` (Python, dedented) in a process of its own; its result, or an
     AssertionError if it has not ended within `bound_s` seconds (it blocked): a test of
     something that may block forever never blocks the suite."""
+    # The probe runs the polyrhythm this process runs.
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(Path(__file__).parent.parent / "src"), os.environ.get("PYTHONPATH", "")])}
+        [str(Path(polyrhythm.__file__).parent.parent), os.environ.get("PYTHONPATH", "")])}
     try:
         return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
                               capture_output=True, text=True, timeout=bound_s)

@@ -1,4 +1,4 @@
-"""Fuzzing the user's input: configs and flags never end in a traceback.
+"""Fuzzing the user's input: configs, flags, files and stores never end in a traceback.
 
 Hypothesis generates TOML config files (the real flat keys and sections with values of every
 TOML type, junk keys, and raw bytes that may be neither TOML nor UTF-8), the same configs as
@@ -9,7 +9,14 @@ the rules across keys. Each input must be accepted, or rejected with one ConfigE
 CLI: one line on stderr and exit code 2); any other exception, or a message of more than one
 line, is a bug. Nothing trains: the commands stop at a sentinel where they would start work.
 
-Budget (derandomized: CI runs the same examples every time; about 35 s on two cores):
+The files and stores the CLI reads are fuzzed too: run stores damaged column by column (any
+value anywhere, a column left out, rows gone, the summary's JSON or the config's TOML
+damaged) through `runs`, `runs --json`, `report`, `simulate --calibrate` and --compute-from;
+and good files of each kind a reader takes (npz, CSV plain, gzip and zip, CIFAR's pickles in
+a folder and a tar, script.json, a config), mutated byte-wise. Each is read, or one
+PolyrhythmError line.
+
+Budget (derandomized: CI runs the same examples every time; about 45 s on two cores):
     TOML files through load_config        1,200 examples
     raw text and bytes as config files      500
     RunConfig(**values)                   1,200
@@ -17,7 +24,9 @@ Budget (derandomized: CI runs the same examples every time; about 35 s on two co
     `shard` argument lists                  300
     `compare` argument lists                300
     sweep files                             300
-5,000 examples in all. POLYRHYTHM_FUZZ_SCALE=N runs N times as many, random ones, for a longer
+    damaged run stores                       25 (each through five commands, a report too)
+    mutated files                           400
+5,400 examples in all. POLYRHYTHM_FUZZ_SCALE=N runs N times as many, random ones, for a longer
 hunt. Below the fuzz tests, one regular test per bug the fuzzing found.
 """
 
@@ -57,7 +66,8 @@ from polyrhythm.cli import main
 from polyrhythm.config import COMPONENTS, RunConfig, flat_keys, load_config, owners
 from polyrhythm.data.csvfile import read_table
 from polyrhythm.data.datasets import NpzSource, load_cifar100
-from polyrhythm.errors import ConfigError, PolyrhythmError
+from polyrhythm.data.pickles import restricted_loads
+from polyrhythm.errors import ConfigError, DataError, PolyrhythmError
 from polyrhythm.launch.scripts import ScriptCall
 from polyrhythm.metrics.records import flatten, measured_compute
 from polyrhythm.settings import Param
@@ -73,7 +83,7 @@ WORDS = [*NAMES, "real", "emulated", "dedicated", "collocated", "normal", "unifo
 
 
 SCALE = int(os.environ.get("POLYRHYTHM_FUZZ_SCALE", "1"))
-STORE_EXAMPLES, FILE_EXAMPLES = 60, 300
+STORE_EXAMPLES, FILE_EXAMPLES = 25, 400
 
 
 def budget(examples: int):
@@ -625,14 +635,18 @@ def seed_files(tmp_path_factory) -> tuple[Seeds, Path]:
     folder, _ = write_cifar(root, "cifar100", train_rows=4, test_rows=2, archive=False)
     with tarfile.open(root / "cifar.tar", "w") as tar:
         tar.add(folder, arcname=folder.name)
-    arrays = io.BytesIO()
+    arrays, packed = io.BytesIO(), io.BytesIO()
     np.savez(arrays, x=np.arange(24, dtype=np.float32).reshape(4, 6), y=np.array([0, 1, 0, 1]))
+    # deflated, and larger than a header's read: its data is read (and checked) by np.load
+    np.savez_compressed(packed, x=np.arange(6000, dtype=np.float32).reshape(1000, 6),
+                        y=np.arange(1000) % 2)
     table = b"label,a,b\n0,1.5,2\n1,2.5,3\n0,0.5,1\n"
     zipped = io.BytesIO()
     with zipfile.ZipFile(zipped, "w") as z:
         z.writestr("table.csv", table)
     seeds = {
         "npz": (arrays.getvalue(), _npz, "data.npz"),
+        "npz deflated": (packed.getvalue(), _npz, "data.npz"),
         "csv": (table, _table, "table.csv"),
         "csv.gz": (gzip.compress(table), _table, "table.csv.gz"),
         "csv.zip": (zipped.getvalue(), _table, "table.zip"),
@@ -682,8 +696,8 @@ def mutated(data: bytes, operations: list[tuple[str, int, bytes]]) -> bytes:
 
 
 @budget(FILE_EXAMPLES)
-@given(kind=st.sampled_from(["npz", "csv", "csv.gz", "csv.zip", "cifar member", "cifar tar",
-                             "script.json", "config"]), operations=mutations)
+@given(kind=st.sampled_from(["npz", "npz deflated", "csv", "csv.gz", "csv.zip", "cifar member",
+                             "cifar tar", "script.json", "config"]), operations=mutations)
 def test_mutated_files_are_read_or_one_line_errors(seed_files, scratch: Path, kind: str,
                                                    operations: list) -> None:
     seeds, cifar = seed_files
@@ -778,3 +792,60 @@ def test_flags_found_by_fuzzing_are_one_line_errors(capsys, args: list[str],
 def test_sweep_values_json_cannot_show_are_one_line_errors(grid: dict) -> None:
     with pytest.raises(ConfigError):
         parse_sweep({"grid": grid})
+
+
+def _zip_of(name: str, data: bytes, method: int = zipfile.ZIP_DEFLATED) -> bytearray:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", method) as z:
+        z.writestr(name, data)
+    return bytearray(buffer.getvalue())
+
+
+def _unsupported_method(name: str, data: bytes) -> bytes:
+    """A zip whose member says it is compressed by method 99, which zipfile cannot read."""
+    archive = _zip_of(name, data, zipfile.ZIP_STORED)
+    for header, at in ((b"PK\x03\x04", 8), (b"PK\x01\x02", 10)):  # local, central
+        start = archive.index(header)
+        archive[start + at:start + at + 2] = (99).to_bytes(2, "little")
+    return bytes(archive)
+
+
+def _garbled_deflate(name: str, data: bytes) -> bytes:
+    """A zip whose deflated member starts with a block of no valid type."""
+    archive = _zip_of(name, data)
+    start = 30 + int.from_bytes(archive[26:28], "little") + int.from_bytes(archive[28:30],
+                                                                           "little")
+    archive[start] = 0xFF
+    return bytes(archive)
+
+
+def _npy(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("name, data, read, needle", [
+    # NotImplementedError from zipfile: a compression method it does not read
+    ("t.zip", _unsupported_method("t.csv", b"y,x\n0,1\n1,2\n"), _table,
+     "compression method is not supported"),
+    ("d.npz", _unsupported_method("x.npy", _npy(np.zeros((2, 2)))), _npz,
+     "compression method is not supported"),
+    # zlib.error reading an .npz member's header
+    ("d.npz", _garbled_deflate("x.npy", _npy(np.zeros((2, 2)))), _npz, "invalid block type"),
+])
+def test_files_found_by_fuzzing_are_one_line_errors(tmp_path: Path, name: str, data: bytes,
+                                                    read, needle: str) -> None:
+    (tmp_path / name).write_bytes(data)
+    with pytest.raises(PolyrhythmError) as info:
+        read(tmp_path / name)
+    assert len(str(info.value).splitlines()) == 1 and needle in str(info.value), info.value
+
+
+def test_a_pickle_naming_a_global_with_a_line_break_is_one_line() -> None:
+    """A damaged CIFAR member naming `_codecs\\x0cx.encode` (a form feed: splitlines breaks
+    there): the refusal quotes it."""
+    with pytest.raises(DataError) as info:
+        restricted_loads(b"c_codecs\x0cx\nencode\n.", "member")
+    assert str(info.value) == ("member: refuses to unpickle '_codecs\\x0cx.encode': a CIFAR "
+                               "pickle holds only dicts, lists, bytes, numbers and numpy arrays")

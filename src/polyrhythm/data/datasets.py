@@ -204,9 +204,11 @@ class NpzSource(Source):
                         with z.open(info) as member:
                             _check_npy_header(member, info.file_size, self.path,
                                               info.filename)
-        # NotImplementedError: a zip version, compression or feature zipfile does not read
-        except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError) as exc:
-            raise DataError(f"{str(self.path)!r} is not an .npz file: {exc}") from None
+        # NotImplementedError: a zip version, compression or feature zipfile does not read;
+        # zlib.error: a deflated header that does not inflate
+        except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError, zlib.error) as exc:
+            raise DataError(f"{str(self.path)!r} is not an .npz file: {one_line(exc)}"
+                            ) from None
         if not {"x", "y"} <= names:
             raise DataError(f"{str(self.path)!r} must hold arrays x and y; it has "
                             f"{', '.join(sorted(names)) or 'none'}")

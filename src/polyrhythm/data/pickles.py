@@ -35,8 +35,10 @@ ALLOWED_GLOBALS = frozenset({
 class _RestrictedUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str):
         if (module, name) not in ALLOWED_GLOBALS:
-            raise DataError(f"refuses to unpickle {module}.{name}: a CIFAR pickle holds only "
-                            "dicts, lists, bytes, numbers and numpy arrays")
+            named = f"{module}.{name}"  # quoted where a damaged pickle's name breaks lines
+            raise DataError(f"refuses to unpickle {named if named.isprintable() else repr(named)}"
+                            ": a CIFAR pickle holds only dicts, lists, bytes, numbers and numpy "
+                            "arrays")
         return super().find_class(module, name)
 
 

@@ -40,11 +40,16 @@ def items(check: Check, at_least: int = 0) -> Check:
                           and all(map(check, value)))
 
 
-def record(**fields: Check) -> Check:
-    """A JSON object whose fields pass their checks (a missing one reads as None, so
-    `maybe` makes it optional), others allowed."""
-    return lambda value: (type(value) is dict
-                          and all(check(value.get(k)) for k, check in fields.items()))
+def record(optional: dict[str, Check] | None = None, **required: Check) -> Check:
+    """A JSON object holding each `required` field (read as value[key]) and passing its
+    check, and each `optional` one (read as value.get(key)) passing its own where it is
+    there; other fields are not read."""
+    def holds(value: Any) -> bool:
+        return (type(value) is dict
+                and all(k in value and check(value[k]) for k, check in required.items())
+                and all(check(value[k]) for k, check in (optional or {}).items()
+                        if k in value))
+    return holds
 
 
 def _shards(data: Any) -> bool:
@@ -73,9 +78,9 @@ def _phases(value: Any) -> bool:
 
 # Each part the report reads, and the shape it reads it in.
 PARTS: dict[str, Check] = {
-    "per_worker": items(record(steps=maybe(number))),
+    "per_worker": items(record(optional={"steps": maybe(number)})),
     "traffic_per_rank": items(lambda rank: type(rank) is dict),
-    "compression": maybe(record(dense_share=maybe(number))),
+    "compression": maybe(record(optional={"dense_share": maybe(number)})),
     "data": _shards,
     "cluster": maybe(_cluster),
     "lost_workers": items(record(worker=whole, at_s=maybe(number), pushes=maybe(number))),
