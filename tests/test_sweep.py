@@ -193,7 +193,7 @@ def test_more_bad_sweep_files(tmp_path, capsys, case):
     (["compare", "--strategies", "bsp,nope"], "point nope: unknown strategy 'nope'"),
     (["compare", "--strategies", ","], "--strategies is empty"),
     (["compare", "--quorum", "2"], "quorum is read by none of this sweep's strategies"),
-    (["sweep", "x.toml", "--id", "a/b"], "sweep id 'a/b' must be"),
+    (["sweep", "x.toml", "--id", "a/b"], "sweep id 'a/b' cannot name a folder: it must be letters"),
     (["report", "--latest"], "no run store at"),
 ])
 def test_bad_commands(tmp_path, capsys, args, needle):
