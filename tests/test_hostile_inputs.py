@@ -322,3 +322,14 @@ def test_a_config_larger_than_its_limit_is_refused(tmp_path):
     with pytest.raises(ConfigError) as info:
         load_config(path)
     assert "holds 1.0 MiB, more than the 1.0 MiB it may" in one_line(info.value)
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="no /proc")
+def test_a_file_that_holds_more_than_it_declares_is_cut_at_the_limit():
+    """/proc/self/status declares 0 bytes and holds more: the limit holds while reading,
+    not only by the size a file declares."""
+    from polyrhythm.files import read_regular  # (here: the module is new with the fix)
+
+    with pytest.raises(DataError, match="grew past 16 bytes while it was read"):
+        read_regular("/proc/self/status", "data file", DataError, 16)
+    assert read_regular("/proc/self/status", "data file", DataError, 2**20).startswith(b"Name:")

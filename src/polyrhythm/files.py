@@ -4,7 +4,7 @@ before they name files.
 Every file polyrhythm reads from a path it was given (a config, a sweep, a data set, a
 run's script.json, a checkpoint) is opened here: without waiting (a named pipe opens at
 once instead of blocking until someone writes to it), then refused unless it is a regular
-file (a pipe, a device or a directory would block, or never end), and, where the reader
+file (a pipe would block, a device may never end, a folder is no file), and, where the reader
 gives a limit, refused beyond it, by the size the file declares and again while it is read
 (read_regular never reads more than the limit and a byte). Each failure is one line of the
 reader's own error class (ConfigError for a config, DataError for data, ...).
@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import re
 import stat
-from pathlib import Path
 from typing import BinaryIO
 
 from polyrhythm.errors import PolyrhythmError
@@ -28,7 +27,7 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # one folder name: no '/', no 
 NAME_CHARS = "letters, digits, '.', '_' and '-', starting with a letter or digit"
 _KINDS = {stat.S_IFIFO: "a named pipe", stat.S_IFCHR: "a character device",
           stat.S_IFBLK: "a block device", stat.S_IFDIR: "a directory",
-          stat.S_IFSOCK: "a socket", stat.S_IFLNK: "a link"}
+          stat.S_IFSOCK: "a socket"}
 
 
 def shown(value: object, limit: int = 80) -> str:
@@ -91,14 +90,6 @@ def read_regular(path: str | os.PathLike, what: str, error: type[PolyrhythmError
         raise error(f"{what} {str(path)!r} grew past {size_text(limit)} while it was "
                     "read")
     return data
-
-
-def is_regular(path: Path) -> bool:
-    """Whether `path` is a regular file (following links), without opening it."""
-    try:
-        return stat.S_ISREG(os.stat(path).st_mode)
-    except (OSError, ValueError):
-        return False
 
 
 def checked_name(name: object, what: str, error: type[PolyrhythmError]) -> str:

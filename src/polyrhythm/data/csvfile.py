@@ -213,8 +213,6 @@ def _first_row(text: TextIO, path: Path) -> tuple[int, str, int]:
         read += len(line)
         if line.strip():
             return number, line, read
-        if read > MAX_TEXT_BYTES:
-            break
         number += 1
     raise DataError(f"{str(path)!r} holds no rows")
 
@@ -223,8 +221,7 @@ def _lines(text: TextIO, wanted: int, number: int, path: Path) -> list[str]:
     """Up to `wanted` lines of `text` (the first is line `number`), fewer at its end or
     once they hold CHUNK_CHARS characters: a chunk's size is bounded, whatever its lines'
     lengths."""
-    lines: list[str] = []
-    chars = 0
+    lines, chars = [], 0
     while len(lines) < wanted and chars < CHUNK_CHARS:
         line = _line(text, number + len(lines), path)
         if not line:
