@@ -205,3 +205,29 @@ def test_an_id_read_from_a_store_never_names_a_folder_elsewhere(tmp_path):
     store_dir.mkdir()
     assert kept_reason(store_dir, "../outside") is None
     assert kept_reason(tmp_path, "outside") == "x"
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_runs_files_are_its_owners_alone_unless_shared(tmp_path, shared):
+    """A new run's folder (everything it writes lies inside) is 0700 and a new store 0600;
+    with shared_perms both follow the umask (022 here: readable by others)."""
+    from polyrhythm.config import RunConfig
+    from polyrhythm.metrics.records import start_run
+    old = os.umask(0o022)
+    try:
+        record = start_run(RunConfig(out=str(tmp_path / "runs"), shared_perms=shared))
+    finally:
+        os.umask(old)
+    modes = {path: path.stat().st_mode & 0o777
+             for path in (record.out, record.dir, record.dir / "logs",
+                          record.out / "polyrhythm.db")}
+    if shared:
+        assert set(modes.values()) == {0o755, 0o644}
+        assert modes[record.out / "polyrhythm.db"] == 0o644
+    else:
+        assert modes == {record.out: 0o700, record.dir: 0o700, record.dir / "logs": 0o700,
+                         record.out / "polyrhythm.db": 0o600}
+    # The store's journal files take its mode (SQLite's own rule), once written.
+    RunStore(record.out / "polyrhythm.db").runs()
+    for journal in record.out.glob("polyrhythm.db-*"):
+        assert journal.stat().st_mode & 0o777 == modes[record.out / "polyrhythm.db"]

@@ -61,6 +61,9 @@ GENERAL = (
     Param("instrumentation", bool, "record every iteration's spans, server events and ~1 Hz "
           "resource samples in the store (off: totals only)", True),
     Param("out", str, "directory that holds run records and the store", "runs", metavar="DIR"),
+    Param("shared_perms", bool, "let the run's files (model, checkpoints, logs) and a new "
+          "store follow the umask, readable by others as it allows; off: the run's folder is "
+          "its owner's alone (0700), a new store and its folder too", False),
     Param("checkpoint_every", int, "write a checkpoint every this many epochs, and at the "
           "end (0: never); `polyrhythm train --resume RUN_ID` (a script's: `polyrhythm run "
           "--resume RUN_ID`) goes on from the last", 1,
@@ -124,7 +127,7 @@ def check_optimizer(given, strategy) -> None:
 
 # General settings added since 0.1 whose default changes nothing: a stored config leaves them
 # out at that default, so an older record and its rerun read as the same fields.
-LEFT_OUT_AT_DEFAULT = {"shared_epochs": False, "checkpoint_every": 1, "timeout": 300.0,
+LEFT_OUT_AT_DEFAULT = {"shared_epochs": False, "shared_perms": False, "checkpoint_every": 1, "timeout": 300.0,
                        "loss": "cross_entropy", "launcher": "local", "executor_memory": 1024,
                        "spark_conf": []}
 # Added since 0.1 with a default derived from the strategy: stored only where given.

@@ -73,13 +73,14 @@ def start_run(config, script: str | None = None) -> RunRecord:
     run_id = f"{now:%Y%m%d-%H%M%S}-{columns['strategy']}-{secrets.token_hex(3)}"
     record = RunRecord(Path(config.out), run_id)
     toml = config.to_toml(script=script is not None)  # what a script's job reads
+    private = not getattr(config, "shared_perms", False)
     try:
-        (record.dir / "logs").mkdir(parents=True)
+        make_folders(record.dir, private)
         try:
             (record.dir / "config.toml").write_text(toml)
             hold_reserve(record.dir)
             record.store.add_run(run_id, now.isoformat(timespec="seconds"), columns, toml,
-                                 launcher=process_identity())
+                                 launcher=process_identity(), private=private)
         except BaseException:
             # A run the store never took (one this user may not write, or not a store at
             # all) leaves no directory behind either.
@@ -89,6 +90,17 @@ def start_run(config, script: str | None = None) -> RunRecord:
         raise StoreError(f"cannot write run directory {str(record.dir)!r}: "
                          f"{exc.strerror}") from None
     return record
+
+
+def make_folders(run_dir: Path, private: bool) -> None:
+    """A new run's folder and its logs/ (and the store's folder, if new): its owner's alone
+    (0700) where `private`, else as the umask allows. Everything the run writes lies inside:
+    its model, checkpoints, logs and summary are unreadable to others without a mode of
+    their own."""
+    mode = 0o700 if private else 0o777
+    run_dir.parent.mkdir(parents=True, exist_ok=True, mode=mode)
+    run_dir.mkdir(mode=mode)
+    (run_dir / "logs").mkdir(mode=mode)
 
 
 def complete_run(record: RunRecord, summary: dict, epochs: list[dict],

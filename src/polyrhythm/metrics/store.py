@@ -221,11 +221,15 @@ class RunStore:
             raise
 
     def add_run(self, run_id: str, created: str, columns: dict, config_toml: str,
-                launcher: dict | None = None) -> None:
+                launcher: dict | None = None, private: bool = False) -> None:
         """A 'running' row; `columns` holds strategy, workers, servers, epochs, dataset and
         model (RunConfig.columns()); `launcher` is the process that runs it (see
-        process_identity: this process unless given)."""
+        process_identity: this process unless given). A store made now is its owner's
+        alone where `private` (0600: SQLite gives its journal files the same mode)."""
         launcher = launcher if launcher is not None else process_identity()
+        if private:
+            with contextlib.suppress(FileExistsError):
+                os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         with self._connect() as conn:
             conn.execute(
                 "INSERT INTO runs (run_id, created, status, strategy, workers, servers, epochs,"
