@@ -1,0 +1,94 @@
+"""Digests: each checkpoint file's SHA-256 beside it, so a resume trusts only bytes as written.
+
+`<name>.sha256` beside `<name>` holds the SHA-256 of its bytes, in `sha256sum`'s format
+(`sha256sum -c worker-0.pt.sha256`, run in the folder, checks one by hand). The digest is
+taken while the file is written (`Digesting` hashes every byte on its way to the file: a
+100 MB file is not read back), and written after it, atomically, by the rank that wrote the
+file; a file about to be replaced loses its old digest first. Each rank writes digests of
+its own files only, so ranks on hosts sharing a disk never write the same digest. Whatever
+moment a rank dies at, a file it wrote has no digest, or the digest of the bytes it wrote;
+where the file and its digest disagree, the bytes changed after (a disk's fault, a copy's, a
+hand's), or the disk lost one of the two renames: either way the file is not trusted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import socket
+from pathlib import Path
+from typing import BinaryIO
+
+SUFFIX = ".sha256"
+_LINE = re.compile(r"([0-9a-f]{64})  (\S+)\n?$")
+
+
+def of(path: Path) -> Path:
+    """Where the digest of `path` is kept."""
+    return path.with_name(path.name + SUFFIX)
+
+
+def partial(path: Path) -> Path:
+    """A writer's own file to write `path`'s new bytes into before they replace it: named
+    by host and process, as ranks on several hosts may write into one folder."""
+    return path.with_name(f"{path.name}.{socket.gethostname()}.{os.getpid()}.partial")
+
+
+class Digesting:
+    """A binary file as torch.save writes to it, taking the SHA-256 of what passes."""
+
+    def __init__(self, file: BinaryIO) -> None:
+        self._file, self._hash = file, hashlib.sha256()
+
+    def write(self, data) -> int:
+        self._hash.update(data)
+        return self._file.write(data)
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def hexdigest(self) -> str:
+        return self._hash.hexdigest()
+
+
+def forget(path: Path) -> None:
+    """Remove `path`'s digest, before its bytes are replaced: while they are, no digest
+    vouches for either."""
+    of(path).unlink(missing_ok=True)
+
+
+def keep(path: Path, hexdigest: str) -> None:
+    """Write `path`'s digest (the caller makes the folder's renames durable)."""
+    target = of(path)
+    scratch = partial(target)
+    with scratch.open("w") as f:
+        f.write(f"{hexdigest}  {path.name}\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(scratch, target)
+
+
+def has_digest(path: Path) -> bool:
+    return of(path).is_file()
+
+
+def problem(path: Path) -> str | None:
+    """Why `path` is not to be trusted (no digest, unreadable, not the bytes its digest
+    names), or None: its bytes are the ones written."""
+    try:
+        kept = _LINE.match(of(path).read_text())
+    except FileNotFoundError:
+        return f"{path.name} has no digest"
+    except (OSError, UnicodeDecodeError) as exc:
+        return f"{path.name}'s digest cannot be read ({exc})"
+    if kept is None:
+        return f"{path.name}'s digest is not a SHA-256 line"
+    try:
+        with path.open("rb") as f:
+            actual = hashlib.file_digest(f, "sha256").hexdigest()
+    except FileNotFoundError:
+        return f"{path.name} is missing"
+    except OSError as exc:
+        return f"{path.name} cannot be read ({exc.strerror or exc})"
+    return None if actual == kept.group(1) else f"{path.name} does not match its digest"
