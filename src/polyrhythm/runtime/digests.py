@@ -17,6 +17,7 @@ import hashlib
 import os
 import re
 import socket
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import BinaryIO
 
@@ -92,3 +93,12 @@ def problem(path: Path) -> str | None:
     except OSError as exc:
         return f"{path.name} cannot be read ({exc.strerror or exc})"
     return None if actual == kept.group(1) else f"{path.name} does not match its digest"
+
+
+def problems(paths: list[Path]) -> list[str | None]:
+    """`problem` of each of `paths`, several at once (hashing lets go of the GIL): a resume
+    checking every epoch's snapshot waits on the disk, not on one core."""
+    if len(paths) < 2:
+        return [problem(path) for path in paths]
+    with ThreadPoolExecutor(max_workers=min(len(paths), os.cpu_count() or 1, 8)) as pool:
+        return list(pool.map(problem, paths))

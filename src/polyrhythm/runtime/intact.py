@@ -90,10 +90,8 @@ def _untrusted(folder: Path, workers: int, servers: int) -> tuple[str, str] | No
         return "incomplete", f"is incomplete (no {missing[0]})"
     files = sorted(name for name in names if name.endswith(".pt"))
     if any(name.endswith(digests.SUFFIX) for name in names):
-        for name in files:
-            if problem := digests.problem(folder / name):
-                return "damaged", f"is damaged ({problem})"
-        return None
+        found = [p for p in digests.problems([folder / name for name in files]) if p]
+        return ("damaged", f"is damaged ({found[0]})") if found else None
     for name in files:  # written without digests: trusted if it loads, as it was then
         try:
             load(folder / name)
@@ -117,9 +115,11 @@ class _Snapshots:
     def damaged_before(self, epochs_done: int) -> tuple[str, str] | None:
         """Why a checkpoint after `epochs_done` epochs cannot be used for its snapshots (of
         epochs 0 to epochs_done - 1), or None."""
-        for epoch, path in [(e, p) for e, p in self._unchecked if e < epochs_done]:
-            self._unchecked.remove((epoch, path))
-            if problem := digests.problem(path):
+        due = [(e, p) for e, p in self._unchecked if e < epochs_done]
+        self._unchecked = [(e, p) for e, p in self._unchecked if e >= epochs_done]
+        for (epoch, path), problem in zip(due, digests.problems([p for _, p in due]),
+                                          strict=True):
+            if problem:
                 where = set_aside([path, digests.of(path)], self._run_dir,
                                   f"{SNAPSHOTS}-{path.stem}-damaged")
                 self._say(f"epoch {epoch + 1}'s model snapshot is damaged ({problem}): set "
