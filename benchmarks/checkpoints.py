@@ -21,7 +21,7 @@ each figure's median over repeats, and the median of the paired ratios now/befor
     python benchmarks/checkpoints.py                          # this checkout, resnet50
     git worktree add /tmp/before REV
     python benchmarks/checkpoints.py --against /tmp/before    # now against REV
-    python benchmarks/checkpoints.py --quick                  # smoke run: resnet20, 1 repeat
+    python benchmarks/checkpoints.py --quick   # smoke run: resnet20, 1 repeat, against itself
 """
 
 from __future__ import annotations
@@ -174,11 +174,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--dir", type=Path, default=None,
                         help="where the checkpoints are written (default: the system's "
                         "temporary folder; put it on the disk your runs use)")
-    parser.add_argument("--quick", action="store_true", help="smoke run: resnet20, 1 repeat")
+    parser.add_argument("--quick", action="store_true", help="smoke run: resnet20, 1 repeat, "
+                        "against this checkout itself unless --against says another")
     parser.add_argument("--side", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:
         args.model, args.repeats = "resnet20", 1
+        args.against = args.against or HERE.parent.parent
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
     if args.against is not None and not (args.against / "src" / "polyrhythm").is_dir():
