@@ -16,7 +16,7 @@ import polyrhythm
 from helpers import flip_tensor_bytes
 from polyrhythm.comm.messages import REPLY_HEADER
 from polyrhythm.errors import DataError
-from polyrhythm.runtime import checkpoint
+from polyrhythm.runtime import checkpoint, digests
 from polyrhythm.runtime.checkpoint import (
     MODEL,
     SERVERS_EXPECTED,
@@ -294,6 +294,30 @@ def test_a_file_whose_digest_never_came_makes_its_checkpoint_incomplete(tmp_path
     checkpoint.complete_model(run, 1, WORKERS, SERVERS)  # a second rank: claimed already
     assert checkpoint.load(folder / MODEL)["model"]["w"].equal(torch.zeros(4))
     assert latest(run, WORKERS, SERVERS)[1] == 1  # every file matches its digest
+
+
+def test_a_file_written_again_is_vouched_for_at_every_moment(tmp_path, monkeypatch):
+    """model.pt completed with the servers' model (a snapshot redone likewise): before and
+    after each of its digest's writes, the file matches its digest and the checkpoint stays
+    complete, so a rank dying at any moment leaves neither untrusted (and pruning, which
+    counts on the last two complete checkpoints staying so, keeps them)."""
+    run = tmp_path / "run"
+    _saved(run, 1)
+    path = epoch_dir(run, 1) / MODEL
+    moments = []
+
+    def watched(target: Path, hexdigests: list[str]) -> None:
+        for _ in range(2):  # before the write, after it
+            moments.append((len(digests.kept(target)), digests.problem(target),
+                            complete_epochs(run, WORKERS, SERVERS)))
+            if len(moments) % 2:
+                keep(target, hexdigests)
+
+    keep = digests.keep
+    monkeypatch.setattr(digests, "keep", watched)
+    checkpoint.save({"model": {"w": torch.zeros(64)}}, path)
+    assert moments == [(1, None, [1]), (2, None, [1]), (2, None, [1]), (1, None, [1])]
+    assert checkpoint.load(path)["model"]["w"].eq(0).all()
 
 
 def test_a_checkpoint_written_before_digests_is_trusted_if_it_loads(tmp_path):

@@ -75,9 +75,11 @@ def save(state: dict, path: Path) -> None:
         torch.save(state, digesting)
         f.flush()
         os.fsync(f.fileno())
-    digests.forget(path)
+    new, old = digesting.hexdigest(), digests.kept(path)
+    if old:  # written again: while the rename is pending, either bytes are vouched for
+        digests.keep(path, [*old, new])
     os.replace(partial, path)
-    digests.keep(path, digesting.hexdigest())
+    digests.keep(path, [new])
     folder = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(folder)  # the renames themselves reach the disk
@@ -185,7 +187,8 @@ def complete_model(run_dir: Path, epochs_done: int, workers: int, servers: int) 
     wrote it. Every rank that finds it complete after writing its own file calls this; the
     first to claim the file writes it (two writing it at once could leave one's bytes with
     the other's digest: torch.save's bytes differ from one call to the next). Should that
-    rank die on the way, model.pt has no digest, and the checkpoint is not complete."""
+    rank die on the way, model.pt is worker 0's still, or the servers' already, with its
+    digest (`save`)."""
     folder = epoch_dir(run_dir, epochs_done)
     if not (folder / SERVERS_EXPECTED).exists() or not is_complete(folder, workers, servers):
         return

@@ -4,11 +4,14 @@
 (`sha256sum -c worker-0.pt.sha256`, run in the folder, checks one by hand). The digest is
 taken while the file is written (`Digesting` hashes every byte on its way to the file: a
 100 MB file is not read back), and written after it, atomically, by the rank that wrote the
-file; a file about to be replaced loses its old digest first. Each rank writes digests of
-its own files only, so ranks on hosts sharing a disk never write the same digest. Whatever
-moment a rank dies at, a file it wrote has no digest, or the digest of the bytes it wrote;
-where the file and its digest disagree, the bytes changed after (a disk's fault, a copy's, a
-hand's), or the disk lost one of the two renames: either way the file is not trusted.
+file. Each rank writes digests of its own files only (model.pt's completion is claimed by
+one rank), so ranks on hosts sharing a disk never write the same digest. A file written
+again (model.pt completed with the servers' model, an epoch's snapshot redone) first has
+its digest name both its old bytes and its new ones, then the new ones alone: whatever
+moment a rank dies at, a file has no digest yet or a digest naming its bytes, and once a
+checkpoint is complete it stays so. Where a file and its digest disagree, the bytes changed
+after (a disk's fault, a copy's, a hand's), or the disk lost one of the two renames: either
+way the file is not trusted.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 SUFFIX = ".sha256"
-_LINE = re.compile(r"([0-9a-f]{64})  (\S+)\n?$")
+_LINE = re.compile(r"([0-9a-f]{64})  (\S+)$")
 
 
 def of(path: Path) -> Path:
@@ -53,18 +56,22 @@ class Digesting:
         return self._hash.hexdigest()
 
 
-def forget(path: Path) -> None:
-    """Remove `path`'s digest, before its bytes are replaced: while they are, no digest
-    vouches for either."""
-    of(path).unlink(missing_ok=True)
+def kept(path: Path) -> list[str]:
+    """The digests `path`'s digest file names (none if it has none, or cannot be read)."""
+    try:
+        lines = of(path).read_text().splitlines()
+    except (OSError, UnicodeDecodeError):
+        return []
+    return [m.group(1) for line in lines if (m := _LINE.match(line))]
 
 
-def keep(path: Path, hexdigest: str) -> None:
-    """Write `path`'s digest (the caller makes the folder's renames durable)."""
+def keep(path: Path, hexdigests: list[str]) -> None:
+    """Write `path`'s digest file: a line for each digest its bytes may have (the caller
+    makes the folder's renames durable)."""
     target = of(path)
     scratch = partial(target)
     with scratch.open("w") as f:
-        f.write(f"{hexdigest}  {path.name}\n")
+        f.writelines(f"{hexdigest}  {path.name}\n" for hexdigest in hexdigests)
         f.flush()
         os.fsync(f.fileno())
     os.replace(scratch, target)
@@ -78,12 +85,13 @@ def problem(path: Path) -> str | None:
     """Why `path` is not to be trusted (no digest, unreadable, not the bytes its digest
     names), or None: its bytes are the ones written."""
     try:
-        kept = _LINE.match(of(path).read_text())
+        text = of(path).read_text()
     except FileNotFoundError:
         return f"{path.name} has no digest"
     except (OSError, UnicodeDecodeError) as exc:
         return f"{path.name}'s digest cannot be read ({exc})"
-    if kept is None:
+    named = [m.group(1) for line in text.splitlines() if (m := _LINE.match(line))]
+    if not named:
         return f"{path.name}'s digest is not a SHA-256 line"
     try:
         with path.open("rb") as f:
@@ -92,7 +100,7 @@ def problem(path: Path) -> str | None:
         return f"{path.name} is missing"
     except OSError as exc:
         return f"{path.name} cannot be read ({exc.strerror or exc})"
-    return None if actual == kept.group(1) else f"{path.name} does not match its digest"
+    return None if actual in named else f"{path.name} does not match its digest"
 
 
 def problems(paths: list[Path]) -> list[str | None]:
