@@ -38,6 +38,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from machine_load import OtherLoad, shared_warning  # benchmarks/
+
 HERE = Path(__file__).resolve()
 FIGURES = ("write", "check", "check_disk")  # seconds: a checkpoint written; checked twice
 NAMES = {"write": "checkpoint written", "check": "resume's check, cached",
@@ -196,17 +198,23 @@ def main(argv: list[str] | None = None) -> None:
     sides = [Side("now", HERE.parent.parent, args.model)]
     if args.against is not None:
         sides.append(Side("before", args.against.resolve(), args.model))
-    runs, sizes = [], []
+    runs, sizes, loads = [], [], []
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="checkpoints-bench-") as root:
         for r in range(args.repeats):
-            got, sizes = repeat(sides, Path(root), r % len(sides))
+            with OtherLoad() as load:
+                got, sizes = repeat(sides, Path(root), r % len(sides))
             runs.append(got)
+            loads += [load.cores] if load.cores is not None else []
             print(f"  repeat {r + 1}/{args.repeats}  " + "  ".join(
                 f"{label}: write {f['write']:.3f} s, check {f['check']:.3f} s, from disk "
-                f"{f['check_disk']:.3f} s" for label, f in got.items()), flush=True)
+                f"{f['check_disk']:.3f} s" for label, f in got.items())
+                + (f"  other load {load.cores:.2f}" if load.cores is not None else ""),
+                flush=True)
     for s in sides:
         s.close()
     report(args, sides[0].parameters, sizes, runs)
+    if warning := shared_warning(loads):
+        print(warning)
 
 
 def report(args: argparse.Namespace, parameters: int, sizes: list[float],
