@@ -6,6 +6,7 @@ over is set aside, never loaded later."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import torch
 import polyrhythm
 from helpers import flip_tensor_bytes
 from polyrhythm.comm.messages import REPLY_HEADER
-from polyrhythm.errors import DataError
+from polyrhythm.errors import DataError, StoreError
 from polyrhythm.runtime import checkpoint, digests
 from polyrhythm.runtime.checkpoint import (
     MODEL,
@@ -336,3 +337,22 @@ def test_a_checkpoint_written_before_digests_is_trusted_if_it_loads(tmp_path):
     assert latest(run, WORKERS, 0, say=said.append)[1] == 1
     assert said[0].startswith("checkpoint after epoch 2 is unreadable (worker-0.pt: ")
     assert _set_aside(run) == ["epoch-0002-damaged"]
+
+
+def test_a_checkpoint_that_cannot_be_set_aside_stops_the_resume_in_one_line(tmp_path,
+                                                                            monkeypatch):
+    """Left in place, a passed-over folder would be loaded by a later resume: where it
+    cannot be moved, the resume stops, saying so."""
+    run = tmp_path / "run"
+    for e in (1, 2):
+        _saved(run, e)
+    flip_tensor_bytes(epoch_dir(run, 2) / "worker-0.pt")
+
+    def refused(source, target):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(os, "rename", refused)
+    with pytest.raises(StoreError, match=r"^cannot set aside '.*epoch-0002' \(Permission "
+                                         r"denied\): it would be loaded by a later resume; "
+                                         r"move it away by hand$"):
+        latest(run, WORKERS, SERVERS, say=lambda line: None)
