@@ -11,8 +11,8 @@ store: written atomically as the epoch ends, with their digests, they are there 
 resumed run until `checkpoint.tidy` removes them. Any other worker's (a standby's, or in a
 run without checkpoints or without a run folder) go to a spill: one anonymous file
 (unlinked from the start), in the run folder if there is one (a /tmp on tmpfs would hold
-them in memory again), else in the system's temporary folder. The system frees it when the worker closes it or its
-process ends, however it ends, so nothing is ever left behind.
+them in memory again), else in the system's temporary folder. The system frees it when the
+worker closes it or its process ends, however it ends, so nothing is ever left behind.
 """
 
 from __future__ import annotations
