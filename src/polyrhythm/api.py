@@ -27,7 +27,8 @@ from polyrhythm.metrics.records import (
     start_run,
 )
 from polyrhythm.models.build import check_model
-from polyrhythm.runtime.checkpoint import Resume, latest
+from polyrhythm.runtime.checkpoint import Resume
+from polyrhythm.runtime.intact import latest
 
 
 def resolve_config(config: RunConfig | dict | str | Path | None = None,

@@ -55,7 +55,8 @@ from polyrhythm.metrics.records import (
     start_run,
     summary_json_line,
 )
-from polyrhythm.runtime.checkpoint import Resume, latest
+from polyrhythm.runtime.checkpoint import Resume
+from polyrhythm.runtime.intact import latest
 
 START = "start this module with torchrun"
 
