@@ -70,11 +70,15 @@ def save(state: dict, path: Path) -> None:
     digest matches."""
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = digests.partial(path)  # its own: ranks may write one name at once
-    with partial.open("wb") as f:
-        digesting = digests.Digesting(f)
-        torch.save(state, digesting)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with partial.open("wb") as f:
+            digesting = digests.Digesting(f)
+            torch.save(state, digesting)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:  # a full disk, a kill's KeyboardInterrupt: no partial file stays
+        partial.unlink(missing_ok=True)
+        raise
     new, old = digesting.hexdigest(), digests.kept(path)
     if old:  # written again: while the rename is pending, either bytes are vouched for
         digests.keep(path, [*old, new])

@@ -70,10 +70,14 @@ def keep(path: Path, hexdigests: list[str]) -> None:
     makes the folder's renames durable)."""
     target = of(path)
     scratch = partial(target)
-    with scratch.open("w") as f:
-        f.writelines(f"{hexdigest}  {path.name}\n" for hexdigest in hexdigests)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with scratch.open("w") as f:
+            f.writelines(f"{hexdigest}  {path.name}\n" for hexdigest in hexdigests)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        scratch.unlink(missing_ok=True)
+        raise
     os.replace(scratch, target)
 
 
