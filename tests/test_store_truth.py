@@ -231,3 +231,21 @@ def test_a_runs_files_are_its_owners_alone_unless_shared(tmp_path, shared):
     RunStore(record.out / "polyrhythm.db").runs()
     for journal in record.out.glob("polyrhythm.db-*"):
         assert journal.stat().st_mode & 0o777 == modes[record.out / "polyrhythm.db"]
+
+
+def test_a_checkpoint_file_that_cannot_be_written_leaves_no_partial_file(tmp_path,
+                                                                         monkeypatch):
+    """A full disk while a checkpoint is written (torch.save raising ENOSPC half-way)."""
+    import torch
+
+    from polyrhythm.runtime import checkpoint
+
+    def half_then_full(state, file):
+        file.write(b"half a checkpoint")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", half_then_full)
+    path = tmp_path / "checkpoints" / "epoch-0001" / "worker-0.pt"
+    with pytest.raises(OSError, match="No space"):
+        checkpoint.save({"w": 1}, path)
+    assert list(path.parent.iterdir()) == []
