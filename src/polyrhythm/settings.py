@@ -63,7 +63,7 @@ def at_least(low: float, most: float | None = None) -> Rule:
 
 
 def positive(most: float | None = None) -> Rule:
-    return Rule(lambda v, run: 0 < v and (most is None or v <= most),
+    return Rule(lambda v, run: v > 0 and (most is None or v <= most),
                 lambda run: f"be positive{_and_at_most(most)}", most)
 
 

@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 from polyrhythm.data.source import Dataset, Source, normalise
-from polyrhythm.errors import ConfigError
 from polyrhythm.data.splitters import ToSplit, shard_stats, split
+from polyrhythm.errors import ConfigError
 from polyrhythm.losses import LOSSES
 
 
