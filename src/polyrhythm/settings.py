@@ -36,9 +36,9 @@ def shown(value: Any) -> str:
 @dataclass(frozen=True)
 class Rule:
     """A range rule: `holds(value, run)` is true for valid values; `text(run)` completes
-    '<name> must ...' in the error and the listings ('be at least 1'). `most` is the largest
-    value it accepts (of each entry, for a list; in seconds or bits per second, for a
-    duration or a rate), where it has one: what a run can honour (limits.py)."""
+    '<name> must ...' in the error and the listings ('be at least 1'). `most` bounds the
+    values it accepts from above (each entry's, for a list; in seconds or bits per second,
+    for a duration or a rate), where it has a bound: what a run can honour (limits.py)."""
 
     holds: Callable[[Any, Any], bool]
     text: Callable[[Any], str]

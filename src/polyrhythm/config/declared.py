@@ -98,7 +98,7 @@ OPTIMIZER = (
     Param("betas", list, "adam, adamw: the decay rates of the gradient's running mean and "
           "square (beta1, beta2)", derived="0.9, 0.999", item=float,
           rule=Rule(lambda v, run: len(v) == 2 and all(0 <= b < 1 for b in v),
-                    lambda run: "be two numbers in [0, 1)")),
+                    lambda run: "be two numbers in [0, 1)", 1.0)),
     Param("eps", float, "adam, adamw, rmsprop, adagrad: added to the denominator",
           derived="torch's: 1e-8, 1e-10 for adagrad", rule=positive(MAX_FACTOR)),
     Param("weight_decay", float, "L2 weight decay", 1e-4, rule=at_least(0, MAX_FACTOR)),
