@@ -68,3 +68,6 @@ MAX_PERIOD = 1000
 
 # Spark reads an executor's memory as an int of MB (Utils.memoryStringToMb).
 MAX_SPARK_MB = 2**31 - 1
+# mapreduce's partitions: a Spark task each for every mini-batch; no more than the workers a
+# run may have.
+MAX_PARTITIONS = MAX_WORKERS
