@@ -17,7 +17,7 @@ from polyrhythm.limits import (
     MAX_WORKERS,
     MIN_TIMEOUT_S,
 )
-from polyrhythm.settings import Param, Rule, at_least, each, one_of, positive, within
+from polyrhythm.settings import Param, Rule, at_least, each, number, one_of, positive, within
 
 
 def default_workers() -> int:
@@ -56,7 +56,8 @@ GENERAL = (
     Param("steps_per_epoch", int, "cap on steps per epoch", derived="all", rule=at_least(1)),
     Param("worker_delay_s", list, "extra seconds of emulated compute per step, one entry per "
           "worker", [], item=float, rule=each(lambda v: 0 <= v <= MAX_DELAY_S, "of at least 0 "
-                                              f"(and at most {MAX_DELAY_S:.0f})", MAX_DELAY_S)),
+                                              f"(and at most {number(MAX_DELAY_S)})",
+                                              MAX_DELAY_S)),
     Param("threads", int, "torch threads per worker (servers use 1)",
           derived="cores / workers on the host", rule=at_least(1, MAX_THREADS)),
     Param("warmup_steps", int, "first steps of each worker left out of throughput figures", 5,
