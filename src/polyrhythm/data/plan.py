@@ -44,11 +44,11 @@ class DataPlan:
                 "val_examples": len(self.val), "split_s": self.split_s, "shards": self.stats}
 
 
-def hold_out(size: int, given_val: int, val_fraction: float,
-             seed: int) -> tuple[np.ndarray, np.ndarray]:
+def hold_out(size: int, given_val: int, val_fraction: float, seed: int,
+             what: str = "the data set") -> tuple[np.ndarray, np.ndarray]:
     """(train rows, validation rows): the source's own validation part if it has one, else
     a seeded random share (the same seed gives the same split on every process)."""
-    n_val = validation_rows(size, given_val, val_fraction)
+    n_val = validation_rows(size, given_val, val_fraction, what)
     if given_val:
         return np.arange(size - given_val), np.arange(size - given_val, size)
     perm = np.random.default_rng([seed, 0x5EED]).permutation(size)
@@ -84,7 +84,8 @@ def make_plan(source: Source, settings, workers: int, seed: int,
     labels are the targets the run's `loss` takes (losses.py), checked."""
     task = LOSSES[loss]
     labels = task.targets(source.labels(), source.classes, f"dataset {settings.name}")
-    train, val = hold_out(len(labels), source.given_val, settings.val_fraction, seed)
+    train, val = hold_out(len(labels), source.given_val, settings.val_fraction, seed,
+                          f"dataset {settings.name}")
     # Real-valued targets have no classes: to the splitters and the shard statistics, one.
     classes, strata = ((source.classes, labels) if task.classifies
                        else (1, np.zeros(len(labels), np.int64)))
