@@ -135,9 +135,9 @@ def check_optimizer(given, strategy) -> None:
 
 # General settings added since 0.1 whose default changes nothing: a stored config leaves them
 # out at that default, so an older record and its rerun read as the same fields.
-LEFT_OUT_AT_DEFAULT = {"shared_epochs": False, "shared_perms": False, "checkpoint_every": 1, "timeout": 300.0,
-                       "loss": "cross_entropy", "launcher": "local", "executor_memory": 1024,
-                       "spark_conf": []}
+LEFT_OUT_AT_DEFAULT = {"shared_epochs": False, "shared_perms": False, "checkpoint_every": 1,
+                       "timeout": 300.0, "loss": "cross_entropy", "launcher": "local",
+                       "executor_memory": 1024, "spark_conf": []}
 # Added since 0.1 with a default derived from the strategy: stored only where given.
 LEFT_OUT_UNLESS_GIVEN = {"on_worker_failure"}
 
