@@ -48,6 +48,7 @@ from polyrhythm.launch.failures import (
 )
 from polyrhythm.launch.local import raise_interrupt
 from polyrhythm.launch.rank import lifecycle
+from polyrhythm.launch.rendezvous import join_group
 from polyrhythm.metrics.records import (
     RunRecord,
     check_resumable,
@@ -186,8 +187,7 @@ def run_node(config_path: str, run_id: str | None = None,
     recording = record if run_id is None and resume is None else None
     point = None
     try:
-        dist.init_process_group("gloo", rank=rank, world_size=world,
-                                timeout=timedelta(seconds=config.timeout))
+        join_group(rank, world, timedelta(seconds=config.timeout))
         if resume is not None:
             point = agreed_resume(config, rank, record, run_dir, reopen=run_id is None)
             recording = record if run_id is None else None
