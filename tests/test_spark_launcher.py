@@ -228,8 +228,9 @@ def test_a_spark_ranks_store_listens_on_the_job_address_and_refuses_a_stranger(t
     config = equivalence_config(tmp_path, strategy="allreduce", workers=2, epochs=1,
                                 steps_per_epoch=3, dataset="digits")
     record = start_run(config)
+    secret = {"POLYRHYTHM_SECRET": os.urandom(32).hex()}  # as the driver gives it
     task = RankTask(str(record.dir / "config.toml"), record.run_id, str(record.dir / "logs"),
-                    str(tmp_path), {RUN_VARIABLE: record.run_id, "POLYRHYTHM_SECRET": os.urandom(32).hex()})
+                    str(tmp_path), {RUN_VARIABLE: record.run_id, **secret})
     port, codes = free_port(), {}
 
     def run(rank: int) -> None:

@@ -176,6 +176,19 @@ def listen(address: tuple[str, int]) -> socket.socket:
     return socket.create_server(address, family=family, backlog=128)
 
 
+def accepting(listener: socket.socket,
+              handle: Callable[[socket.socket, tuple[str, int]], None]) -> None:
+    """Hand each connection `listener` accepts, with its peer's (host, port), to `handle`
+    in a thread of its own (a peer's handshake holds up no other), until it is closed."""
+    while True:
+        try:
+            conn, peer = listener.accept()
+        except OSError:  # closed
+            return
+        threading.Thread(target=handle, args=(_quick(conn), peer[:2]), daemon=True,
+                         name="gate-connection").start()
+
+
 def say_on_stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
@@ -192,16 +205,8 @@ class Gate:
         self.listener = listen(address)
         self.address: tuple[str, int] = self.listener.getsockname()[:2]
         self.refused: list[tuple[str, int]] = []
-        threading.Thread(target=self._accept, daemon=True, name="gate").start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, peer = self.listener.accept()
-            except OSError:  # closed
-                return
-            threading.Thread(target=self._admit, args=(_quick(conn), peer[:2]), daemon=True,
-                             name="gate-admit").start()
+        threading.Thread(target=accepting, args=(self.listener, self._admit), daemon=True,
+                         name="gate").start()
 
     def _admit(self, conn: socket.socket, peer: tuple[str, int]) -> None:
         why = admit(conn, self.secret, self.handshake_s)
@@ -236,7 +241,8 @@ class Relay:
         self.tunnel().close()
         self.listener = listen((LOOPBACK, 0))
         self.port: int = self.listener.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True, name="relay").start()
+        threading.Thread(target=accepting, args=(self.listener, self._carry), daemon=True,
+                         name="relay").start()
 
     def tunnel(self) -> socket.socket:
         """A connection through the gate, both sides' proofs given."""
@@ -259,16 +265,7 @@ class Relay:
             conn.close()
             raise ConfigError(f"the job's store at {where}: {why}")
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                local, _ = self.listener.accept()
-            except OSError:  # closed
-                return
-            threading.Thread(target=self._carry, args=(_quick(local),), daemon=True,
-                             name="relay-carry").start()
-
-    def _carry(self, local: socket.socket) -> None:
+    def _carry(self, local: socket.socket, _: tuple[str, int]) -> None:
         try:
             remote = self.tunnel()
         except ConfigError as exc:  # the store's client sees its connection end

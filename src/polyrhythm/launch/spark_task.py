@@ -58,8 +58,8 @@ class RankTask:
     folder the ranks run in, where the executor's host has it (the driver's: a user's
     `--model module:function` imports from there, as a local run's do); `environment`: what
     the ranks get beside the executor's own (the run's variable, that the launcher finds every
-    process of the run by; the run's secret); `ended`: an EndedRanks accumulator each task adds its rank's end
-    to."""
+    process of the run by; the run's secret); `ended`: an EndedRanks accumulator each task
+    adds its rank's end to."""
 
     config: str
     run_id: str
