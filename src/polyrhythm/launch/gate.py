@@ -46,7 +46,10 @@ GREETING = b"polyrhythm-gate/1\n"  # says what answered: a peer that finds else 
 NONCE = 32
 PROOF = hashlib.sha256().digest_size
 HANDSHAKE_S = 10.0  # a rank answers in milliseconds; a stranger holds a thread no longer
-RETRY_S = 0.1  # between a relay's tries to reach a gate not yet listening
+# Between a relay's tries to reach a gate not yet listening: from a few milliseconds (rank 0
+# is usually about to listen: a tenth of a second a try cost the rendezvous 50-150 ms) up to
+# a fifth of a second.
+FIRST_RETRY_S, LAST_RETRY_S = 0.005, 0.2
 BUFFER = 1 << 16
 LOOPBACK = "127.0.0.1"
 
@@ -248,16 +251,18 @@ class Relay:
         """A connection through the gate, both sides' proofs given."""
         deadline = time.monotonic() + self.timeout_s
         where = f"{self.gate[0]}:{self.gate[1]}"
+        pause = FIRST_RETRY_S
         while True:
             try:
                 conn = _quick(socket.create_connection(
                     self.gate, timeout=max(0.1, deadline - time.monotonic())))
             except OSError as exc:  # not listening yet, or unreachable
-                if time.monotonic() + RETRY_S >= deadline:
+                if time.monotonic() + pause >= deadline:
                     raise ConfigError(f"the job's store at {where} did not answer within "
                                       f"{self.timeout_s:g} s ({exc.strerror or exc}): is rank "
                                       "0 running, and can this host reach it?") from None
-                time.sleep(RETRY_S)
+                time.sleep(pause)
+                pause = min(2 * pause, LAST_RETRY_S)
                 continue
             why = enter(conn, self.secret, self.handshake_s)
             if why is None:

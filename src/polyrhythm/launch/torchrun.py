@@ -14,6 +14,10 @@ unless a launcher that names it with --run-id did): every rank reads the checkpo
 run's folder, which must be the same folder on every node (a shared disk), as the ranks
 wrote their checkpoints there.
 
+With POLYRHYTHM_SECRET_FILE naming a file of the run's secret (the same on every host), the
+ranks meet through rank 0's gate, which admits only those that prove it (launch/rendezvous.py);
+without it, through torchrun's own store, which admits anyone.
+
 With `hosts` set in the config, torchrun's node n runs the job ranks the placement gives host
 n (config/emulation.py: host_ranks), whatever ranks torchrun numbered its processes with: so
 `placement = "collocated"` puts a server beside the workers of every node.
