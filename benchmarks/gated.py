@@ -3,14 +3,16 @@ through rank 0's gate (launch/gate.py: the store on loopback, each rank proving 
 through its relay) and through torch's own store (env://, what the ranks did before), side by
 side.
 
-Two figures, each paired (both sides at once, each pinned to a core of its own, every rank
-of a side on its core; the cores swap between pairs):
+Two figures, each paired:
 
-1. the rendezvous: fresh ranks (torch imported) from the start of `join_group` to the end of
-   the group's first barrier, the slowest rank's seconds;
+1. the rendezvous: two ranks joining a group again and again, through torch's store and
+   through the gate in turn (the pair's order alternating), from the start of the join to
+   the end of the group's first barrier, the slowest rank's seconds;
 2. the steps: a whole run of `polyrhythm.node`'s ranks (`run_node`, with torchrun's
    variables, rank 0 hosting the store as a Spark task's rank does), its epochs' samples/s
-   after warm-up; the steps' messages go over Gloo's own connections, not the store.
+   after warm-up, both sides at once, each pinned to a core of its own (every rank of a
+   side on its core; the cores swap between pairs); the steps' messages go over Gloo's own
+   connections, not the store.
 """
 
 from __future__ import annotations
@@ -46,13 +48,24 @@ def _as_rank(rank: int, port: int, secret: str | None) -> None:
         os.environ[SECRET_VARIABLE] = secret
 
 
-def join_main(rank: int, port: int, secret: str | None, results) -> None:
-    _as_rank(rank, port, secret)
-    started = time.perf_counter()
-    join_group(rank, WORLD, timedelta(seconds=120))
-    dist.barrier()
-    results.put((rank, time.perf_counter() - started))
-    dist.destroy_process_group()
+def joins_main(rank: int, ports: list[int], secret: str, results) -> None:
+    """Rank `rank` joining a group once per port, in pairs: through torch's store (env://,
+    what join_group does without a secret, less its warning) and through the gate, the
+    pair's order alternating. Each join's seconds, to the group's first barrier."""
+    seconds = []
+    for i, port in enumerate(ports):
+        gated = (i % 2 == 0) == (i // 2 % 2 == 0)
+        _as_rank(rank, port, secret if gated else None)
+        started = time.perf_counter()
+        if gated:
+            join_group(rank, WORLD, timedelta(seconds=120))
+        else:
+            dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=WORLD,
+                                    timeout=timedelta(seconds=120))
+        dist.barrier()
+        seconds.append(time.perf_counter() - started)
+        dist.destroy_process_group()
+    results.put((rank, seconds))
 
 
 def node_main(rank: int, port: int, secret: str | None, config: str, results) -> None:
@@ -62,10 +75,17 @@ def node_main(rank: int, port: int, secret: str | None, config: str, results) ->
                  if summary else None))
 
 
-def rendezvous_s(secret: str | None) -> float:
-    """One rendezvous of fresh ranks: the slowest rank's seconds."""
-    port = free_port()
-    return max(run_spawned(join_main, [(r, port, secret) for r in range(WORLD)]))
+def rendezvous_pairs(pairs: int, secret: str) -> list[tuple[float, float]]:
+    """`pairs` pairs of rendezvous (torch's store, the gate) by the same two ranks, one after
+    the other: the slowest rank's seconds of each."""
+    ports: set[int] = set()
+    while len(ports) < 2 * pairs:
+        ports.add(free_port())
+    ranks = run_spawned(joins_main, [(r, list(ports), secret) for r in range(WORLD)])
+    slowest = [max(times) for times in zip(*ranks, strict=True)]
+    by_pair = [slowest[i:i + 2] for i in range(0, len(slowest), 2)]
+    return [(first, second) if k % 2 == 0 else (second, first)
+            for k, (first, second) in enumerate(by_pair)]
 
 
 def run_rates(secret: str | None, config: str) -> list[float]:
@@ -104,10 +124,10 @@ class GateCost:
     def measure(self, joins: int, runs: int, values: dict, out: str, warmup: int,
                 cores: list[int]) -> None:
         secret = new_secret()
-        for i in range(joins):
-            self.joins.append(self.pair(rendezvous_s, ((None,), (secret,)), cores, bool(i % 2)))
-            print(f"  rendezvous {i + 1}/{joins}  {SIDES[0]} {self.joins[-1][0] * 1e3:7.1f} ms  "
-                  f"{SIDES[1]} {self.joins[-1][1] * 1e3:7.1f} ms", flush=True)
+        self.joins = rendezvous_pairs(joins + 1, secret)[1:]  # the first warms the ranks up
+        for i, (plain, gated) in enumerate(self.joins):
+            print(f"  rendezvous {i + 1}/{joins}  {SIDES[0]} {plain * 1e3:7.1f} ms  {SIDES[1]} "
+                  f"{gated * 1e3:7.1f} ms", flush=True)
         configs = []
         for side in SIDES:
             path = Path(out) / f"{'gated' if side == SIDES[1] else 'plain'}.toml"

@@ -56,7 +56,7 @@ from gated import GateCost  # benchmarks/
 from machine_load import OtherLoad, shared_warning
 
 QUICK_STEPS = 8  # steps per epoch in --quick mode
-JOINS_A_REPEAT = 5  # --gate: rendezvous pairs for each run pair
+JOINS_A_REPEAT = 20  # --gate: rendezvous pairs for each run pair
 
 
 def job_values(strategy: str, workers: int, args: argparse.Namespace) -> dict:
@@ -223,7 +223,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--gate", action="store_true",
                         help="measure instead what the run's secret costs: allreduce's 2 ranks "
                              "joining through rank 0's gate against torch's own store, paired "
-                             "(their rendezvous, 5 pairs a repeat; their steps)")
+                             "(their rendezvous, 20 pairs a repeat; their steps)")
     args = parser.parse_args(argv)
     if args.quick:
         args.repeats, args.epochs, args.warmup = 1, 2, 1
