@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
+import socket
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -48,13 +50,12 @@ def _as_rank(rank: int, port: int, secret: str | None) -> None:
         os.environ[SECRET_VARIABLE] = secret
 
 
-def joins_main(rank: int, ports: list[int], secret: str, results) -> None:
-    """Rank `rank` joining a group once per port, in pairs: through torch's store (env://,
-    what join_group does without a secret, less its warning) and through the gate, the
-    pair's order alternating. Each join's seconds, to the group's first barrier."""
+def joins_main(rank: int, turns: list[tuple[int, bool]], secret: str, results) -> None:
+    """Rank `rank` joining a group once per turn (port, through the gate or not): through
+    torch's store (env://, what join_group does without a secret, less its warning) or
+    through the gate. Each join's seconds, to the group's first barrier."""
     seconds = []
-    for i, port in enumerate(ports):
-        gated = (i % 2 == 0) == (i // 2 % 2 == 0)
+    for port, gated in turns:
         _as_rank(rank, port, secret if gated else None)
         started = time.perf_counter()
         if gated:
@@ -75,17 +76,34 @@ def node_main(rank: int, port: int, secret: str | None, config: str, results) ->
                  if summary else None))
 
 
+def fixed_ports(count: int) -> list[int]:
+    """`count` ports free now below Linux's ephemeral range (32768 up), where the sockets
+    that the ranks open meanwhile without a port (each round's store and relay, their
+    connections) cannot take one before its round."""
+    ports: list[int] = []
+    for port in random.sample(range(20000, 32000), 4 * count):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        ports.append(port)
+        if len(ports) == count:
+            return ports
+    raise RuntimeError(f"not {count} free ports in 20000-31999")
+
+
 def rendezvous_pairs(pairs: int, secret: str) -> list[tuple[float, float]]:
     """`pairs` pairs of rendezvous (torch's store, the gate) by the same two ranks, one after
-    the other: the slowest rank's seconds of each."""
-    ports: set[int] = set()
-    while len(ports) < 2 * pairs:
-        ports.add(free_port())
-    ranks = run_spawned(joins_main, [(r, list(ports), secret) for r in range(WORLD)])
+    the other, which comes first alternating: the slowest rank's seconds of each."""
+    ports = fixed_ports(2 * pairs)
+    gated = [side == (k % 2 == 0) for k in range(pairs) for side in (False, True)]
+    turns = list(zip(ports, gated, strict=True))
+    ranks = run_spawned(joins_main, [(r, turns, secret) for r in range(WORLD)])
     slowest = [max(times) for times in zip(*ranks, strict=True)]
-    by_pair = [slowest[i:i + 2] for i in range(0, len(slowest), 2)]
-    return [(first, second) if k % 2 == 0 else (second, first)
-            for k, (first, second) in enumerate(by_pair)]
+    plain = [s for s, g in zip(slowest, gated, strict=True) if not g]
+    through_gate = [s for s, g in zip(slowest, gated, strict=True) if g]
+    return list(zip(plain, through_gate, strict=True))
 
 
 def run_rates(secret: str | None, config: str) -> list[float]:
