@@ -46,9 +46,8 @@ GREETING = b"polyrhythm-gate/1\n"  # says what answered: a peer that finds else 
 NONCE = 32
 PROOF = hashlib.sha256().digest_size
 HANDSHAKE_S = 10.0  # a rank answers in milliseconds; a stranger holds a thread no longer
-# Between a relay's tries to reach a gate not yet listening: from a few milliseconds (rank 0
-# is usually about to listen: a tenth of a second a try cost the rendezvous 50-150 ms) up to
-# a fifth of a second.
+# Between a relay's tries to reach a gate not yet listening: 5 ms first (rank 0 is usually
+# about to listen), doubling up to 0.2 s, so that a rank waits little past rank 0's start.
 FIRST_RETRY_S, LAST_RETRY_S = 0.005, 0.2
 BUFFER = 1 << 16
 LOOPBACK = "127.0.0.1"
