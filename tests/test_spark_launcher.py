@@ -211,9 +211,18 @@ def test_the_rank_that_explains_a_failure_names_it(tmp_path):
     assert host_of("node7") == "node7"
 
 
-def listeners(process: psutil.Process) -> set[tuple[str, int]]:
-    return {c.laddr[:2] for c in process.net_connections(kind="inet")
-            if c.status == psutil.CONN_LISTEN}
+def ranks_listening() -> dict[int, set[tuple[str, int]]]:
+    """The (host, port) each polyrhythm.node process this test started listens on, by rank."""
+    found: dict[int, set[tuple[str, int]]] = {}
+    for process in psutil.Process().children(recursive=True):
+        try:
+            if "polyrhythm.node" in " ".join(process.cmdline()):
+                found[int(process.environ()["RANK"])] = {
+                    c.laddr[:2] for c in process.net_connections(kind="inet")
+                    if c.status == psutil.CONN_LISTEN}
+        except psutil.Error:
+            continue  # gone while looked at
+    return found
 
 
 def test_a_spark_ranks_store_listens_on_the_job_address_and_refuses_a_stranger(tmp_path):
@@ -239,12 +248,10 @@ def test_a_spark_ranks_store_listens_on_the_job_address_and_refuses_a_stranger(t
     first = threading.Thread(target=run, args=(0,), daemon=True)
     first.start()
     deadline = time.monotonic() + HANG_GUARD_S
-    rank_0, heard = None, set()
+    heard: set[tuple[str, int]] = set()
     while not any(p == port for _, p in heard):
         assert first.is_alive() and time.monotonic() < deadline, "rank 0's store never listened"
-        rank_0 = rank_0 or next((p for p in psutil.Process().children(recursive=True)
-                                 if "polyrhythm.node" in " ".join(p.cmdline())), None)
-        heard = listeners(rank_0) if rank_0 else set()
+        heard = ranks_listening().get(0, set())
         time.sleep(0.05)
     assert all(host == "127.0.0.1" for host, _ in heard), heard  # not 0.0.0.0 nor ::
     with pytest.raises((RuntimeError, dist.DistError)):  # a torch client of its own
@@ -255,6 +262,10 @@ def test_a_spark_ranks_store_listens_on_the_job_address_and_refuses_a_stranger(t
         Relay(b"a stranger's guess", ("127.0.0.1", port), HANG_GUARD_S)
     second = threading.Thread(target=run, args=(1,), daemon=True)
     second.start()
+    while second.is_alive() and time.monotonic() < deadline:  # Gloo's and the relay too
+        for rank, addresses in ranks_listening().items():
+            assert all(host == "127.0.0.1" for host, _ in addresses), (rank, addresses)
+        time.sleep(0.05)
     for thread in (first, second):
         thread.join(HANG_GUARD_S)
     assert codes == {0: 0, 1: 0}, (record.dir / "logs" / "rank0.log").read_text()[-2000:]
