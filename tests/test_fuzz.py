@@ -1,4 +1,4 @@
-"""Fuzzing the user's input: configs and flags never end in a traceback.
+"""Fuzzing the user's input: configs, flags, files and stores never end in a traceback.
 
 Hypothesis generates TOML config files (the real flat keys and sections with values of every
 TOML type, junk keys, and raw bytes that may be neither TOML nor UTF-8), the same configs as
@@ -15,7 +15,14 @@ shares the kernel's quota. Two of the tests set one numeric setting of a mostly 
 to a value at an edge (0, -1, 2**40, 2**63 - 1, 1e10, 9e9, 1e308, inf, nan, a day and a
 second, 1tbit, ...), through RunConfig and through `train`'s flags.
 
-Budget (derandomized: CI runs the same examples every time; about 40 s on two cores):
+The files and stores the CLI reads are fuzzed too: run stores damaged column by column (any
+value anywhere, a column left out, rows gone, the summary's JSON or the config's TOML
+damaged) through `runs`, `runs --json`, `report`, `simulate --calibrate` and --compute-from;
+and good files of each kind a reader takes (npz, CSV plain, gzip and zip, CIFAR's pickles in
+a folder and a tar, script.json, a config), mutated byte-wise. Each is read, or one
+PolyrhythmError line.
+
+Budget (derandomized: CI runs the same examples every time; about 85 s on two cores):
     TOML files through load_config        1,200 examples
     raw text and bytes as config files      500
     RunConfig(**values)                   1,200
@@ -24,7 +31,9 @@ Budget (derandomized: CI runs the same examples every time; about 40 s on two co
     `compare` argument lists                300
     sweep files                             300
     edge values, RunConfig and `train`  300 + 300
-5,600 examples in all. POLYRHYTHM_FUZZ_SCALE=N runs N times as many, random ones, for a longer
+    damaged run stores                       25 (each through five commands, a report too)
+    mutated files                           400
+6,000 examples in all. POLYRHYTHM_FUZZ_SCALE=N runs N times as many, random ones, for a longer
 hunt. Below the fuzz tests, one regular test per bug the fuzzing found.
 """
 
@@ -33,31 +42,47 @@ from __future__ import annotations
 import contextlib
 import datetime
 import functools
+import gzip
 import io
+import json
 import math
 import os
+import shutil
+import tarfile
 import threading
+import zipfile
+from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 import tomli_w
 import torch
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
+import hostile
 import polyrhythm.api
 import polyrhythm.cli.compare
 import polyrhythm.cli.sweep
+import polyrhythm.report.figures
 import polyrhythm.runtime.job
+import polyrhythm.sim.plot
+from cifar_files import write_cifar
 from polyrhythm.cli import main
 from polyrhythm.comm.waiting import NEVER
 from polyrhythm.compression.wire import qsgd_bits
 from polyrhythm.config import COMPONENTS, RunConfig, flat_keys, load_config, owners
 from polyrhythm.config.declared import default_workers
-from polyrhythm.errors import ConfigError, PolyrhythmError
+from polyrhythm.data.csvfile import read_table
+from polyrhythm.data.datasets import NpzSource, load_cifar100
+from polyrhythm.data.pickles import restricted_loads
+from polyrhythm.errors import ConfigError, DataError, PolyrhythmError
 from polyrhythm.launch.cgroups import PERIOD_US
-from polyrhythm.metrics.records import flatten
+from polyrhythm.launch.scripts import ScriptCall
+from polyrhythm.metrics.records import flatten, measured_compute
 from polyrhythm.settings import Param
 from polyrhythm.sweep import parse_sweep
 from polyrhythm.units import duration
@@ -72,6 +97,7 @@ WORDS = [*NAMES, "real", "emulated", "dedicated", "collocated", "normal", "unifo
 
 
 SCALE = int(os.environ.get("POLYRHYTHM_FUZZ_SCALE", "1"))
+STORE_EXAMPLES, FILE_EXAMPLES = 25, 400
 
 
 def budget(examples: int):
@@ -540,6 +566,261 @@ def test_sweep_files_are_accepted_or_one_line_errors(config_files: list[str], sc
     run_cli(["sweep", str(path), "--dry-run", *args])
 
 
+# --- damaged run stores ------------------------------------------------------------------------
+# A store of one completed run and a sweep of it, written column by column (tests/hostile.py),
+# then damaged: any value in any column (NULL, a blob, text where a count belongs, numbers
+# out of range, ids that are paths), a column left out, rows gone, the summary's JSON
+# damaged anywhere (a value replaced or removed), the config not TOML. `runs`, `runs --json`,
+# `report --latest`, `simulate --calibrate` and --compute-from each read it or say in one
+# line that it is damaged.
+
+JUNK = st.one_of(
+    st.none(), st.integers(-3, 5), st.sampled_from([2**31, 2**63 - 1, -(2**63)]),
+    st.binary(max_size=6),
+    st.sampled_from([math.inf, -math.inf, 0.5, -1.5, 1e308]),
+    st.sampled_from(["", "x", "1", "2.5", "../escaped", "a/b", ".", "{", "[]", '{"a": 1}',
+                     "[[1, 2]]", "[[\"k\", -1]]", "bsp", "completed", "running", "a\nb",
+                     "nan", "strategy = 'bsp'\n[[x]]"]))
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-2, 3) | huge_ints.filter(lambda i: i < 2**64)
+    | st.sampled_from([0.5, -1.0, 1e300, math.inf]) | st.text(max_size=4),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner,
+                                                                max_size=3), max_leaves=6)
+REMOVED = object()
+
+
+def json_paths(value: Any, path: tuple = ()) -> list[tuple]:
+    """Every path into a JSON value (keys and list indexes), the value's own first."""
+    inner = value.items() if isinstance(value, dict) else enumerate(value) \
+        if isinstance(value, list) else ()
+    return [path, *(p for k, v in inner for p in json_paths(v, (*path, k)))]
+
+
+def replaced(value: Any, path: tuple, new: Any) -> Any:
+    """`value` with what is at `path` replaced by `new` (REMOVED: taken out); as it is if
+    it has no such path (an earlier damage changed it)."""
+    if not path:
+        return new
+    if not isinstance(value, dict | list) or path[0] not in (
+            value if isinstance(value, dict) else range(len(value))):
+        return value
+    copy = dict(value) if isinstance(value, dict) else list(value)
+    if len(path) == 1 and new is REMOVED:
+        del copy[path[0]]
+    else:
+        copy[path[0]] = replaced(copy[path[0]], path[1:], new)
+    return copy
+
+
+def _json_or(text: Any) -> Any:
+    """The JSON `text` holds, or (an earlier damage left none) the good summary."""
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError):
+        return hostile.summary(Path("runs"))
+
+
+SUMMARY_PATHS = json_paths(hostile.summary(Path("runs")))[1:]
+COLUMNS_OF = hostile.store_columns()
+
+
+@st.composite
+def damaged_stores(draw) -> tuple[dict, dict]:
+    """(the store's rows, a table's column left out): one to three damages."""
+    tables = hostile.rows(Path("runs"))
+    dropped: dict[str, str] = {}
+    for _ in range(draw(st.integers(1, 3))):
+        kind = draw(st.sampled_from(["cell", "cell", "summary", "summary", "config",
+                                     "column", "rows"]))
+        table = draw(st.sampled_from(sorted(COLUMNS_OF)))
+        if kind == "cell":
+            column = draw(st.sampled_from(COLUMNS_OF[table]))
+            for row in tables[table][:draw(st.sampled_from([1, len(tables[table])]))]:
+                row[column] = draw(JUNK)
+        elif kind == "summary":
+            path = draw(st.sampled_from(SUMMARY_PATHS))
+            new = draw(json_values | st.just(REMOVED))
+            for run in tables["runs"]:  # none, if an earlier damage took the row out
+                run["summary"] = json.dumps(replaced(_json_or(run["summary"]), path, new))
+        elif kind == "config":
+            text = draw(st.sampled_from(["", "[", "workers = 'x'", "a = 1" + "0" * 5000,
+                                         "x = " + "[" * 2000, "[strategy]\nname = 5"])
+                        | strings)
+            for run in tables["runs"]:
+                run["config"] = text
+        elif kind == "column":
+            dropped[table] = draw(st.sampled_from(COLUMNS_OF[table]))
+        else:  # rows gone: all, or those of the second worker
+            tables[table] = draw(st.sampled_from([
+                [], [r for r in tables[table] if r.get("worker", 0) != 1]]))
+    return tables, dropped
+
+
+def run_reading(args: list[str]) -> None:
+    """`polyrhythm ARGS` of a command that reads: its output and exit code 0, or one line on
+    stderr and exit code 2."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(args)
+        except SystemExit as exc:
+            code = exc.code
+    assert "Traceback" not in out.getvalue() + err.getvalue()
+    if code == 0:
+        event("read")
+        return
+    event("rejected")
+    lines = err.getvalue().splitlines()
+    assert code == 2 and len(lines) == 1 and "error: " in lines[0], (args, code, err.getvalue())
+
+
+@pytest.fixture(scope="module")
+def quick_drawing():
+    """Figures drawn but not rendered to PNG (the rendering is what takes the time; it reads
+    nothing of the store): a report's every figure still reads its data."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(polyrhythm.report.figures, "png", lambda fig: b"PNG")
+        mp.setattr(polyrhythm.sim.plot, "scaling_png", lambda *a, **k: b"PNG")
+        yield
+
+
+@budget(STORE_EXAMPLES)
+@given(damage=damaged_stores())
+def test_damaged_stores_are_read_or_one_line_errors(quick_drawing, scratch: Path,
+                                                    damage: tuple[dict, dict]) -> None:
+    tables, dropped = damage
+    out = scratch / "store"
+    hostile.write_store(out, tables, dropped)
+    run_reading(["runs", "--out", str(out)])
+    run_reading(["runs", "--json", "--out", str(out)])
+    run_reading(["report", "--latest", "--out", str(out)])
+    run_reading(["simulate", "--calibrate", hostile.RUN_ID, "--out", str(out), "--plot",
+                 str(scratch / "sim.png")])
+    try:
+        measured_compute(out, hostile.RUN_ID)
+    except PolyrhythmError as exc:
+        check_rejection(exc)
+
+
+# --- mutated files -----------------------------------------------------------------------------
+# A good file of each kind a reader takes (an .npz data set; a CSV table, plain, gzip and
+# zip; CIFAR's pickled members in their folder and in a tar; a script run's script.json; a
+# config), mutated: bytes flipped, the file cut short, bytes inserted or a span replaced,
+# near its start (headers) or anywhere. Each reader takes it or says in one line why not.
+
+def _npz(path: Path) -> None:
+    source = NpzSource(SimpleNamespace(data_path=str(path)))
+    source.check()
+    source.labels()
+    source.rows(np.arange(2))
+
+
+def _cifar(path: Path) -> None:
+    source = load_cifar100(SimpleNamespace(data_path=str(path), augment=False,
+                                           labels="fine"), 0)
+    source.check()
+    source.rows(np.arange(2))
+
+
+def _table(path: Path) -> None:
+    read_table(path, "0")
+
+
+def _script_call(path: Path) -> None:
+    ScriptCall.recalled(path.parent)
+
+
+def _config(path: Path) -> None:
+    load_config(path)
+
+
+Seeds = dict[str, tuple[bytes, Callable[[Path], None], str]]
+
+
+@pytest.fixture(scope="module")
+def seed_files(tmp_path_factory) -> tuple[Seeds, Path]:
+    """({kind: (a good file's bytes, its reader, the file's name)}, the CIFAR folder a
+    member goes into); each reader takes its good file."""
+    root = tmp_path_factory.mktemp("seeds")
+    folder, _ = write_cifar(root, "cifar100", train_rows=4, test_rows=2, archive=False)
+    with tarfile.open(root / "cifar.tar", "w") as tar:
+        tar.add(folder, arcname=folder.name)
+    arrays, packed = io.BytesIO(), io.BytesIO()
+    np.savez(arrays, x=np.arange(24, dtype=np.float32).reshape(4, 6), y=np.array([0, 1, 0, 1]))
+    # deflated, and larger than a header's read: its data is read (and checked) by np.load
+    np.savez_compressed(packed, x=np.arange(6000, dtype=np.float32).reshape(1000, 6),
+                        y=np.arange(1000) % 2)
+    table = b"label,a,b\n0,1.5,2\n1,2.5,3\n0,0.5,1\n"
+    zipped = io.BytesIO()
+    with zipfile.ZipFile(zipped, "w") as z:
+        z.writestr("table.csv", table)
+    seeds = {
+        "npz": (arrays.getvalue(), _npz, "data.npz"),
+        "npz deflated": (packed.getvalue(), _npz, "data.npz"),
+        "csv": (table, _table, "table.csv"),
+        "csv.gz": (gzip.compress(table), _table, "table.csv.gz"),
+        "csv.zip": (zipped.getvalue(), _table, "table.zip"),
+        "cifar member": ((folder / "train").read_bytes(), _cifar, "train"),
+        "cifar tar": ((root / "cifar.tar").read_bytes(), _cifar, "cifar.tar"),
+        "script.json": (json.dumps({"script": "/x/train.py", "args": ["--steps", "4"],
+                                    "cwd": "/x"}).encode(), _script_call, "script.json"),
+        "config": (b'workers = 2\n[strategy]\nname = "ssp"\nstaleness = 1\n', _config,
+                   "config.toml"),
+    }
+    for data, reader, name in seeds.values():  # good seeds: mutations start from files read
+        reader(_placed(root / "good", name, data, folder))
+    return seeds, folder
+
+
+def _placed(where: Path, name: str, data: bytes, cifar: Path) -> Path:
+    """`data` as file `name` in the folder `where` (made afresh; a CIFAR member beside the
+    other members of `cifar`); the path a reader takes."""
+    shutil.rmtree(where, ignore_errors=True)
+    if name == "train":
+        shutil.copytree(cifar, where)
+        (where / name).write_bytes(data)
+        return where
+    where.mkdir(parents=True)
+    (where / name).write_bytes(data)
+    return where / name
+
+
+mutations = st.lists(st.tuples(
+    st.sampled_from(["flip", "cut", "insert", "replace"]),
+    st.integers(0, 512) | st.integers(0, 2**20), st.binary(min_size=1, max_size=8)),
+    min_size=1, max_size=3)
+
+
+def mutated(data: bytes, operations: list[tuple[str, int, bytes]]) -> bytes:
+    for operation, at, junk in operations:
+        i = at % (len(data) + 1)
+        if operation == "flip" and i < len(data):
+            data = data[:i] + bytes([data[i] ^ junk[0] or 1]) + data[i + 1:]
+        elif operation == "cut":
+            data = data[:i]
+        elif operation == "insert":
+            data = data[:i] + junk + data[i:]
+        else:
+            data = data[:i] + junk + data[i + len(junk):]
+    return data
+
+
+@budget(FILE_EXAMPLES)
+@given(kind=st.sampled_from(["npz", "npz deflated", "csv", "csv.gz", "csv.zip", "cifar member",
+                             "cifar tar", "script.json", "config"]), operations=mutations)
+def test_mutated_files_are_read_or_one_line_errors(seed_files, scratch: Path, kind: str,
+                                                   operations: list) -> None:
+    seeds, cifar = seed_files
+    data, reader, name = seeds[kind]
+    path = _placed(scratch / "mutated", name, mutated(data, operations), cifar)
+    try:
+        reader(path)
+    except PolyrhythmError as exc:
+        check_rejection(exc)
+    else:
+        event("accepted")
+
+
 # --- regressions: one regular test per bug the fuzzing found -----------------------------------
 
 @pytest.mark.parametrize("values, needles", [
@@ -621,3 +902,60 @@ def test_flags_found_by_fuzzing_are_one_line_errors(capsys, args: list[str],
 def test_sweep_values_json_cannot_show_are_one_line_errors(grid: dict) -> None:
     with pytest.raises(ConfigError):
         parse_sweep({"grid": grid})
+
+
+def _zip_of(name: str, data: bytes, method: int = zipfile.ZIP_DEFLATED) -> bytearray:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", method) as z:
+        z.writestr(name, data)
+    return bytearray(buffer.getvalue())
+
+
+def _unsupported_method(name: str, data: bytes) -> bytes:
+    """A zip whose member says it is compressed by method 99, which zipfile cannot read."""
+    archive = _zip_of(name, data, zipfile.ZIP_STORED)
+    for header, at in ((b"PK\x03\x04", 8), (b"PK\x01\x02", 10)):  # local, central
+        start = archive.index(header)
+        archive[start + at:start + at + 2] = (99).to_bytes(2, "little")
+    return bytes(archive)
+
+
+def _garbled_deflate(name: str, data: bytes) -> bytes:
+    """A zip whose deflated member starts with a block of no valid type."""
+    archive = _zip_of(name, data)
+    start = 30 + int.from_bytes(archive[26:28], "little") + int.from_bytes(archive[28:30],
+                                                                           "little")
+    archive[start] = 0xFF
+    return bytes(archive)
+
+
+def _npy(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("name, data, read, needle", [
+    # NotImplementedError from zipfile: a compression method it does not read
+    ("t.zip", _unsupported_method("t.csv", b"y,x\n0,1\n1,2\n"), _table,
+     "compression method is not supported"),
+    ("d.npz", _unsupported_method("x.npy", _npy(np.zeros((2, 2)))), _npz,
+     "compression method is not supported"),
+    # zlib.error reading an .npz member's header
+    ("d.npz", _garbled_deflate("x.npy", _npy(np.zeros((2, 2)))), _npz, "invalid block type"),
+])
+def test_files_found_by_fuzzing_are_one_line_errors(tmp_path: Path, name: str, data: bytes,
+                                                    read, needle: str) -> None:
+    (tmp_path / name).write_bytes(data)
+    with pytest.raises(PolyrhythmError) as info:
+        read(tmp_path / name)
+    assert len(str(info.value).splitlines()) == 1 and needle in str(info.value), info.value
+
+
+def test_a_pickle_naming_a_global_with_a_line_break_is_one_line() -> None:
+    """A damaged CIFAR member naming `_codecs\\x0cx.encode` (a form feed: splitlines breaks
+    there): the refusal quotes it."""
+    with pytest.raises(DataError) as info:
+        restricted_loads(b"c_codecs\x0cx\nencode\n.", "member")
+    assert str(info.value) == ("member: refuses to unpickle '_codecs\\x0cx.encode': a CIFAR "
+                               "pickle holds only dicts, lists, bytes, numbers and numpy arrays")

@@ -249,3 +249,25 @@ def test_a_checkpoint_file_that_cannot_be_written_leaves_no_partial_file(tmp_pat
     with pytest.raises(OSError, match="No space"):
         checkpoint.save({"w": 1}, path)
     assert list(path.parent.iterdir()) == []
+
+
+def test_a_named_pipe_in_a_checkpoint_files_place_is_refused_not_waited_on(tmp_path):
+    """A resume's check of digests opens each file without waiting for a writer."""
+    import hashlib
+    import threading
+
+    from polyrhythm.runtime import digests
+
+    path = tmp_path / "worker-0.pt"
+    os.mkfifo(path)
+    digests.of(path).write_text(f"{hashlib.sha256(b'x').hexdigest()}  worker-0.pt\n")
+    found: list = []
+    checking = threading.Thread(target=lambda: found.append(digests.problem(path)),
+                                daemon=True)
+    checking.start()
+    checking.join(timeout=60)
+    assert not checking.is_alive(), "the check waited on the pipe"
+    assert "not a regular file" in found[0]
+    os.mkfifo(tmp_path / "server-0.pt.sha256")
+    (tmp_path / "server-0.pt").write_bytes(b"x")
+    assert "digest cannot be read" in digests.problem(tmp_path / "server-0.pt")

@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from polyrhythm.metrics.launcher import read_identity
 from polyrhythm.metrics.records import (
     STORE_NAME,
     compression_label,
@@ -38,8 +39,8 @@ def run(args: argparse.Namespace) -> int:
         for r in rows:
             fields = {k: v for k, v in r.items() if k not in ("config", "summary")}
             fields["compress"] = compressor(r)
-            if fields.get("launcher"):
-                fields["launcher"] = json.loads(fields["launcher"])
+            if fields.get("launcher"):  # as stored; null if it is not a launcher's JSON
+                fields["launcher"] = read_identity(fields["launcher"])
             print(json.dumps(fields))
         return 0
     if not rows:

@@ -59,14 +59,15 @@ from polyrhythm.config.sections import (
 )
 from polyrhythm.config.servers import check_shared_epochs, servers_of, worker_failure_of
 from polyrhythm.errors import ConfigError
+from polyrhythm.files import read_regular
 from polyrhythm.metrics.records import SECTIONS
 from polyrhythm.settings import Param, Settings, shown
 from polyrhythm.strategies import STRATEGIES
 
-__all__ = ["CLUSTER", "COMPONENTS", "GENERAL", "OPTIMIZER", "Kind", "RunConfig", "flat_config",
-           "flat_keys", "layered", "load_config", "load_toml", "make_config", "merged",
-           "given_to_a_script", "owners", "sectioned", "unread_by_a_script",
-           "unread_fields"]
+__all__ = ["CLUSTER", "COMPONENTS", "GENERAL", "MAX_CONFIG_BYTES", "OPTIMIZER", "Kind",
+           "RunConfig", "flat_config", "flat_keys", "layered", "load_config", "load_toml",
+           "make_config", "merged", "given_to_a_script", "owners", "sectioned",
+           "unread_by_a_script", "unread_fields"]
 
 
 class RunConfig:
@@ -257,6 +258,9 @@ def _batch(given: Mapping[str, Any], general: dict) -> dict:
 def _check_run(run: Settings) -> None:
     """Rules across the general settings."""
     check_compute(run)
+    if "\x00" in run.out:  # no path holds one: the run's record could not be written
+        raise ConfigError(f"out must be a directory's path, got {shown(run.out)} (a null "
+                          "byte)")
     if run.batch_size < run.workers:
         raise ConfigError(f"batch size {run.batch_size} is smaller than the worker count "
                           f"{run.workers}")
@@ -321,17 +325,20 @@ def make_config(values: Mapping[str, Any]) -> RunConfig:
     return RunConfig(**values)
 
 
+# A config or sweep file is a page of settings; one larger is no config (and tomllib would
+# hold all of it, and more, in memory).
+MAX_CONFIG_BYTES = 2**20
+
+
 def load_toml(path: str | os.PathLike) -> dict[str, Any]:
-    """Read a TOML config file into a dict (flat keys, sections or both)."""
+    """Read a TOML config file into a dict (flat keys, sections or both): a regular file of
+    at most MAX_CONFIG_BYTES (a named pipe or a device is refused, not waited on)."""
     p = Path(path)
+    data = read_regular(p, "config file", ConfigError, MAX_CONFIG_BYTES)
     try:
-        text = p.read_bytes().decode("utf-8")  # TOML is UTF-8 whatever the locale says
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {str(p)!r}: {exc.strerror}") from None
+        text = data.decode("utf-8")  # TOML is UTF-8 whatever the locale says
     except UnicodeDecodeError:
         raise ConfigError(f"config file {str(p)!r} is not UTF-8 text") from None
-    except ValueError as exc:  # a path no file can have: "embedded null byte"
-        raise ConfigError(f"cannot read config file {str(p)!r}: {exc}") from None
     try:
         return tomllib.loads(text)
     # tomllib raises ValueError for an integer of more than 4,300 digits and runs out of

@@ -15,13 +15,13 @@ from __future__ import annotations
 import gzip
 import io
 import math
+import os
 import warnings
 import zipfile
 import zlib
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from itertools import islice
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
@@ -29,8 +29,13 @@ import numpy as np
 
 from polyrhythm.data.source import Normalisation, Source
 from polyrhythm.errors import DataError
+from polyrhythm.files import open_regular
 
 CHUNK_LINES = 65_536  # lines parsed at once: a few MB of text and of float64 cells
+CHUNK_CHARS = 64 * 2**20  # and at most about this much text, however long the lines
+# A row's characters at most (a row of a million cells): a file of one endless line is read
+# this far, not into memory whole.
+MAX_LINE_CHARS = 16 * 2**20
 # The text one file may hold (zip members declare theirs; gzip's is counted as it is read):
 # twice HIGGS, the largest table this reader is meant for (7.5 GiB). A zip bomb declares far
 # more; a table this size takes minutes a pass to parse, and its targets fill the memory.
@@ -49,28 +54,34 @@ def open_text(path: Path) -> Iterator[TextIO]:
     if not path.is_file():
         raise DataError(f"data path {str(path)!r} is not a file")
     with ExitStack() as stack:
-        binary = stack.enter_context(_binary(path))
+        raw = stack.enter_context(open_regular(path, "data file", DataError))
+        binary = stack.enter_context(_binary(raw, path))
         yield stack.enter_context(io.TextIOWrapper(binary, encoding="utf-8-sig"))
 
 
-def _binary(path: Path) -> BinaryIO:
+def _binary(raw: BinaryIO, path: Path) -> BinaryIO:
+    """The bytes of the text in `raw` (the file at `path`): itself, its gzip stream or its
+    zip's one file."""
     try:
-        with path.open("rb") as head:
-            magic = head.read(4)
+        magic = raw.read(4)
+        raw.seek(0)
         if magic[:2] == GZIP_MAGIC:
-            return gzip.open(path, "rb")  # its size is only known by reading: counted then
-        if magic in ZIP_MAGIC or zipfile.is_zipfile(path):  # is_zipfile: data before it
-            return _zip_member(path)
-        _check_declared(path, path.stat().st_size)
-        return path.open("rb")
+            # Its size is only known by reading: counted then.
+            return gzip.GzipFile(fileobj=raw, mode="rb")
+        if magic in ZIP_MAGIC or zipfile.is_zipfile(raw):  # is_zipfile: data before it
+            return _zip_member(raw, path)
+        _check_declared(path, os.fstat(raw.fileno()).st_size)
+        raw.seek(0)
+        return raw
     except OSError as exc:
         raise DataError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from None
 
 
-def _zip_member(path: Path) -> BinaryIO:
+def _zip_member(raw: BinaryIO, path: Path) -> BinaryIO:
     try:
-        archive = zipfile.ZipFile(path)
-    except zipfile.BadZipFile as exc:
+        archive = zipfile.ZipFile(raw)
+    # NotImplementedError: a zip version, compression or feature zipfile does not read
+    except (zipfile.BadZipFile, NotImplementedError) as exc:
         raise DataError(f"cannot read zip {str(path)!r}: {exc}") from None
     with archive:  # the member keeps the file open until it is closed itself
         files = [m for m in archive.infolist()
@@ -81,7 +92,10 @@ def _zip_member(path: Path) -> BinaryIO:
             raise DataError(f"zip {str(path)!r} holds {len(files)} files{listed}; it must hold "
                             "exactly one CSV file")
         _check_declared(path, files[0].file_size)
-        return archive.open(files[0])
+        try:
+            return archive.open(files[0])
+        except (zipfile.BadZipFile, NotImplementedError) as exc:
+            raise DataError(f"cannot read zip {str(path)!r}: {exc}") from None
 
 
 def _check_declared(path: Path, size: int) -> None:
@@ -156,19 +170,20 @@ def read_table(path: Path, target: str, max_rows: int | None = None,
 
 def _read(text: TextIO, path: Path, target: str, max_rows: int | None,
           selections: tuple[np.ndarray, ...]) -> Table:
-    line_number, first = _first_row(text, path)
+    line_number, first, before = _first_row(text, path)
     cells = first.rstrip("\r\n").split(",")
     header = not all(_is_number(cell) for cell in cells)
     names = [cell.strip().strip('"') for cell in cells] if header else None
     column = _target_column(target, names, len(cells), path)
     picking = [_Picking(s, len(cells) - 1) for s in selections]
     moments, targets, rows = Moments(), [], 0
-    lines, read = ([], len(first)) if header else ([first], 0)  # read: characters so far
+    # read: characters so far (a first row that is data counts with its chunk)
+    lines, read = ([], before) if header else ([first], before - len(first))
     line_number += header
     while max_rows is None or rows < max_rows:
         # Never a line past max_rows: a row is a line at least (blank lines are no rows).
         wanted = CHUNK_LINES if max_rows is None else min(CHUNK_LINES, max_rows - rows)
-        lines += islice(text, wanted - len(lines))
+        lines += _lines(text, wanted - len(lines), line_number + len(lines), path)
         if not lines:
             break
         read += sum(map(len, lines))
@@ -191,12 +206,42 @@ def _read(text: TextIO, path: Path, target: str, max_rows: int | None,
     return Table(names, column, np.concatenate(targets), moments, [p.out for p in picking])
 
 
-def _first_row(text: TextIO, path: Path) -> tuple[int, str]:
-    """(its line number, the first line that is not blank)."""
-    for number, line in enumerate(text, 1):
+def _first_row(text: TextIO, path: Path) -> tuple[int, str, int]:
+    """(its line number, the first line that is not blank, the characters read so far)."""
+    number, read = 1, 0
+    while line := _line(text, number, path):
+        read += len(line)
         if line.strip():
-            return number, line
+            return number, line, read
+        if read > MAX_TEXT_BYTES:
+            break
+        number += 1
     raise DataError(f"{str(path)!r} holds no rows")
+
+
+def _lines(text: TextIO, wanted: int, number: int, path: Path) -> list[str]:
+    """Up to `wanted` lines of `text` (the first is line `number`), fewer at its end or
+    once they hold CHUNK_CHARS characters: a chunk's size is bounded, whatever its lines'
+    lengths."""
+    lines: list[str] = []
+    chars = 0
+    while len(lines) < wanted and chars < CHUNK_CHARS:
+        line = _line(text, number + len(lines), path)
+        if not line:
+            break
+        lines.append(line)
+        chars += len(line)
+    return lines
+
+
+def _line(text: TextIO, number: int, path: Path) -> str:
+    """The next line of `text` ('' at its end), line `number` of the file: at most
+    MAX_LINE_CHARS characters, read no further (one huge line is refused, not held)."""
+    line = text.readline(MAX_LINE_CHARS + 1)
+    if len(line) > MAX_LINE_CHARS:
+        raise DataError(f"{str(path)!r} line {number} is longer than {MAX_LINE_CHARS:,} "
+                        "characters: no table's row")
+    return line
 
 
 def _is_number(cell: str) -> bool:

@@ -10,15 +10,19 @@ returns arrays.
 from __future__ import annotations
 
 import importlib.util
+import math
 import zipfile
+import zlib
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
 from polyrhythm.data import DATASETS
 from polyrhythm.data.pickles import read_members
 from polyrhythm.data.source import ArraySource, Normalisation, Source, compact
-from polyrhythm.errors import DataError
+from polyrhythm.errors import DataError, one_line
+from polyrhythm.files import open_regular, size_text
 from polyrhythm.settings import load_object
 
 
@@ -169,8 +173,13 @@ def arrays_source(values, where: str) -> Source:
     return ArraySource(x, y, int(y.max()) + 1, given_val=len(ys[1]) if len(ys) > 1 else 0)
 
 
+NPZ_ARRAYS = ("x", "y", "x_val", "y_val")  # what an .npz data set holds; others are not read
+
+
 class NpzSource(Source):
-    """A user's .npz file; loaded with allow_pickle=False, so it cannot hold objects."""
+    """A user's .npz file; loaded with allow_pickle=False, so it cannot hold objects. Each
+    array's header must fit its member before any is loaded (np.load allocates what a
+    header declares: a header that claims terabytes would fail there, or fill memory)."""
 
     def __init__(self, settings) -> None:
         self.path = Path(settings.data_path)
@@ -178,26 +187,53 @@ class NpzSource(Source):
 
     def check(self) -> None:
         """The file is a zip of .npy arrays with x and y (headers only)."""
+        with self._open() as raw:
+            self._check_headers(raw)
+
+    def _open(self) -> BinaryIO:
         if not self.path.is_file():
             raise DataError(f"data path {str(self.path)!r} is not a file")
+        return open_regular(self.path, "data file", DataError)
+
+    def _check_headers(self, raw: BinaryIO) -> None:
         try:
-            with zipfile.ZipFile(self.path) as z:
+            with zipfile.ZipFile(raw) as z:
                 names = {Path(n).stem for n in z.namelist()}
-        except (zipfile.BadZipFile, OSError) as exc:
-            raise DataError(f"{str(self.path)!r} is not an .npz file: {exc}") from None
+                for info in z.infolist():
+                    if Path(info.filename).stem in NPZ_ARRAYS:
+                        with z.open(info) as member:
+                            _check_npy_header(member, info.file_size, self.path,
+                                              info.filename)
+        # NotImplementedError: a zip version, compression or feature zipfile does not read;
+        # zlib.error: a deflated header that does not inflate
+        except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError, zlib.error) as exc:
+            raise DataError(f"{str(self.path)!r} is not an .npz file: {one_line(exc)}"
+                            ) from None
         if not {"x", "y"} <= names:
             raise DataError(f"{str(self.path)!r} must hold arrays x and y; it has "
                             f"{', '.join(sorted(names)) or 'none'}")
 
     def _loaded(self) -> Source:
         if self._source is None:
-            self.check()
-            try:
-                with np.load(self.path, allow_pickle=False) as z:
-                    self._source = arrays_source({k: z[k] for k in z.files}, str(self.path))
-            except ValueError as exc:  # an object array: refused, never unpickled
-                raise DataError(f"{str(self.path)!r}: {exc}".splitlines()[0]) from None
+            with self._open() as raw:
+                self._check_headers(raw)
+                raw.seek(0)
+                self._source = self._arrays(raw)
         return self._source
+
+    def _arrays(self, raw: BinaryIO) -> Source:
+        try:
+            with np.load(raw, allow_pickle=False) as z:
+                return arrays_source({k: z[k] for k in NPZ_ARRAYS if k in z.files},
+                                     str(self.path))
+        except ValueError as exc:  # an object array: refused, never unpickled
+            raise DataError(f"{str(self.path)!r}: {exc}".splitlines()[0]) from None
+        # A member's data damaged past its header (a bad CRC, a broken deflate stream).
+        except (zipfile.BadZipFile, OSError, EOFError, zlib.error) as exc:
+            raise DataError(f"cannot read {str(self.path)!r}: {one_line(exc)}") from None
+        except MemoryError:
+            raise DataError(f"{str(self.path)!r} holds arrays larger than this machine's "
+                            "memory") from None
 
     shape = property(lambda self: self._loaded().shape)
     classes = property(lambda self: self._loaded().classes)
@@ -209,6 +245,25 @@ class NpzSource(Source):
 
     def rows(self, *selections: np.ndarray) -> list[np.ndarray]:
         return self._loaded().rows(*selections)
+
+
+def _check_npy_header(member: BinaryIO, size: int, path: Path, name: str) -> None:
+    """A one-line DataError unless the .npy `member` (of `size` bytes) holds the data its
+    header declares."""
+    try:
+        version = np.lib.format.read_magic(member)
+        if version not in ((1, 0), (2, 0)):  # 3.0: UTF-8 field names, no data set's
+            raise ValueError(f".npy format version {version[0]}.{version[1]} is not read")
+        read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                       else np.lib.format.read_array_header_2_0)
+        shape, _, dtype = read_header(member)
+    except (ValueError, SyntaxError) as exc:
+        raise DataError(f"{str(path)!r} member {name}: {one_line(exc)}") from None
+    declared = math.prod(shape) * dtype.itemsize
+    held = size - member.tell()
+    if declared > held:
+        raise DataError(f"{str(path)!r} member {name} declares {dtype} data of shape "
+                        f"{shape} ({size_text(declared)}) but holds {size_text(max(0, held))}")
 
 
 def load_npz(settings, seed: int) -> Source:

@@ -37,7 +37,8 @@ from polyrhythm.config import given_to_a_script
 from polyrhythm.config.emulation import host_ranks
 from polyrhythm.config.servers import CONTINUE
 from polyrhythm.context import Topology
-from polyrhythm.errors import ConfigError, RunFailed
+from polyrhythm.errors import ConfigError, RunFailed, StoreError
+from polyrhythm.files import read_regular
 from polyrhythm.launch import forkserver
 from polyrhythm.launch.emulated import RankProgram
 from polyrhythm.launch.failures import (
@@ -70,6 +71,7 @@ from polyrhythm.runtime.checkpoint import Resume, resumed_config, tidy
 from polyrhythm.runtime.job import thread_count
 
 SCRIPT_FILE = "script.json"  # in the run's folder: what started the script (ScriptCall)
+MAX_SCRIPT_FILE_BYTES = 2**20  # a path, its arguments and a folder
 
 
 @dataclass(frozen=True)
@@ -91,9 +93,23 @@ class ScriptCall:
 
     @classmethod
     def recalled(cls, run_dir: Path) -> ScriptCall | None:
-        """The script run `run_dir` holds; None for a run of `polyrhythm train`'s job."""
+        """The script run `run_dir` holds; None for a run of `polyrhythm train`'s job. A
+        script.json that is not what `remember` wrote is a one-line StoreError."""
         path = Path(run_dir) / SCRIPT_FILE
-        return cls(**json.loads(path.read_text())) if path.is_file() else None
+        if not os.path.lexists(path):
+            return None
+        data = read_regular(path, "script file", StoreError, MAX_SCRIPT_FILE_BYTES)
+        try:
+            values = json.loads(data)
+        except (ValueError, RecursionError):  # not UTF-8 or not JSON; nested too deep
+            values = None
+        fields = {"script": str, "args": list, "cwd": str}
+        if not (isinstance(values, dict) and values.keys() == fields.keys()
+                and all(isinstance(values[k], kind) for k, kind in fields.items())
+                and all(isinstance(a, str) for a in values["args"])):
+            raise StoreError(f"{str(path)!r} is damaged: it must hold the script, its args "
+                             "and the folder it ran in (cwd), as `polyrhythm run` wrote them")
+        return cls(**values)
 
     def check(self, run_id: str) -> None:
         """One line unless the script and its folder are still there to start again."""

@@ -53,8 +53,8 @@ def launcher_gone(launcher: dict | None, here: dict) -> bool:
 def read_identity(text: str | None) -> dict | None:
     """A launcher as stored (JSON), or None if absent or unreadable."""
     try:
-        value = json.loads(text) if text else None
-    except ValueError:
+        value = json.loads(text) if isinstance(text, str) and text else None
+    except (ValueError, RecursionError):
         return None
     return value if isinstance(value, dict) else None
 

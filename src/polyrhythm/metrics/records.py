@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from polyrhythm.errors import StoreError
+from polyrhythm.errors import StoreError, one_line
 from polyrhythm.metrics.launcher import read_identity
 from polyrhythm.metrics.runfolder import (
     SUMMARY_FILE,
@@ -278,9 +278,15 @@ def flatten(values: dict[str, Any]) -> dict[str, Any]:
     return from_release_0_1(fields)
 
 
-def config_fields(config_toml: str) -> dict[str, Any]:
-    """A stored config as flat fields, whether written in sections or by polyrhythm 0.1."""
-    return flatten(tomllib.loads(config_toml))
+def config_fields(config_toml: str, run_id: str = "a run") -> dict[str, Any]:
+    """A stored config as flat fields, whether written in sections or by polyrhythm 0.1; a
+    one-line StoreError naming `run_id` if it is not TOML."""
+    try:
+        return flatten(tomllib.loads(config_toml))
+    # ValueError: an integer of more than 4,300 digits; RecursionError: arrays nested deep
+    except (tomllib.TOMLDecodeError, ValueError, RecursionError) as exc:
+        reason = one_line(exc) or "nested too deeply"
+        raise StoreError(f"{run_id}'s stored config is not TOML ({reason})") from None
 
 
 def compression_section(config_toml: str | None) -> dict[str, Any]:
@@ -289,7 +295,7 @@ def compression_section(config_toml: str | None) -> dict[str, Any]:
     compressors existed, has no section) or the text is not TOML."""
     try:
         section = tomllib.loads(config_toml or "").get("compression")
-    except tomllib.TOMLDecodeError:
+    except (tomllib.TOMLDecodeError, ValueError, RecursionError):
         return {}
     if not isinstance(section, dict) or section.get("name", "none") == "none":
         return {}
@@ -331,15 +337,20 @@ def measured_compute(out: str | Path, run_id: str) -> list[list[float]]:
 
 
 def compute_series(rows: list, run: dict, asker: str) -> list[list[float]]:
-    """Per worker in step order, the compute seconds of a run's iteration rows; a one-line
-    StoreError (starting with `asker`) if the run kept none."""
-    times: list[list[float]] = [[] for _ in range(run["workers"])]
+    """Per worker in step order, the compute seconds of a run's iteration rows (checked
+    rows: metrics/rows.py); a one-line StoreError (starting with `asker`) if the run kept
+    none, or rows its workers cannot have written."""
+    times: dict[int, list[tuple[int, float]]] = {}
     for row in rows:
-        times[row["worker"]].append((row["step"], row["compute_s"]))
-    if not all(times):
+        if row["worker"] >= run["workers"] or row["compute_s"] < 0:
+            raise StoreError(f"{asker}: run {run['run_id']}'s iterations are damaged: a row "
+                             f"of worker {row['worker']} (of {run['workers']}) took "
+                             f"{row['compute_s']} s")
+        times.setdefault(row["worker"], []).append((row["step"], row["compute_s"]))
+    if len(times) < run["workers"]:  # not range(workers): a damaged count may be huge
         raise StoreError(f"{asker}: run {run['run_id']} recorded no per-step times (it ran "
                          "with instrumentation off)")
-    return [[seconds for _, seconds in sorted(steps)] for steps in times]
+    return [[seconds for _, seconds in sorted(times[w])] for w in range(run["workers"])]
 
 
 def amend_run(record: RunRecord, extra: dict) -> dict:

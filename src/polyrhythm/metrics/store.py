@@ -42,6 +42,7 @@ from pathlib import Path
 from polyrhythm.errors import StoreError
 from polyrhythm.metrics.launcher import launcher_gone, process_identity, read_identity
 from polyrhythm.metrics.recorder import SPAN_NAMES
+from polyrhythm.metrics.rows import COLUMNS, checked
 from polyrhythm.metrics.runfolder import kept_reason
 
 SCHEMA_VERSION = 6
@@ -161,6 +162,7 @@ RUN_COLUMNS = ("strategy", "workers", "servers", "epochs", "dataset", "model")
 RULE_FIELDS = ("phase", "rule_score", "rule_fired", "rule_why")  # None but in switch runs
 EPOCH_COLUMNS = ("epoch", "train_loss", "val_loss", "val_accuracy", "samples_per_s", "wall_s",
                  *RULE_FIELDS)
+_RUNS = ", ".join(COLUMNS["runs"])  # every column a run's row has, named: none may be missing
 
 
 class RunStore:
@@ -178,7 +180,7 @@ class RunStore:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             # Autocommit at the driver: the transactions are the ones begun here.
             conn = sqlite3.connect(self.path, timeout=busy_timeout(), isolation_level=None)
-        except (OSError, sqlite3.Error) as exc:
+        except (OSError, ValueError, sqlite3.Error) as exc:  # ValueError: a null byte
             raise StoreError(f"cannot open run store {str(self.path)!r}: {exc}") from None
         conn.row_factory = sqlite3.Row
         try:
@@ -324,26 +326,33 @@ class RunStore:
             return []
         self.fail_orphans()
         with self._connect(write=False) as conn:
-            return [dict(r) for r in conn.execute("SELECT * FROM runs ORDER BY created, run_id")]
+            return [self._checked("runs", dict(r)) for r in conn.execute(
+                f"SELECT {_RUNS} FROM runs ORDER BY created, run_id")]
 
     def run(self, run_id: str) -> dict | None:
         with self._connect(write=False) as conn:
-            row = conn.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-            return dict(row) if row else None
+            row = conn.execute(f"SELECT {_RUNS} FROM runs WHERE run_id = ?",
+                               (run_id,)).fetchone()
+            return self._checked("runs", dict(row)) if row else None
+
+    def _checked(self, table: str, row: dict, owner: object = None) -> dict:
+        """A row as read, checked (metrics/rows.py): a damaged store is a StoreError."""
+        return checked(table, row, self.path, row.get("run_id") if owner is None else owner)
 
     def series(self, table: str, run_id: str) -> list[dict]:
         """One run's rows of an event table (iterations, pushes, updates, resources)."""
         if table not in SERIES:
             raise ValueError(f"unknown series {table!r}")
         with self._connect(write=False) as conn:
-            return [dict(r) for r in conn.execute(
+            return [self._checked(table, dict(r), run_id) for r in conn.execute(
                 f"SELECT {', '.join(SERIES[table])} FROM {table} WHERE run_id = ?"
                 f" ORDER BY t", (run_id,))]
 
     def epochs(self, run_id: str) -> list[dict]:
         with self._connect(write=False) as conn:
-            return [dict(r) for r in conn.execute(
-                "SELECT * FROM epochs WHERE run_id = ? ORDER BY epoch", (run_id,))]
+            return [self._checked("epochs", dict(r)) for r in conn.execute(
+                f"SELECT run_id, {', '.join(EPOCH_COLUMNS)} FROM epochs WHERE run_id = ?"
+                " ORDER BY epoch", (run_id,))]
 
 
 def busy_timeout() -> float:

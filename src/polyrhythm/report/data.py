@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import tomllib
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +18,7 @@ import numpy as np
 from polyrhythm.errors import ConfigError, StoreError
 from polyrhythm.metrics.records import config_fields
 from polyrhythm.metrics.store import SERIES, RunStore
+from polyrhythm.report.summary import readable
 
 # Fields that never tell groups apart: repeats differ in seed; the strategy leads the label.
 _NOT_LABELS = {"seed", "out", "strategy"}
@@ -86,7 +86,8 @@ def load_runs(store_path: str | Path, run_ids: list[str]) -> list[Run]:
     if unknown:
         raise StoreError(f"unknown run id{'s' if len(unknown) > 1 else ''} "
                          f"{', '.join(unknown)} in {str(path)!r}")
-    runs = [Run(rows[i], _toml(rows[i]["config"]), _json(rows[i]["summary"])) for i in ids]
+    runs = [Run(r, _toml(r["config"], r["run_id"]), readable(_json(r["summary"])))
+            for r in map(rows.__getitem__, ids)]
     if not any(r.completed for r in runs):
         statuses = ", ".join(f"{r.run_id}: {r.row['status']}" for r in runs)
         raise StoreError(f"none of the {len(runs)} runs completed, so there is nothing to "
@@ -100,18 +101,18 @@ def load_runs(store_path: str | Path, run_ids: list[str]) -> list[Run]:
     return runs
 
 
-def _toml(text: str | None) -> dict:
+def _toml(text: str | None, run_id: str) -> dict:
     """The stored config as flat fields (sectioned or, from polyrhythm 0.1, flat)."""
     try:
-        return config_fields(text or "")
-    except tomllib.TOMLDecodeError:
+        return config_fields(text or "", run_id)
+    except StoreError:  # not TOML: the report shows the run without its settings
         return {}
 
 
 def _json(text: str | None) -> dict:
     try:
         value = json.loads(text) if text else {}
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # not JSON (or nested too deep)
         return {}
     return value if isinstance(value, dict) else {}
 

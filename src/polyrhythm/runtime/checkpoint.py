@@ -36,6 +36,8 @@ from pathlib import Path
 import torch
 
 from polyrhythm.comm.messages import REPLY_HEADER
+from polyrhythm.errors import DataError
+from polyrhythm.files import open_regular
 from polyrhythm.runtime import digests
 
 FOLDER = "checkpoints"
@@ -203,7 +205,7 @@ def complete_model(run_dir: Path, epochs_done: int, workers: int, servers: int) 
     try:
         model = load(folder / MODEL)
         files = [load(path) for path in folder.glob("server-*.pt")]
-    except OSError:  # pruned meanwhile: a newer checkpoint is complete
+    except (OSError, DataError):  # pruned meanwhile: a newer checkpoint is complete
         return
     # Each server's buckets, in the order of their places in the flat model.
     buckets = [b for _, b in sorted((start, b) for f in files for (start, _), b in
@@ -239,8 +241,10 @@ def unpacked(table: torch.Tensor, ints: tuple[int, ...]) -> list[tuple]:
 
 def load(path: Path) -> dict:
     """A checkpoint file, loaded with weights_only: tensors and plain values only, nothing
-    else is unpickled."""
-    return torch.load(path, weights_only=True)
+    else is unpickled. Anything but a regular file (a named pipe would block) is a
+    DataError."""
+    with open_regular(path, "checkpoint file", DataError) as file:
+        return torch.load(file, weights_only=True)
 
 
 def resumed_config(config, run_dir: Path) -> Path:

@@ -24,7 +24,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import BinaryIO
 
+from polyrhythm.errors import DataError
+from polyrhythm.files import open_regular, read_regular
+
 SUFFIX = ".sha256"
+_DIGEST_LIMIT = 64 << 10  # a digest file is a line or two
 _LINE = re.compile(r"([0-9a-f]{64})  (\S+)$")
 
 
@@ -88,20 +92,22 @@ def has_digest(path: Path) -> bool:
 def problem(path: Path) -> str | None:
     """Why `path` is not to be trusted (no digest, unreadable, not the bytes its digest
     names), or None: its bytes are the ones written."""
-    try:
-        text = of(path).read_text()
-    except FileNotFoundError:
+    if not of(path).exists():
         return f"{path.name} has no digest"
-    except (OSError, UnicodeDecodeError) as exc:
+    try:  # a named pipe in a file's place would block the reader forever: refused
+        text = read_regular(of(path), "digest", DataError, _DIGEST_LIMIT).decode()
+    except (DataError, UnicodeDecodeError) as exc:
         return f"{path.name}'s digest cannot be read ({exc})"
     named = [m.group(1) for line in text.splitlines() if (m := _LINE.match(line))]
     if not named:
         return f"{path.name}'s digest is not a SHA-256 line"
-    try:
-        with path.open("rb") as f:
-            actual = hashlib.file_digest(f, "sha256").hexdigest()
-    except FileNotFoundError:
+    if not path.exists():
         return f"{path.name} is missing"
+    try:
+        with open_regular(path, "checkpoint file", DataError) as f:
+            actual = hashlib.file_digest(f, "sha256").hexdigest()
+    except DataError as exc:
+        return f"{path.name}: {exc}"
     except OSError as exc:
         return f"{path.name} cannot be read ({exc.strerror or exc})"
     return None if actual in named else f"{path.name} does not match its digest"

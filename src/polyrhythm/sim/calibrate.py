@@ -24,11 +24,13 @@ here (study.Prediction).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from polyrhythm.config import RunConfig, make_config
-from polyrhythm.errors import StoreError
+from polyrhythm.errors import StoreError, one_line
+from polyrhythm.files import shown
 from polyrhythm.layout import BucketLayout
 from polyrhythm.metrics.records import completed_run, compute_series, config_fields
 from polyrhythm.sim.compressed import settings_key
@@ -59,11 +61,43 @@ class Calibration:
                    values["iterations"], values["measured"], values.get("cores_bound"))
 
 
+# The fields of a stored summary that size the simulation's work: a damaged store's would
+# make it endless (a count of 10^18 steps, servers or parameters). No run this library
+# stores comes near these.
+SIZES = {"warmup_steps": 2**40, "servers": 2**20, "parameters": 2**36}
+
+
 def calibrate(out: str | Path, run_id: str) -> Calibration:
-    """The calibration of completed run `run_id` of the store under `out`."""
+    """The calibration of completed run `run_id` of the store under `out`; a one-line
+    StoreError if what the store holds of it is not what a run records."""
     store, row = completed_run(out, run_id, "--calibrate")
-    summary = json.loads(row["summary"])
-    config = make_config({**config_fields(row["config"]), "out": str(out),
+    summary = _summary(row, run_id)
+    try:
+        return _calibration(out, run_id, store, row, summary)
+    # A field missing from the summary polyrhythm wrote, or of another kind: a damaged store.
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+        raise StoreError(f"--calibrate: run {run_id}'s stored summary is damaged "
+                         f"({type(exc).__name__}: {one_line(exc)})") from None
+
+
+def _summary(row: dict, run_id: str) -> dict:
+    """A completed run's stored summary, its sizes checked (SIZES)."""
+    try:
+        summary = json.loads(row["summary"] or "")
+    except (ValueError, RecursionError):
+        summary = None
+    if not isinstance(summary, dict):
+        raise StoreError(f"--calibrate: run {run_id}'s stored summary is not a JSON object")
+    for key, most in SIZES.items():
+        value = summary.get(key)
+        if type(value) is not int or not 0 <= value <= most:
+            raise StoreError(f"--calibrate: run {run_id}'s stored summary is damaged: "
+                             f"{key} is {shown(value)}, not a whole number up to {most:,}")
+    return summary
+
+
+def _calibration(out: str | Path, run_id: str, store, row: dict, summary: dict) -> Calibration:
+    config = make_config({**config_fields(row["config"], run_id), "out": str(out),
                           **_script_batch(summary, run_id)})
     warmup = summary["warmup_steps"]
     # Stored unstretched: the simulation stretches them again by the simulated config's
@@ -74,14 +108,16 @@ def calibrate(out: str | Path, run_id: str) -> Calibration:
                for w, times in enumerate(compute_series(rows, row, "--calibrate"))]
     workers = summary["per_worker"]
     steps = max(w["steps"] for w in workers)
+    if not 0 < steps <= len(rows):  # a step is an iteration row, at least one per step
+        raise ValueError(f"{steps} steps for {len(rows)} iteration rows")
     if summary["servers"]:
         update_s = sum(summary["update_s_per_server"]) / max(1, summary["weight_updates"])
     else:
         update_s = sum(w["apply_s"] for w in workers) / max(1, sum(w["steps"] for w in workers))
     message_s = _message_s(rows, warmup) if summary["servers"] else 0.0
-    measured = {"samples_per_s": summary["samples_per_s"],
-                "idleness": sum(w["idleness"] for w in workers) / len(workers),
-                "staleness_mean": summary["staleness_mean"]}
+    measured = {"samples_per_s": _measured(summary["samples_per_s"]),
+                "idleness": sum(_measured(w["idleness"]) for w in workers) / len(workers),
+                "staleness_mean": _measured(summary["staleness_mean"])}
     after = [row["compress_s"] for row in rows if row["step"] >= warmup] or [
         row["compress_s"] for row in rows]
     costs = Costs(summary["parameters"], update_s, 0.0, compute, message_s,
@@ -90,6 +126,13 @@ def calibrate(out: str | Path, run_id: str) -> Calibration:
                   compress_s=sum(after) / max(1, len(after)),
                   server_compress_s=_server_compress_s(config, summary, store, run_id))
     return Calibration(run_id, config, costs, steps, measured, cores_bound(summary))
+
+
+def _measured(value) -> float:
+    """A number the run measured, as stored; ValueError (a damaged summary) if it is not."""
+    if type(value) not in (int, float) or not math.isfinite(value):
+        raise ValueError(f"{shown(value)} is no measurement")
+    return value
 
 
 def cores_bound(summary: dict) -> float | None:

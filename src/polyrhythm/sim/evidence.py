@@ -82,7 +82,7 @@ def stored_runs(out: str | Path, model: str, dataset: str) -> list[StoredRun]:
         return []
     rows = []
     for row in RunStore(path).runs():
-        fields = config_fields(row["config"])
+        fields = config_fields(row["config"], row["run_id"])
         if (row["status"] == "completed" and row["final_val_accuracy"] is not None
                 and (row["model"], row["dataset"]) == (model, dataset)
                 and fields.get("compute") != "emulated"):

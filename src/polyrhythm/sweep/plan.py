@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -52,6 +53,7 @@ from polyrhythm.config import (
     unread_fields,
 )
 from polyrhythm.errors import ConfigError
+from polyrhythm.files import checked_name
 from polyrhythm.metrics.records import STORE_NAME, flatten
 
 SWEEP_KEYS = ("name", "description", "repeats", "base", "grid", "script", "args")
@@ -202,6 +204,7 @@ def parse_sweep(data: dict[str, Any], *, default_name: str = "sweep",
             _expect(f not in varied, f"{f} is set by two grid entries")
             _expect(f != "out", "out cannot vary in the grid: a sweep is stored in one place")
             varied.append(f)
+    _check_size(grid, repeats)
     sweep_id = check_sweep_id(sweep_id) if sweep_id is not None else slug(name)
     base = dict(base)
     out_dir = Path(out if out is not None else base.pop("out", "runs"))
@@ -211,6 +214,21 @@ def parse_sweep(data: dict[str, Any], *, default_name: str = "sweep",
                   description=description, kind=kind, script=script, args=list(args))
     sweep.plan()  # every point valid before anything runs
     return sweep
+
+
+# The runs a sweep may plan: every one is validated before the first starts, and listed by
+# --dry-run, so a grid of 10^12 combinations would never answer (nor fit in memory).
+MAX_SWEEP_RUNS = 10_000
+
+
+def _check_size(grid: dict[str, list], repeats: int) -> None:
+    """The grid's combinations times the repeats, at most MAX_SWEEP_RUNS: counted from the
+    lists' lengths, before a single combination is made."""
+    combinations = math.prod(len(values) for values in grid.values())
+    _expect(combinations * repeats <= MAX_SWEEP_RUNS,
+            f"the grid's {combinations:,} combination{'s' * (combinations != 1)} x "
+            f"{repeats:,} repeat{'s' * (repeats != 1)} are more than the "
+            f"{MAX_SWEEP_RUNS:,} runs a sweep may plan: split it into smaller sweeps")
 
 
 def _expect(ok: bool, message: str) -> None:
@@ -256,9 +274,8 @@ def slug(name: str) -> str:
 
 
 def check_sweep_id(sweep_id: str) -> str:
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", sweep_id):
-        raise ConfigError(f"sweep id {sweep_id!r} must be letters, digits, '.', '_' and '-'")
-    return sweep_id
+    """A sweep id names its folder (<out>/sweeps/<id>, <out>/reports/<id>): one name."""
+    return checked_name(sweep_id, "sweep id", ConfigError)
 
 
 def expand_grid(base: dict[str, Any], grid: dict[str, list]) -> list[Point]:

@@ -8,7 +8,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from polyrhythm.errors import ConfigError, PolyrhythmError
+from polyrhythm.errors import ConfigError, PolyrhythmError, StoreError
+from polyrhythm.files import checked_name
 from polyrhythm.metrics.records import STORE_NAME
 from polyrhythm.metrics.store import RunStore
 from polyrhythm.sweep.plan import Sweep
@@ -120,8 +121,8 @@ def report_target(out: str | Path, run_ids: list[str], sweep_id: str | None,
         if unknown:
             raise ConfigError(f"unknown run id {unknown[0]!r} in {str(path)!r}")
         run_ids = list(dict.fromkeys(run_ids))
-        if len(run_ids) == 1:
-            return run_ids[0], f"run {run_ids[0]}", run_ids
+        if len(run_ids) == 1:  # the report's folder is named by the run's id
+            return checked_name(run_ids[0], "run id", StoreError), f"run {run_ids[0]}", run_ids
         name = f"runs-{datetime.now(UTC):%Y%m%d-%H%M%S}"
         return name, f"{len(run_ids)} runs", run_ids
     sweeps = SweepStore(path)
@@ -131,6 +132,9 @@ def report_target(out: str | Path, run_ids: list[str], sweep_id: str | None,
             raise ConfigError(f"no sweep or comparison stored in {str(path)!r}")
         sweep_id = rows[0]["sweep_id"]
     row = sweeps.sweep(sweep_id)
+    # The report's folder is named by the sweep's id, as the store holds it: one folder's
+    # name, never a path out of the reports folder.
+    checked_name(row["sweep_id"], "sweep id", StoreError)
     ids = sweeps.run_ids(sweep_id)
     if not ids:
         raise ConfigError(f"sweep {sweep_id!r} has no completed runs")

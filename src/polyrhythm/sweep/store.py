@@ -8,7 +8,9 @@ import json
 import sqlite3
 from datetime import UTC, datetime
 
-from polyrhythm.errors import ConfigError
+from polyrhythm.errors import ConfigError, StoreError
+from polyrhythm.files import shown
+from polyrhythm.metrics.rows import COLUMNS
 from polyrhythm.metrics.store import RunStore
 from polyrhythm.sweep.plan import PlannedRun, Sweep
 
@@ -33,6 +35,10 @@ CREATE TABLE IF NOT EXISTS sweep_runs (
     PRIMARY KEY (sweep_id, point_key, repeat)
 );
 """
+
+
+_SWEEPS = ", ".join(COLUMNS["sweeps"])  # every column, named: none may be missing
+_SWEEP_RUNS = ", ".join(COLUMNS["sweep_runs"])
 
 
 def _now() -> str:
@@ -67,8 +73,9 @@ class SweepStore(RunStore):
         if not self.path.exists():
             return []
         with self._connect() as conn:
-            return [dict(r) for r in conn.execute(
-                "SELECT * FROM sweep_runs WHERE sweep_id = ? ORDER BY updated", (sweep_id,))]
+            return [self._checked("sweep_runs", dict(r), sweep_id) for r in conn.execute(
+                f"SELECT {_SWEEP_RUNS} FROM sweep_runs WHERE sweep_id = ? ORDER BY updated",
+                (sweep_id,))]
 
     def completed(self, sweep_id: str) -> dict[tuple[str, int], str]:
         """(point_key, repeat) -> run_id of the runs that completed and are still stored."""
@@ -83,8 +90,8 @@ class SweepStore(RunStore):
         if not self.path.exists():
             return []
         with self._connect() as conn:
-            return [dict(r) for r in conn.execute(
-                "SELECT * FROM sweeps ORDER BY updated DESC, rowid DESC")]
+            return [self._checked("sweeps", dict(r), r["sweep_id"]) for r in conn.execute(
+                f"SELECT {_SWEEPS} FROM sweeps ORDER BY updated DESC, rowid DESC")]
 
     def sweep(self, sweep_id: str) -> dict:
         """The sweep's row; ConfigError naming the known ids if there is none."""
@@ -99,5 +106,19 @@ class SweepStore(RunStore):
     def run_ids(self, sweep_id: str) -> list[str]:
         """The completed runs of the sweep's last plan, in plan order."""
         done = self.completed(sweep_id)
-        plan = json.loads(self.sweep(sweep_id)["plan"])
-        return [done[(key, repeat)] for key, repeat in plan if (key, repeat) in done]
+        return [done[(key, repeat)] for key, repeat in self._plan(sweep_id) if (key, repeat)
+                in done]
+
+    def _plan(self, sweep_id: str) -> list[tuple[str, int]]:
+        """The (point key, repeat) pairs of the sweep's last plan, as `begin` stored them."""
+        try:
+            plan = json.loads(self.sweep(sweep_id)["plan"])
+        except (ValueError, RecursionError):
+            plan = None
+        if not (isinstance(plan, list) and all(
+                isinstance(p, list) and len(p) == 2 and isinstance(p[0], str)
+                and type(p[1]) is int for p in plan)):
+            raise StoreError(f"run store {str(self.path)!r} is damaged: sweep "
+                             f"{shown(sweep_id)}'s plan is not the list of (point, repeat) "
+                             "pairs polyrhythm stores")
+        return [(key, repeat) for key, repeat in plan]
