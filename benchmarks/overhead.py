@@ -29,6 +29,9 @@ moves the ratio as much.
     python benchmarks/overhead.py            # about 1-3 minutes on 2 cores
     python benchmarks/overhead.py --quick    # smoke run for CI, well under 30 seconds
     python benchmarks/overhead.py --model resnet20 --dataset cifar10 --data-path PATH
+
+`--gate` measures instead what the run's secret costs (benchmarks/gated.py): a job's ranks
+joining through rank 0's gate against torch's own store, their rendezvous and their steps.
 """
 
 from __future__ import annotations
@@ -49,9 +52,11 @@ import torch
 
 import polyrhythm
 from baselines import WorkerResult, epoch_rates, run_ddp, run_plain, run_spawned  # benchmarks/
+from gated import GateCost  # benchmarks/
 from machine_load import OtherLoad, shared_warning
 
 QUICK_STEPS = 8  # steps per epoch in --quick mode
+JOINS_A_REPEAT = 20  # --gate: rendezvous pairs for each run pair
 
 
 def job_values(strategy: str, workers: int, args: argparse.Namespace) -> dict:
@@ -215,6 +220,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "turn, what a polyrhythm worker gets: cores // workers)")
     parser.add_argument("--profile", action="store_true",
                         help="also print one step of each side by phase, in ms")
+    parser.add_argument("--gate", action="store_true",
+                        help="measure instead what the run's secret costs: allreduce's 2 ranks "
+                             "joining through rank 0's gate against torch's own store, paired "
+                             "(their rendezvous, 20 pairs a repeat; their steps)")
     args = parser.parse_args(argv)
     if args.quick:
         args.repeats, args.epochs, args.warmup = 1, 2, 1
@@ -261,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
                "the torch threads a polyrhythm worker gets (cores // workers)")
     print(f"{how}; {threads}", flush=True)
     started = time.perf_counter()
+    if args.gate:
+        return gate_cost(args, cores, started)
     with tempfile.TemporaryDirectory(prefix="polyrhythm-bench-") as out:
         for repeat in range(args.repeats):
             for c in comps:
@@ -279,6 +290,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         print("--quick is a smoke run: its epochs are too short for the ratios to mean much")
     warn_if_shared(comps)
+    return 0
+
+
+def gate_cost(args: argparse.Namespace, cores: list[int], started: float) -> int:
+    """--gate: what the run's secret costs, paired (benchmarks/gated.py)."""
+    cost = GateCost()
+    with tempfile.TemporaryDirectory(prefix="polyrhythm-bench-") as out, OtherLoad() as load:
+        cost.measure(JOINS_A_REPEAT * args.repeats, args.repeats,
+                     job_values("allreduce", 2, args), out, args.warmup, cores)
+    print(f"\nmeasured in {time.perf_counter() - started:.0f} s\n")
+    cost.print_table()
+    if load.cores is not None:
+        warning = shared_warning([load.cores])
+        if warning:
+            print(warning)
     return 0
 
 

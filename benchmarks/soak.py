@@ -9,7 +9,8 @@ Every run is checked against the invariants, and any breach is a violation:
 - no hang: every launch ends within its guard (HANG_S);
 - no lost record: the store has the run, `failed` after a failed launch, `completed` at the
   end, never `running` once its launcher has ended;
-- no checkpoint that fails to load: every file of every checkpoint left loads;
+- no checkpoint that fails to load: every file of every checkpoint left loads and matches
+  its digest (what a resume set aside, kept to look at, aside);
 - every resumed synchronous run (bsp, allreduce, localsgd, dpsgd, Strategy-Switch to bsp)
   ends with the model of its uninterrupted twin, run once per strategy (<= 1e-5);
 - a run that went on without a lost worker (asp's on_worker_failure = continue) records it.
@@ -42,7 +43,8 @@ import torch
 from polyrhythm.errors import ClusterError
 from polyrhythm.launch.cluster import ClusterShape, EmulatedCluster, can_emulate, leftovers
 from polyrhythm.metrics.store import RunStore
-from polyrhythm.runtime import checkpoint
+from polyrhythm.runtime import checkpoint, digests
+from polyrhythm.runtime.intact import SET_ASIDE
 
 HANG_S = 240.0  # a launch that has not ended by then hangs
 EPOCHS = 6
@@ -215,11 +217,16 @@ class Run:
         left = wait_until_clean(self.out, before)
         if left:
             self.violations.append(f"left behind: {left}")
-        for path in sorted((self.run_dir / checkpoint.FOLDER).rglob("*.pt")):
+        root = self.run_dir / checkpoint.FOLDER
+        for path in sorted(root.rglob("*.pt")):
+            if SET_ASIDE in path.relative_to(root).parts:
+                continue
             try:
                 checkpoint.load(path)
             except Exception as exc:  # whatever torch.load raised: the file is unusable
                 self.violations.append(f"{path.name} does not load: {exc}")
+            if problem := digests.problem(path):
+                self.violations.append(problem)
         if self.summary is None:
             return
         lost = self.summary.get("lost_workers") or []

@@ -25,7 +25,7 @@ NUMBER = r"-?\d+(?:\.\d+)?"
 # then takes about the longest of them, not their sum. Those that make emulated clusters, or
 # check a time they measure (outage.py), run alone, in their own tests.
 TOGETHER = ("overhead.py", "collectives.py", "instrumentation.py", "face.py", "switch.py",
-            "simulator.py", "script.py")
+            "simulator.py", "script.py", "checkpoints.py")
 _running: dict[str, subprocess.Popen] = {}
 _started_together = []
 
@@ -170,6 +170,22 @@ def test_instrumentation_benchmark_smoke_prints_the_ratio():
     ratio, target, verdict, least, most = row.groups()
     assert ratio == least == most == paired, row.group(0)  # the median of one repeat
     assert follows(verdict, ratio, lambda r: r >= float(target)), row.group(0)
+
+
+def test_checkpoints_benchmark_smoke_prints_each_figure_of_both_sides_and_their_ratio():
+    out = smoke("checkpoints.py")  # --quick: this checkout against itself
+    assert re.search(rf"^resnet20 \({NUMBER}M parameters\), a checkpoint after epoch 1 of a "
+                     rf"1-worker run: model.pt {NUMBER} MB, worker-0.pt {NUMBER} MB, snapshot "
+                     rf"{NUMBER} MB; median of 1 repeats, the sides in turn$", out,
+                     re.MULTILINE), out
+    for name in ("checkpoint written", "resume's check, cached", "resume's check, from disk"):
+        row = re.search(rf"^{re.escape(name)} +now +({NUMBER}) s  before +({NUMBER}) s  "
+                        rf"ratio ({NUMBER})  \[repeats: ({NUMBER})-({NUMBER})\]$", out,
+                        re.MULTILINE)
+        assert row, f"no row for {name}:\n{out}"
+        now, before, ratio, least, most = row.groups()
+        assert ratio == least == most, row.group(0)  # the median of one repeat
+        assert is_quotient(ratio, now, before), row.group(0)
 
 
 def test_face_benchmark_smoke_prints_the_time():

@@ -1,17 +1,23 @@
 """Checkpoint pruning: whatever order the ranks write and prune in (one lagging behind, one
 lost), the last two complete checkpoints stay whole; once nobody writes, only they are left;
-a real run of five epochs ends with its last two checkpoint folders and no snapshots."""
+a real run of five epochs ends with its last two checkpoint folders and no snapshots. A
+resume trusts only files that match their digests, and snapshots likewise; what it passes
+over is set aside, never loaded later."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
 import polyrhythm
+from helpers import flip_tensor_bytes
 from polyrhythm.comm.messages import REPLY_HEADER
-from polyrhythm.runtime import checkpoint
+from polyrhythm.errors import DataError, StoreError
+from polyrhythm.runtime import checkpoint, digests
 from polyrhythm.runtime.checkpoint import (
     MODEL,
     SERVERS_EXPECTED,
@@ -21,6 +27,7 @@ from polyrhythm.runtime.checkpoint import (
     snapshot_file,
     tidy,
 )
+from polyrhythm.runtime.intact import SET_ASIDE, latest
 
 WORKERS, SERVERS, EPOCHS = 2, 1, 6
 RANKS = ["server-0", "worker-0", "worker-1"]
@@ -170,3 +177,182 @@ def test_model_pt_carries_the_momentum_of_the_phase_the_run_ended_in(tmp_path, f
     assert torch.equal(torch.cat([sgd.state[p]["momentum_buffer"].reshape(-1)
                                   for p in model.parameters()]), momentum)
     assert momentum.abs().max() > 0
+
+
+# -- which checkpoint a resume trusts (runtime/intact.py) ---------------------------------
+
+
+def _saved(run: Path, epochs_done: int, ranks: list[str] = RANKS) -> None:
+    """A checkpoint as the ranks write it (checkpoint.save: each file, then its digest):
+    worker 0 first marks it a servers' one and writes model.pt."""
+    folder = epoch_dir(run, epochs_done)
+    folder.mkdir(parents=True, exist_ok=True)
+    for rank in ranks:
+        if rank == "worker-0":
+            (folder / SERVERS_EXPECTED).touch()
+            checkpoint.save({"model": {"w": torch.full((64,), float(epochs_done))}},
+                            folder / MODEL)
+        checkpoint.save({"state": torch.full((256,), float(epochs_done)), "rank": rank},
+                        folder / f"{rank}.pt")
+
+
+def _set_aside(run: Path) -> list[str]:
+    root = run / checkpoint.FOLDER / SET_ASIDE
+    return sorted(p.name for p in root.iterdir()) if root.is_dir() else []
+
+
+def test_a_file_with_flipped_bytes_is_not_trusted_and_its_checkpoint_is_set_aside(tmp_path):
+    """The newest server file's bytes flipped (it still loads, with other numbers): the
+    resume takes the checkpoint before it, and the damaged one goes out of its way."""
+    run = tmp_path / "run"
+    for e in (1, 2):
+        _saved(run, e)
+    flip_tensor_bytes(epoch_dir(run, 2) / "server-0.pt")
+    said = []
+    resume, done = latest(run, WORKERS, SERVERS, say=said.append)
+    assert (resume.folder, done) == (epoch_dir(run, 1), 1)
+    assert resume.load("server-0.pt")["state"].eq(1.0).all()
+    kept = run / checkpoint.FOLDER / SET_ASIDE / "epoch-0002-damaged"
+    assert said == [f"checkpoint after epoch 2 is damaged (server-0.pt does not match its "
+                    f"digest): set aside in {str(kept)!r}; trying the one before it"]
+    assert _folders(run) == ["epoch-0001", SET_ASIDE]
+    assert {p.name for p in kept.iterdir()} == {SERVERS_EXPECTED} | {
+        name + digest for name in (MODEL, *(f"{rank}.pt" for rank in RANKS))
+        for digest in ("", ".sha256")}
+    for e in (1, 2):  # a digest is sha256sum's line: `sha256sum -c` checks a file by hand
+        _saved(tmp_path / "again", e)
+    check = subprocess.run(["sha256sum", "-c", "worker-1.pt.sha256"], capture_output=True,
+                           text=True, cwd=epoch_dir(tmp_path / "again", 2))
+    assert check.returncode == 0 and check.stdout == "worker-1.pt: OK\n", check
+
+
+def test_a_skipped_checkpoints_files_are_not_loaded_after_the_epoch_is_redone(tmp_path):
+    """After a resume from epoch 1 passed over a damaged epoch 2 (a truncated file), the
+    redone epoch 2's workers write their files and its server dies before writing its own:
+    epoch 2 must not count as complete with the failed run's server file, nor be resumed
+    from."""
+    run = tmp_path / "run"
+    for e in (1, 2):
+        _saved(run, e)
+    path = epoch_dir(run, 2) / "worker-1.pt"
+    path.write_bytes(path.read_bytes()[:100])
+    assert latest(run, WORKERS, SERVERS, say=lambda line: None)[1] == 1
+    _saved(run, 2, ["worker-0", "worker-1"])  # the server died before its file
+    assert complete_epochs(run, WORKERS, SERVERS) == [1]
+    said = []
+    assert latest(run, WORKERS, SERVERS, say=said.append)[1] == 1
+    assert said[0].startswith("checkpoint after epoch 2 is incomplete (no server-0.pt): set "
+                              "aside in ")
+    assert _set_aside(run) == ["epoch-0002-damaged", "epoch-0002-incomplete"]
+
+
+def test_a_damaged_snapshot_is_found_before_training_and_the_resume_falls_back(tmp_path):
+    """Epoch 3's model snapshot damaged: the checkpoint after 3 epochs needs it (the run
+    validates epoch 3 on it after training), so the resume takes the one after 2, which
+    redoes epoch 3 and writes it again. With epoch 1's damaged, no checkpoint is left."""
+    run = tmp_path / "run"
+    for e in (2, 3):
+        _saved(run, e)
+    for e in range(3):
+        checkpoint.save({"snapshot": torch.full((64,), float(e))}, snapshot_file(run, 0, e))
+    flip_tensor_bytes(snapshot_file(run, 0, 2))
+    said = []
+    resume, done = latest(run, WORKERS, SERVERS, say=said.append)
+    assert done == 2
+    assert said[0].startswith("epoch 3's model snapshot is damaged (worker-0-epoch-0002.pt "
+                              "does not match its digest): set aside in ")
+    assert said[1].startswith("checkpoint after epoch 3 needs epoch 3's model snapshot, which "
+                              "is damaged: set aside in ")
+    assert _set_aside(run) == ["epoch-0003-snapshot-damaged",
+                               "snapshots-worker-0-epoch-0002-damaged"]
+    assert not snapshot_file(run, 0, 2).exists() and snapshot_file(run, 0, 1).exists()
+    flip_tensor_bytes(snapshot_file(run, 0, 0))
+    with pytest.raises(DataError, match="no usable checkpoint in .*: the run cannot be resumed"):
+        latest(run, WORKERS, SERVERS, say=said.append)
+
+
+def test_a_file_whose_digest_never_came_makes_its_checkpoint_incomplete(tmp_path):
+    """A rank died between its file's rename and its digest's: the file is whole, but
+    nothing vouches for it. model.pt, rewritten with the servers' model by one rank only
+    (the first to claim it), keeps the digest of its bytes."""
+    run = tmp_path / "run"
+    _saved(run, 1)
+    (epoch_dir(run, 1) / "worker-1.pt.sha256").unlink()
+    assert complete_epochs(run, WORKERS, SERVERS) == []
+    _saved(run, 1, ["worker-1"])
+    assert complete_epochs(run, WORKERS, SERVERS) == [1]
+    folder = epoch_dir(run, 1)
+    model = {"model": {"w": torch.zeros(4)}, "optimizer": {
+        "state": {}, "param_groups": [{"params": [0], "param_names": ["w"]}]}}
+    checkpoint.save(model, folder / MODEL)
+    server = {"ranges": [(0, 4)], "buckets": {0: {
+        "outbox": torch.cat([torch.zeros(REPLY_HEADER), torch.arange(4.0)]),
+        "optimizer": {"momentum_buffer": torch.ones(4)}}}}
+    checkpoint.save(server, folder / "server-0.pt")
+    checkpoint.complete_model(run, 1, WORKERS, SERVERS)
+    assert checkpoint.load(folder / MODEL)["model"]["w"].equal(torch.arange(4.0))
+    checkpoint.save(model, folder / MODEL)  # as if the first rank's were undone
+    checkpoint.complete_model(run, 1, WORKERS, SERVERS)  # a second rank: claimed already
+    assert checkpoint.load(folder / MODEL)["model"]["w"].equal(torch.zeros(4))
+    assert latest(run, WORKERS, SERVERS)[1] == 1  # every file matches its digest
+
+
+def test_a_file_written_again_is_vouched_for_at_every_moment(tmp_path, monkeypatch):
+    """model.pt completed with the servers' model (a snapshot redone likewise): before and
+    after each of its digest's writes, the file matches its digest and the checkpoint stays
+    complete, so a rank dying at any moment leaves neither untrusted (and pruning, which
+    counts on the last two complete checkpoints staying so, keeps them)."""
+    run = tmp_path / "run"
+    _saved(run, 1)
+    path = epoch_dir(run, 1) / MODEL
+    moments = []
+
+    def watched(target: Path, hexdigests: list[str]) -> None:
+        for _ in range(2):  # before the write, after it
+            moments.append((len(digests.kept(target)), digests.problem(target),
+                            complete_epochs(run, WORKERS, SERVERS)))
+            if len(moments) % 2:
+                keep(target, hexdigests)
+
+    keep = digests.keep
+    monkeypatch.setattr(digests, "keep", watched)
+    checkpoint.save({"model": {"w": torch.zeros(64)}}, path)
+    assert moments == [(1, None, [1]), (2, None, [1]), (2, None, [1]), (1, None, [1])]
+    assert checkpoint.load(path)["model"]["w"].eq(0).all()
+
+
+def test_a_checkpoint_written_before_digests_is_trusted_if_it_loads(tmp_path):
+    """An older polyrhythm's checkpoints have no digests: complete when their files are
+    there, usable when each loads, as they were; one that does not load is set aside."""
+    run = tmp_path / "run"
+    for e in (1, 2):
+        folder = epoch_dir(run, e)
+        folder.mkdir(parents=True)
+        for rank in RANKS:
+            torch.save({"state": torch.full((8,), float(e))}, folder / f"{rank}.pt")
+    assert latest(run, WORKERS, 0, say=lambda line: None)[1] == 2
+    path = epoch_dir(run, 2) / "worker-0.pt"
+    path.write_bytes(path.read_bytes()[:100])
+    said = []
+    assert latest(run, WORKERS, 0, say=said.append)[1] == 1
+    assert said[0].startswith("checkpoint after epoch 2 is unreadable (worker-0.pt: ")
+    assert _set_aside(run) == ["epoch-0002-damaged"]
+
+
+def test_a_checkpoint_that_cannot_be_set_aside_stops_the_resume_in_one_line(tmp_path,
+                                                                            monkeypatch):
+    """Left in place, a passed-over folder would be loaded by a later resume: where it
+    cannot be moved, the resume stops, saying so."""
+    run = tmp_path / "run"
+    for e in (1, 2):
+        _saved(run, e)
+    flip_tensor_bytes(epoch_dir(run, 2) / "worker-0.pt")
+
+    def refused(source, target):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(os, "rename", refused)
+    with pytest.raises(StoreError, match=r"^cannot set aside '.*epoch-0002' \(Permission "
+                                         r"denied\): it would be loaded by a later resume; "
+                                         r"move it away by hand$"):
+        latest(run, WORKERS, SERVERS, say=lambda line: None)

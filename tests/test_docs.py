@@ -44,6 +44,17 @@ def test_readme_documents_every_config_key_with_its_declared_defaults():
             assert param.default_text() in rows[key][0], (key, rows[key][0])
 
 
+def test_readme_states_the_range_of_every_bounded_setting():
+    """A setting whose range has a bound (what a run can honour: limits.py) says it in its
+    row, in its declaration's own words."""
+    rows = flag_rows()
+    for key, param in flat_keys().items():
+        if param is None or param.rule is None or param.rule.most is None:
+            continue
+        words = param.rule.text(None).removeprefix("be ").removeprefix("have ")
+        assert words in rows[key][1], (key, words)
+
+
 def test_readme_documents_every_strategy_with_its_source():
     for spec in STRATEGIES.values():
         row = next((line.strip() for line in README.splitlines()

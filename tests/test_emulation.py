@@ -58,7 +58,7 @@ def test_delays_repeat_by_seed_and_keep_their_mean(distribution):
     ({"hosts": 3, "workers": 4, "bandwidth": ["1gbit", "1gbit"]},
      r"bandwidth needs one value, or one per host \(3\), got 2"),
     ({"hosts": 3, "workers_per_host": 1, "workers": 4}, "does not match workers_per_host"),
-    ({"hosts": 2, "cpu": [0.0]}, "cpu must have entries above 0"),
+    ({"hosts": 2, "cpu": [0.0]}, "cpu must have entries from 0.01 to 1024"),
     ({"latency": "20"}, "latency must be a duration"),
     ({"compute": "emulated"}, "needs one of --compute-time"),
     ({"compute": "emulated", "compute_time": "1ms", "compute_from": "x"}, "not both"),

@@ -9,6 +9,12 @@ the rules across keys. Each input must be accepted, or rejected with one ConfigE
 CLI: one line on stderr and exit code 2); any other exception, or a message of more than one
 line, is a bug. Nothing trains: the commands stop at a sentinel where they would start work.
 
+An accepted config must also be one its consumers take (`honoured`): a timeout Gloo keeps,
+waits a timed wait takes, step factors float32 weights take, QSGD codes within int32, CPU
+shares the kernel's quota. Two of the tests set one numeric setting of a mostly valid config
+to a value at an edge (0, -1, 2**40, 2**63 - 1, 1e10, 9e9, 1e308, inf, nan, a day and a
+second, 1tbit, ...), through RunConfig and through `train`'s flags.
+
 The files and stores the CLI reads are fuzzed too: run stores damaged column by column (any
 value anywhere, a column left out, rows gone, the summary's JSON or the config's TOML
 damaged) through `runs`, `runs --json`, `report`, `simulate --calibrate` and --compute-from;
@@ -16,7 +22,7 @@ and good files of each kind a reader takes (npz, CSV plain, gzip and zip, CIFAR'
 a folder and a tar, script.json, a config), mutated byte-wise. Each is read, or one
 PolyrhythmError line.
 
-Budget (derandomized: CI runs the same examples every time; about 45 s on two cores):
+Budget (derandomized: CI runs the same examples every time; about 85 s on two cores):
     TOML files through load_config        1,200 examples
     raw text and bytes as config files      500
     RunConfig(**values)                   1,200
@@ -24,9 +30,10 @@ Budget (derandomized: CI runs the same examples every time; about 45 s on two co
     `shard` argument lists                  300
     `compare` argument lists                300
     sweep files                             300
+    edge values, RunConfig and `train`  300 + 300
     damaged run stores                       25 (each through five commands, a report too)
     mutated files                           400
-5,400 examples in all. POLYRHYTHM_FUZZ_SCALE=N runs N times as many, random ones, for a longer
+6,000 examples in all. POLYRHYTHM_FUZZ_SCALE=N runs N times as many, random ones, for a longer
 hunt. Below the fuzz tests, one regular test per bug the fuzzing found.
 """
 
@@ -42,6 +49,7 @@ import math
 import os
 import shutil
 import tarfile
+import threading
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -51,6 +59,7 @@ from typing import Any
 import numpy as np
 import pytest
 import tomli_w
+import torch
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
@@ -63,15 +72,20 @@ import polyrhythm.runtime.job
 import polyrhythm.sim.plot
 from cifar_files import write_cifar
 from polyrhythm.cli import main
+from polyrhythm.comm.waiting import NEVER
+from polyrhythm.compression.wire import qsgd_bits
 from polyrhythm.config import COMPONENTS, RunConfig, flat_keys, load_config, owners
+from polyrhythm.config.declared import default_workers
 from polyrhythm.data.csvfile import read_table
 from polyrhythm.data.datasets import NpzSource, load_cifar100
 from polyrhythm.data.pickles import restricted_loads
 from polyrhythm.errors import ConfigError, DataError, PolyrhythmError
+from polyrhythm.launch.cgroups import PERIOD_US
 from polyrhythm.launch.scripts import ScriptCall
 from polyrhythm.metrics.records import flatten, measured_compute
 from polyrhythm.settings import Param
 from polyrhythm.sweep import parse_sweep
+from polyrhythm.units import duration
 
 KEYS = flat_keys()
 SECTIONS = ("strategy", "data", "model", "optimizer", "cluster")
@@ -98,10 +112,12 @@ def budget(examples: int):
 
 # --- values ------------------------------------------------------------------------------------
 
-huge_ints = st.sampled_from([2**31, 2**63 - 1, -(2**63), 2**63, 2**64, -(10**30), 10**400])
+huge_ints = st.sampled_from([2**31, 2**40, 2**63 - 1, -(2**63), 2**63, 2**64, -(10**30),
+                             10**400])
 ints = st.integers(-3, 12) | st.integers() | huge_ints
-floats = (st.floats(-2, 3) | st.floats()
-          | st.sampled_from([math.nan, math.inf, -math.inf, -0.0, 1e308, 5e-324]))
+EDGE_FLOATS = [math.nan, math.inf, -math.inf, -0.0, 0.0, -1.0, 1e308, 5e-324, 1e-300, 9e9, 1e10,
+               2.0**40]
+floats = st.floats(-2, 3) | st.floats() | st.sampled_from(EDGE_FLOATS)
 strings = st.sampled_from(WORDS) | st.text(max_size=12)
 scalars = (ints | floats | strings | st.booleans() | st.datetimes() | st.dates() | st.times())
 junk_keys = st.text(max_size=8) | st.sampled_from(["name", *SECTIONS])
@@ -203,6 +219,32 @@ def check_rejection(exc: PolyrhythmError) -> None:
     assert len(message.splitlines()) == 1, repr(message)
 
 
+def honoured(config: RunConfig) -> None:
+    """An accepted config is one its consumers take: a Gloo timeout of a millisecond or more
+    under the 365 days of the waits that keep their own time; every emulated wait (a step
+    slowed for up to the timeout too) one a timed wait takes (time.sleep and the others
+    overflow past threading.TIMEOUT_MAX); step factors torch applies to float32 weights
+    (Adam's first step divides lr by 1 - beta1); QSGD codes, sign and level, in an int32;
+    each host's CPU share a cgroup quota of at least the kernel's 1 ms a period."""
+    assert datetime.timedelta(milliseconds=1) <= datetime.timedelta(seconds=config.timeout)
+    assert datetime.timedelta(seconds=config.timeout) < NEVER
+    durations = [duration(t) for t in (config.compute_time, config.compute_jitter,
+                                       config.cluster.latency, config.cluster.latency_jitter)
+                 if t is not None]
+    waits = [config.timeout, *durations, *config.worker_delay_s,
+             *(factor * config.timeout for factor in config.slowdown)]
+    for wait in waits:
+        assert threading.Lock().acquire(timeout=wait)  # a free lock: at once, or overflow
+    optimizer = config.optimizer
+    beta1 = optimizer.betas[0] if optimizer.betas else 0.9
+    for factor in (optimizer.lr / (1 - beta1), optimizer.weight_decay, optimizer.eps or 0.0):
+        torch.zeros(1).add_(torch.ones(1), alpha=factor)  # RuntimeError past float32
+    if config.compression.name == "qsgd":
+        assert qsgd_bits(config.compression.levels) <= 31
+    for cores in config.cluster.cpu:
+        assert int(cores * PERIOD_US) >= 1000
+
+
 @pytest.fixture(scope="module")
 def scratch(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("fuzz")
@@ -248,13 +290,21 @@ def test_raw_files_load_or_are_one_line_errors(scratch: Path, data: bytes) -> No
 @given(values=configs)
 @example(values={"self": []})  # found by this test: RunConfig's own parameter name
 def test_run_configs_build_or_are_one_line_errors(values: dict) -> None:
+    config = build(values)
+    if config is not None:
+        assert RunConfig(**config.to_dict()) == config
+
+
+def build(values: dict) -> RunConfig | None:
+    """RunConfig(**values), checked `honoured`; None where it is refused in one line."""
     try:
         config = RunConfig(**values)
     except PolyrhythmError as exc:
         check_rejection(exc)
-    else:
-        event("accepted")
-        assert RunConfig(**config.to_dict()) == config
+        return None
+    event("accepted")
+    honoured(config)
+    return config
 
 
 # --- command-line flags ------------------------------------------------------------------------
@@ -334,6 +384,8 @@ class Accepted(Exception):
 
 
 def _accept(*args: Any, **kwargs: Any) -> None:
+    if args and isinstance(args[0], RunConfig):  # train's, plan_data's
+        honoured(args[0])
     raise Accepted
 
 
@@ -406,6 +458,64 @@ def test_compare_flags_are_accepted_or_one_line_errors(config_files: list[str], 
     args = (argv(COMPARE_KEYS, config_files, (COMPARE_OWN,))
             | coherent_argv(COMPARE_KEYS, config_files, (COMPARE_OWN,)))
     run_cli(["compare", *data.draw(args)])
+
+
+# --- values at the edges of every numeric setting ---------------------------------------------
+
+NUMERIC = sorted(k for k, p in KEYS.items() if p is not None and p.section is None
+                 and (p.kind in (int, float) or p.item in (int, float)))
+EDGE_INTS = [0, -1, 1, 2**31, 2**40, 2**63 - 1, -(2**63)]
+EDGE_TEXT = {"duration": ["0ms", "86400s", "86401s", "10000000000s", "9" * 20 + "ms",
+                          "0.0000001us"],
+             "rate": ["1bit", "8kbit", "100gbit", "101gbit", "1tbit", "9" * 30 + "bit"]}
+TEXTUAL = {"compute_time": "duration", "compute_jitter": "duration", "latency": "duration",
+           "latency_jitter": "duration", "bandwidth": "rate"}
+# What else a setting needs to be read at all: emulated compute, an emulated cluster.
+NEEDS = {"compute_time": {"compute": "emulated"},
+         "compute_jitter": {"compute": "emulated", "compute_time": "1ms"},
+         "bandwidth": {"workers_per_host": 64}, "cpu": {"workers_per_host": 64},
+         **dict.fromkeys(["components", "clusters", "max_iter"],
+                         {"sharding": "distribution-aware"})}
+
+
+@st.composite
+def at_an_edge(draw) -> dict[str, Any]:
+    """A valid config of a strategy, data set, model and compressor, flat, with one numeric
+    setting (or duration, or rate) they read at an edge: 0, -1, huge, inf, nan, its bound and
+    just past it; a per-worker list one value per worker."""
+    names = {section: draw(st.sampled_from(sorted(kind.registry)))
+             for section, kind in COMPONENTS.items()}
+    read = {k for k, section in OWNERS.items() if section not in COMPONENTS}
+    read |= {p.name for section, kind in COMPONENTS.items() for p in kind.params(names[section])}
+    key = draw(st.sampled_from(sorted(read & {*NUMERIC, *TEXTUAL})))
+    p = KEYS[key]
+    if key in TEXTUAL:
+        one = st.sampled_from(EDGE_TEXT[TEXTUAL[key]])
+    else:
+        kind = p.item or p.kind
+        bound = [] if p.rule is None or p.rule.most is None else [  # its bound, and past it
+            kind(p.rule.most), kind(p.rule.most) + (1 if kind is int else p.rule.most * 1e-9)]
+        one = st.sampled_from([*(EDGE_INTS if kind is int else EDGE_FLOATS), *bound])
+    size = default_workers() if key in ("worker_delay_s", "slowdown") else draw(
+        st.integers(1, 2))
+    values = {kind.name_key: names[s] for s, kind in COMPONENTS.items()}
+    if "data_path" in read:  # cifar10, npz, csv: read at training
+        values["data_path"] = "data"
+    value = draw(st.lists(one, min_size=size, max_size=size) if p.kind is list else one)
+    return {**values, **NEEDS.get(key, {}), key: value}
+
+
+@budget(300)
+@given(values=at_an_edge())
+def test_edge_values_build_honoured_configs_or_one_line_errors(values: dict) -> None:
+    build(values)
+
+
+@budget(300)
+@given(values=at_an_edge())
+def test_edge_values_as_train_flags_are_honoured_or_one_line_errors(config_files: list[str],
+                                                                   values: dict) -> None:
+    run_cli(["train", *as_flags(values, KEYS)])  # accepted: the sentinel checks `honoured`
 
 
 # Sweep files (`polyrhythm sweep FILE --dry-run` validates every point and runs nothing), with

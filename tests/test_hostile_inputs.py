@@ -11,6 +11,7 @@ bound (hostile.probe), so that they fail rather than hang where the fix is missi
 from __future__ import annotations
 
 import gzip
+import hashlib
 import io
 import json
 import pickle
@@ -304,14 +305,18 @@ def test_a_named_pipe_as_config_is_refused_not_waited_on(tmp_path):
 
 
 def test_a_named_pipe_as_a_checkpoint_is_passed_over_not_waited_on(tmp_path):
-    """A checkpoint whose worker file is a named pipe: unreadable, so resuming finds no
-    usable checkpoint (it waited for a writer forever)."""
+    """A checkpoint whose worker file is a named pipe (its digest and model.pt as written):
+    passed over as damaged and set aside, so resuming finds no usable checkpoint (it
+    waited for a writer forever)."""
     folder = tmp_path / "checkpoints" / "epoch-0001"
     folder.mkdir(parents=True)
+    (folder / "model.pt").write_bytes(b"model")
+    for name, data in (("model.pt", b"model"), ("worker-0.pt", b"worker")):
+        (folder / f"{name}.sha256").write_text(f"{hashlib.sha256(data).hexdigest()}  {name}\n")
     lines = _fifo_probe(folder / "worker-0.pt", [f"latest(Path({str(tmp_path)!r}), 1, 0)"],
-                        "from polyrhythm.runtime.checkpoint import latest")
-    assert "is unreadable (cannot read checkpoint file" in lines[0]
-    assert "it is a named pipe, not a regular file" in lines[0]
+                        "from polyrhythm.runtime.intact import latest")
+    assert "it is a named pipe, not a regular file" in lines[0], lines
+    assert "set aside" in lines[0], lines
     assert lines[1].startswith("DataError no usable checkpoint"), lines
 
 

@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import json
 import math
+import multiprocessing
+import os
 import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
 
-from helpers import finished, wait_for_checkpoint, wait_for_ranks
+from helpers import HANG_GUARD_S, finished, wait_for_checkpoint, wait_for_ranks
 from polyrhythm.config import load_config
 from polyrhythm.errors import ConfigError
+from polyrhythm.launch import forkserver, local
+from polyrhythm.launch.events import RankEvents, send
 from polyrhythm.metrics.store import RunStore
 from polyrhythm.report import write_report
 from polyrhythm.runtime.checkpoint import complete_epochs
@@ -132,3 +137,48 @@ def test_continue_is_refused_where_every_worker_waits_for_the_others():
                           "allreduce", "--on-worker-failure", "continue"],
                          capture_output=True, text=True)
     assert cli.returncode == 2 and cli.stderr.count("\n") == 1
+
+
+def _killed_mid_event(sender) -> None:
+    """A rank killed as it tells its launcher something: the first half of the bytes `send`
+    writes for an event written, then SIGKILL."""
+    reader, writer = multiprocessing.Pipe(duplex=False)
+    send(writer, {"rank": 0, "step": 1})
+    whole = os.read(reader.fileno(), 4096)
+    os.write(sender.fileno(), whole[:len(whole) // 2])
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _tells_and_leaves(sender, after) -> None:
+    """A rank that, once `after` is set, sends an event and exits as the launcher's ranks do."""
+    after.wait()
+    send(sender, {"rank": 1, "step": 1})
+    local._exit(0)
+
+
+def test_a_rank_killed_mid_event_holds_up_neither_the_others_nor_the_launcher():
+    """The cause of a rare hang of the tests above: the ranks sent their events (progress,
+    failures) through one queue, whose writers take a lock in turn, and a worker killed while
+    its queue's thread held it, writing progress, kept it for ever. The survivors trained to
+    the end and then each waited at its exit, for ever, for its own events to be written:
+    the run never ended. Each rank has a pipe of its own now. Rank 0 killed in the middle of
+    an event holds up neither rank 1's event nor its exit, and the launcher reads rank 0's
+    half message as the end of its pipe instead of waiting for the rest."""
+    ctx = forkserver.context()  # as the launcher's ranks
+    events = RankEvents(ctx, 2)
+    first_killed = ctx.Event()
+    procs = [ctx.Process(target=_killed_mid_event, args=(events.senders[0],)),
+             ctx.Process(target=_tells_and_leaves, args=(events.senders[1], first_killed))]
+    events.start(procs)
+    procs[0].join(HANG_GUARD_S)
+    first_killed.set()
+    procs[1].join(HANG_GUARD_S)
+    assert [p.exitcode for p in procs] == [-signal.SIGKILL, 0]
+    taken: list = []
+    reader = threading.Thread(target=lambda: taken.extend(events.take() + events.take()),
+                              daemon=True)
+    reader.start()
+    reader.join(HANG_GUARD_S)
+    assert not reader.is_alive(), "the launcher waited for the rest of a dead rank's message"
+    assert taken == [{"rank": 1, "step": 1}]
+    events.close()

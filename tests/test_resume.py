@@ -1,5 +1,6 @@
 """Checkpoints and resume: a run killed part-way and resumed ends where an uninterrupted run
-ends; a damaged checkpoint is passed over with a word; a diverging run stops as such."""
+ends; a damaged checkpoint is passed over with a word and set aside; a diverging run stops
+as such."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import polyrhythm
 from helpers import (
     HANG_GUARD_S,
     finished,
+    flip_tensor_bytes,
     max_diff,
     stored_parameters,
     wait_for_checkpoint,
@@ -223,19 +225,24 @@ def test_resuming_with_two_servers_instead_of_one_matches(tmp_path, optimizer):
     assert max_diff(stored_parameters(summary), stored_parameters(whole)) <= 1e-5
 
 
-def test_a_truncated_checkpoint_is_passed_over_and_said(tmp_path):
-    fields = {"strategy": "allreduce", "workers": 2, "epochs": EPOCHS, "dataset": "digits",
-              "steps_per_epoch": 10, "worker_delay_s": [0.03, 0.03]}
+def test_a_checkpoint_with_flipped_bytes_is_passed_over_said_and_set_aside(tmp_path):
+    """The newest server file's bytes flipped: it still loads (other numbers), so only its
+    digest tells; the resume goes on from the checkpoint before it, and the damaged one is
+    set aside, so the epochs redone write a checkpoint of their own."""
+    fields = {"strategy": "bsp", "workers": 2, "servers": 1, "epochs": EPOCHS,
+              "dataset": "digits", "steps_per_epoch": 10, "worker_delay_s": [0.03, 0.03]}
     out = tmp_path / "runs"
     run_id = _kill_a_worker_after(out, fields, epochs_done=2)
-    newest = complete_epochs(out / run_id, 2, 0)[-1]
-    damaged = out / run_id / "checkpoints" / f"epoch-{newest:04d}" / "worker-1.pt"
-    damaged.write_bytes(damaged.read_bytes()[:100])
+    newest = complete_epochs(out / run_id, 2, 1)[-1]
+    flip_tensor_bytes(epoch_dir(out / run_id, newest) / "server-0.pt")
     said = []
     summary = polyrhythm.resume(run_id, out, say=said.append)
-    assert f"checkpoint after epoch {newest} is unreadable" in said[0]
+    assert said[0].startswith(f"checkpoint after epoch {newest} is damaged (server-0.pt does "
+                              "not match its digest): set aside in ")
     assert said[-1].startswith(f"resuming run {run_id} after epoch {newest - 1}")
     assert summary["status"] == "completed"
+    assert [p.name for p in (out / run_id / "checkpoints" / "set-aside").iterdir()] == [
+        f"epoch-{newest:04d}-damaged"]
     model = torch.load(out / run_id / "checkpoints" / f"epoch-{EPOCHS:04d}" / "model.pt",
                        weights_only=True)
     assert set(model) == {"model", "optimizer"}  # plain PyTorch state_dicts

@@ -186,9 +186,11 @@ def test_a_resumed_worker_reads_the_epochs_models_when_validating_not_before(tmp
     config = config_for(tmp_path, "localsgd", checkpoint_every=4)
     got = play_ranks(tmp_path, config, _resumed)
     first = got[0][1]
-    # Each epoch's model went to its checkpoint file as the epoch ended, every worker's.
-    assert first["written"] == sorted(f"worker-{w}-epoch-{e:04d}.pt"
-                                      for w in range(WORKERS) for e in range(EPOCHS))
+    # Each epoch's model went to its checkpoint file as the epoch ended, every worker's,
+    # with its digest.
+    assert first["written"] == sorted(f"worker-{w}-epoch-{e:04d}.pt{digest}"
+                                      for w in range(WORKERS) for e in range(EPOCHS)
+                                      for digest in ("", ".sha256"))
     assert first["done"] == [8, 12]
     for _, result in got.values():
         (when, resumed), *held = result["held"]
@@ -235,7 +237,7 @@ def test_checkpoint_files_hold_each_epoch_and_a_resume_finds_them_or_says_which_
     for e, model in enumerate(models):
         filed.put(e, model)
     assert sorted(p.name for p in snapshot_file(tmp_path, 1, 0).parent.iterdir()) == [
-        f"worker-1-epoch-{e:04d}.pt" for e in range(3)]
+        f"worker-1-epoch-{e:04d}.pt{digest}" for e in range(3) for digest in ("", ".sha256")]
     resumed = EpochSnapshots()  # a standby: it spills the epochs it trains itself
     resumed.adopt([snapshot_file(tmp_path, 1, e) for e in range(3)])
     resumed.put(3, models[0] + 1)

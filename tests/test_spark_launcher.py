@@ -2,18 +2,23 @@
 JVM and an executor JVM per rank, each with its Python workers), each running
 polyrhythm.node. A bsp run takes the local launcher's steps and is stored like any other; a
 killed rank fails the run naming it, and nothing Spark or the run started is left; what Spark
-cannot run is one line before any run record."""
+cannot run is one line before any run record; rank 0's store listens on the job's address
+only and refuses a stranger while the run goes on."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import psutil
 import pytest
+import torch.distributed as dist
 
 import polyrhythm
 from helpers import (
@@ -204,3 +209,67 @@ def test_the_rank_that_explains_a_failure_names_it(tmp_path):
                                                   "unexpectedly (crashed)")
     assert host_of("127.0.0.1:4040") == "127.0.0.1" and host_of("[::1]:4040") == "::1"
     assert host_of("node7") == "node7"
+
+
+def ranks_listening() -> dict[int, set[tuple[str, int]]]:
+    """The (host, port) each polyrhythm.node process this test started listens on, by rank."""
+    found: dict[int, set[tuple[str, int]]] = {}
+    for process in psutil.Process().children(recursive=True):
+        try:
+            if "polyrhythm.node" in " ".join(process.cmdline()):
+                found[int(process.environ()["RANK"])] = {
+                    c.laddr[:2] for c in process.net_connections(kind="inet")
+                    if c.status == psutil.CONN_LISTEN}
+        except psutil.Error:
+            continue  # gone while looked at
+    return found
+
+
+def test_a_spark_ranks_store_listens_on_the_job_address_and_refuses_a_stranger(tmp_path):
+    """Without Spark: two ranks as their barrier tasks start them (RankTask.run), meeting on
+    loopback (every task on one host). Rank 0's store listens on loopback only, never on
+    every interface; a stranger with the wrong secret is refused, named in rank 0's log, and
+    the run completes. Rank 1 starts only after the stranger has tried: rank 0's store is
+    up the while."""
+    from polyrhythm.launch.spark_task import RankTask, free_port
+    from polyrhythm.metrics.records import start_run
+
+    config = equivalence_config(tmp_path, strategy="allreduce", workers=2, epochs=1,
+                                steps_per_epoch=3, dataset="digits")
+    record = start_run(config)
+    secret = {"POLYRHYTHM_SECRET": os.urandom(32).hex()}  # as the driver gives it
+    task = RankTask(str(record.dir / "config.toml"), record.run_id, str(record.dir / "logs"),
+                    str(tmp_path), {RUN_VARIABLE: record.run_id, **secret})
+    port, codes = free_port(), {}
+
+    def run(rank: int) -> None:
+        codes[rank] = task.run(rank, 2, "127.0.0.1", port)
+
+    first = threading.Thread(target=run, args=(0,), daemon=True)
+    first.start()
+    deadline = time.monotonic() + HANG_GUARD_S
+    heard: set[tuple[str, int]] = set()
+    while not any(p == port for _, p in heard):
+        assert first.is_alive() and time.monotonic() < deadline, "rank 0's store never listened"
+        heard = ranks_listening().get(0, set())
+        time.sleep(0.05)
+    assert all(host == "127.0.0.1" for host, _ in heard), heard  # not 0.0.0.0 nor ::
+    with pytest.raises((RuntimeError, dist.DistError)):  # a torch client of its own
+        dist.TCPStore("127.0.0.1", port, None, False, timedelta(seconds=2)).set("in", "1")
+    from polyrhythm.launch.gate import Relay
+
+    with pytest.raises(ConfigError, match="refused this rank's proof of the run's secret"):
+        Relay(b"a stranger's guess", ("127.0.0.1", port), HANG_GUARD_S)
+    second = threading.Thread(target=run, args=(1,), daemon=True)
+    second.start()
+    while second.is_alive() and time.monotonic() < deadline:  # Gloo's and the relay too
+        for rank, addresses in ranks_listening().items():
+            assert all(host == "127.0.0.1" for host, _ in addresses), (rank, addresses)
+        time.sleep(0.05)
+    for thread in (first, second):
+        thread.join(HANG_GUARD_S)
+    assert codes == {0: 0, 1: 0}, (record.dir / "logs" / "rank0.log").read_text()[-2000:]
+    log = (record.dir / "logs" / "rank0.log").read_text()
+    assert "polyrhythm: refused a connection from 127.0.0.1:" in log
+    assert "a wrong proof of the run's secret; the run goes on" in log
+    assert record.store.run(record.run_id)["status"] == "completed"

@@ -344,7 +344,8 @@ def test_a_point_that_fails_at_run_time_leaves_the_others_and_exits_1(tmp_path):
     bad.write_text("no archive here")
     path = write_sweep(tmp_path / "fails.toml", "\n".join([
         'name = "fails"', "[base]", 'dataset = "cifar10"', 'strategy = "allreduce"',
-        "workers = 1", "epochs = 1", "[grid]", f"data_path = [{json.dumps(str(bad))}, "
+        "workers = 1", "epochs = 1", "batch_size = 8", "[grid]",  # 40 training images
+        f"data_path = [{json.dumps(str(bad))}, "
         f"{json.dumps(str(good))}]", ""]))
     out = tmp_path / "runs"
     proc = cli("sweep", str(path), "--out", str(out))

@@ -24,6 +24,7 @@ from polyrhythm.metrics.sampler import ResourceSampler
 
 GO, DATA, BEFORE, WINDOW, AFTER = 1, 2, 3, 4, 5  # tags
 SILENCE_S = 3  # the process group's timeout in the timeout scenario
+WITHIN_S = 60  # how long a wait that keeps its own time waits in the lost-peer scenarios
 
 
 def _outcome(exc: BaseException | None, **seen) -> dict:
@@ -37,6 +38,97 @@ def _wait_for(path: Path, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while not path.exists() and time.monotonic() < deadline:
         time.sleep(0.01)
+
+
+def _wait_until_stopped(pid_file: Path) -> int:
+    """The pid a rank left in `pid_file`, once that process is stopped (SIGSTOP)."""
+    _wait_for(pid_file)
+    pid = int(pid_file.read_text())
+    deadline = time.monotonic() + 60
+    while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+        assert time.monotonic() < deadline, f"process {pid} did not stop"
+        time.sleep(0.01)
+    return pid
+
+
+def _beyond_the_sockets() -> int:
+    """Float32 values of a message longer than a loopback connection holds (the sender's
+    buffer, which Gloo sizes up to 32 MiB as the kernel allows, and the receiver's, both
+    doubled by the kernel), so that part of it waits to be written."""
+    def setting(name: str) -> int:
+        return max(int(v) for v in Path(f"/proc/sys/net/{name}").read_text().split())
+    held = 2 * min(32 << 20, setting("core/wmem_max")) + 2 * max(setting("core/rmem_max"),
+                                                                 setting("ipv4/tcp_rmem"))
+    return 2 * held // 4
+
+
+def _send_queued_at_a_death(rank: int, transport: Transport, out: Path) -> dict:
+    """Rank 0 sends a long message to rank 1, which has posted its receive and then stopped
+    reading (SIGSTOP): part of it waits in Gloo to be written when rank 1 is killed."""
+    numel = _beyond_the_sockets()
+    if rank == 1:
+        kept = transport.irecv(torch.empty(numel), 0, tag=DATA)  # noqa: F841 - posted
+        (out / "1.pid").write_text(str(os.getpid()))
+        transport.isend(torch.ones(1), 0, tag=GO).wait()  # after the receive, on one stream
+        os.kill(os.getpid(), signal.SIGSTOP)
+    transport.irecv(torch.empty(1), 1, tag=GO).wait()  # rank 1's receive is known here now
+    peer = _wait_until_stopped(out / "1.pid")
+    pending = transport.isend(torch.ones(numel), 1, tag=DATA)  # written at once, in part
+    os.kill(peer, signal.SIGKILL)
+    try:
+        pending.wait(WITHIN_S)
+    except Exception as exc:  # noqa: BLE001 - what it was is the outcome
+        return _outcome(exc)
+    return _outcome(None)
+
+
+def _receive_cut_short(rank: int, transport: Transport, out: Path) -> dict:
+    """Rank 1 sends a long message to rank 0, which has posted its receive and then stopped
+    (SIGSTOP); rank 1 is killed with part of it on its way, and rank 0 is continued."""
+    numel = _beyond_the_sockets()
+    if rank == 1:
+        transport.irecv(torch.empty(1), 0, tag=GO).wait()  # rank 0's receive is known now
+        _wait_until_stopped(out / "0.pid")
+        kept = transport.isend(torch.ones(numel), 0, tag=DATA)  # noqa: F841 - in part
+        os.kill(os.getpid(), signal.SIGKILL)
+    pending = transport.irecv(torch.empty(numel), 1, tag=DATA)
+    (out / "0.pid").write_text(str(os.getpid()))
+    transport.isend(torch.ones(1), 1, tag=GO).wait()  # after the receive, on one stream
+    os.kill(os.getpid(), signal.SIGSTOP)  # continued by the test once rank 1 is dead
+    try:
+        pending.wait(WITHIN_S)
+    except Exception as exc:  # noqa: BLE001
+        return _outcome(exc)
+    return _outcome(None)
+
+
+def _lost_then_served_past_the_timeout(rank: int, transport: Transport) -> dict:
+    """Rank 0 receives from ranks 1 and 2; rank 2 dies; rank 0 goes on taking rank 1's
+    messages (one at a time, when it asks) until twice the timeout has passed."""
+    if rank == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    more = torch.ones(1)
+    if rank == 1:
+        while more.item():
+            transport.isend(torch.ones(1), 0).wait()
+            transport.irecv(more, 0, tag=GO).wait()
+        return {}
+    receiver, raised, lost_at = transport.receiver([1, 2], 1), [], None
+    while lost_at is None or time.monotonic() < lost_at + 2 * SILENCE_S:
+        try:
+            src, _ = receiver.take()
+        except PeerLost as exc:
+            raised.append(_outcome(exc))
+            lost_at = lost_at or time.monotonic()
+            continue
+        except PeerSilent as exc:
+            raised.append(_outcome(exc))
+            break
+        receiver.release(src)
+        time.sleep(0.1)  # asked for at a pace, not at full speed
+        transport.isend(more, 1, tag=GO).wait()
+    transport.isend(torch.zeros(1), 1, tag=GO).wait()
+    return {"raised": raised}
 
 
 def _counted_on_completion(rank: int, transport: Transport) -> dict:
@@ -173,10 +265,12 @@ def _rank(rank: int, scenario: str, out: str, timeout_s: float, world: int) -> N
         os.environ["LOCAL_WORLD_SIZE"] = "2" if scenario.endswith("shared") else "1"
     dist.init_process_group("gloo", init_method=f"file://{out / 'store'}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=timeout_s))
-    transport = Transport()
-    transport.open(rank, world, list(range(world - 2, world)))
-    transport.barrier()
     name, _, how = scenario.partition(":")
+    transport = Transport()
+    # "served": a receiver keeping its own time, as a server's that may go on (server.py)
+    transport.open(rank, world, list(range(world - 2, world)),
+                   timeout=SILENCE_S if name == "served" else None)
+    transport.barrier()
     plays = {"counted": lambda: _counted_on_completion(rank, transport),
              "sampled": lambda: _sampled_through_a_window(rank, transport),
              "killed": lambda: _peer_killed(rank, transport, how),
@@ -184,23 +278,29 @@ def _rank(rank: int, scenario: str, out: str, timeout_s: float, world: int) -> N
              "bug": lambda: _a_bug_in_a_receive(rank, transport),
              "longer": lambda: _longer_than_its_receive(rank, transport),
              "priorities": lambda: _network_priorities(transport),
-             "regroup": lambda: _survivors_regroup(rank, transport)}
+             "regroup": lambda: _survivors_regroup(rank, transport),
+             "queued": lambda: _send_queued_at_a_death(rank, transport, out),
+             "cut": lambda: _receive_cut_short(rank, transport, out),
+             "served": lambda: _lost_then_served_past_the_timeout(rank, transport)}
     result = plays[name]()
     (out / f"{rank}.json.tmp").write_text(json.dumps(result))
     os.replace(out / f"{rank}.json.tmp", out / f"{rank}.json")
     os._exit(0)  # no teardown of a group whose peer may be dead
 
 
-def pair(tmp_path: Path, scenario: str, timeout_s: float = 60,
-         world: int = 2) -> tuple[list, list[int]]:
+def pair(tmp_path: Path, scenario: str, timeout_s: float = 60, world: int = 2,
+         stopped: int | None = None) -> tuple[list, list[int]]:
     """Run `scenario` on ranks 0 and 1 (or `world` ranks, the last two its workers); (what
-    each wrote, None if nothing; exit codes)."""
+    each wrote, None if nothing; exit codes). `stopped`: a rank that stops itself, continued
+    (SIGCONT) once every other rank has ended."""
     ctx = forkserver.context()
     procs = [ctx.Process(target=_rank, args=(r, scenario, str(tmp_path), timeout_s, world))
              for r in range(world)]
     for p in procs:
         p.start()
-    for p in procs:
+    for r, p in sorted(enumerate(procs), key=lambda rank: rank[0] == stopped):
+        if r == stopped:
+            os.kill(p.pid, signal.SIGCONT)
         p.join(120)
         if p.is_alive():
             p.kill()
@@ -244,6 +344,35 @@ def test_survivors_meet_in_a_group_of_their_own_whatever_groups_each_had_made(tm
     got, codes = pair(tmp_path, "regroup", timeout_s=20, world=3)
     assert codes == [0, 0, -signal.SIGKILL]
     assert got[:2] == [{"total": 2.0}, {"total": 2.0}]
+
+
+def test_a_send_gloo_holds_to_a_peer_killed_is_lost_not_waited_on_for_ever(tmp_path):
+    """Gloo fails the works it holds as posted when a peer's connection breaks, but leaves a
+    send it is writing (part of it queued behind a full socket) neither done nor failed: a
+    server replying to a worker as it died waited on it for the whole timeout (for ever in
+    the thread that waits for it), and the run with it. The watch on the peer ends the wait
+    (comm/waiting.py)."""
+    (got, dead), codes = pair(tmp_path, "queued")
+    assert codes == [0, -signal.SIGKILL] and dead is None
+    assert got["raised"] == "PeerLost" and got["rank"] == 1, got
+
+
+def test_a_receive_cut_short_by_its_peers_death_is_lost_not_waited_on_for_ever(tmp_path):
+    """Gloo leaves a receive it was reading when its peer's connection broke (the message cut
+    short: a push from a worker killed as it sent it) neither done nor failed."""
+    (got, dead), codes = pair(tmp_path, "cut", stopped=0)
+    assert codes == [0, -signal.SIGKILL] and dead is None
+    assert got["raised"] == "PeerLost" and got["rank"] == 1, got
+
+
+def test_a_source_lost_is_said_once_not_again_as_silent_after_the_timeout(tmp_path):
+    """A server going on without a lost worker heard of it once: its receiver then called
+    the same worker silent once the timeout had passed since its last receive was posted,
+    and the server, for which it was gone already, failed the run."""
+    got, codes = pair(tmp_path, "served", world=3)
+    assert codes == [0, 0, -signal.SIGKILL]
+    (lost,) = got[0]["raised"]
+    assert lost["raised"] == "PeerLost" and lost["rank"] == 2, got[0]
 
 
 def test_a_peer_that_sends_nothing_within_the_timeout_is_silent(tmp_path):

@@ -9,6 +9,7 @@ from typing import Any
 from polyrhythm.config import RunConfig, layered, load_config, unread_by_a_script
 from polyrhythm.config.spark import check_spark_settings, on_spark
 from polyrhythm.data.datasets import open_source
+from polyrhythm.data.plan import check_split
 from polyrhythm.data.splitters import splitter
 from polyrhythm.errors import ConfigError
 from polyrhythm.launch import runlock
@@ -27,7 +28,8 @@ from polyrhythm.metrics.records import (
     start_run,
 )
 from polyrhythm.models.build import check_model
-from polyrhythm.runtime.checkpoint import Resume, latest
+from polyrhythm.runtime.checkpoint import Resume
+from polyrhythm.runtime.intact import latest
 
 
 def resolve_config(config: RunConfig | dict | str | Path | None = None,
@@ -58,8 +60,10 @@ def train(config: RunConfig | dict | str | Path | None = None, *, show_progress:
     # record exists; the data is read through, not kept (workers read their shards).
     source = open_source(config.data, config.seed)
     source.check()
-    LOSSES[config.loss].targets(source.labels(), source.classes, f"dataset {config.data.name}")
+    labels = LOSSES[config.loss].targets(source.labels(), source.classes,
+                                         f"dataset {config.data.name}")
     check_model(config.model, source.shape, source.classes, config.loss)
+    check_split(len(labels), source.given_val, config.data, config.batch_size)
     splitter(config.data.sharding or "random")
     if config.compute_from is not None:
         measured_compute(config.out, config.compute_from)
@@ -181,5 +185,10 @@ def _reopened(record: RunRecord, out: str | Path, overrides: dict, resumable: se
     # newest is chosen and the new ranks start.
     runlock.wait_until_free(record.dir)
     point, done = latest(record.dir, stored.workers, stored.servers, say=say)
+    if "epochs" in overrides and config.epochs < done:
+        # The epochs done stay in its record: ending before them would store one count of
+        # epochs with the run and another in its epochs' rows.
+        raise ConfigError(f"run {record.run_id} has done {done} epochs: --epochs "
+                          f"{config.epochs} would end it before them; give at least {done}")
     reopen_run(record)
     return config, point, done

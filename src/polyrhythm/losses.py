@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 
 from polyrhythm.errors import ConfigError
+from polyrhythm.limits import MAX_CLASSES
+from polyrhythm.settings import number
 
 
 class Loss(ABC):
@@ -71,7 +73,7 @@ def _first_unfit(labels: np.ndarray, bad: np.ndarray, where: str, name: str,
     if len(found):
         i = int(found[0])
         raise ConfigError(f"{where}: loss {name} needs {needs}; example {i + 1} has target "
-                          f"{labels[i]:g}")
+                          f"{number(labels[i])}")
 
 
 def _one_per_sample(output: torch.Tensor) -> torch.Tensor:
@@ -92,10 +94,15 @@ class CrossEntropy(Loss):
         return classes
 
     def targets(self, labels, classes, where):
-        if np.issubdtype(labels.dtype, np.integer):
-            return labels.astype(np.int64, copy=False)  # class ids already: checked by sources
-        _first_unfit(labels, (labels < 0) | (labels != np.floor(labels)), where, self.name,
-                     "class ids 0, 1, 2, ... (--loss mse for real-valued targets)")
+        # A logit per class up to the largest id: an id of 2**40 would make a model of 2**40
+        # outputs, which no process can build (limits.py).
+        needs = (f"class ids 0, 1, 2, ... below {MAX_CLASSES:,} (--loss mse for real-valued "
+                 "targets)")
+        if np.issubdtype(labels.dtype, np.integer):  # from 0: checked by sources
+            _first_unfit(labels, labels >= MAX_CLASSES, where, self.name, needs)
+            return labels.astype(np.int64, copy=False)
+        _first_unfit(labels, (labels < 0) | (labels != np.floor(labels))
+                     | (labels >= MAX_CLASSES), where, self.name, needs)
         return labels.astype(np.int64)
 
     def misfit(self, shape, classes):

@@ -36,18 +36,35 @@ def shown(value: Any) -> str:
 @dataclass(frozen=True)
 class Rule:
     """A range rule: `holds(value, run)` is true for valid values; `text(run)` completes
-    '<name> must ...' in the error and the listings ('be at least 1')."""
+    '<name> must ...' in the error and the listings ('be at least 1'). `most` bounds the
+    values it accepts from above (each entry's, for a list; in seconds or bits per second,
+    for a duration or a rate), where it has a bound: what a run can honour (limits.py)."""
 
     holds: Callable[[Any, Any], bool]
     text: Callable[[Any], str]
+    most: float | None = None
 
 
-def at_least(low: float) -> Rule:
-    return Rule(lambda v, run: v >= low, lambda run: f"be at least {low}")
+def number(value: float) -> str:
+    """A bound as a rule's text shows it: 65536, 0.001, 1e+38."""
+    if float(value).is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return f"{value:g}"
 
 
-def positive() -> Rule:
-    return Rule(lambda v, run: v > 0, lambda run: "be positive")
+def _and_at_most(most: float | None) -> str:
+    return "" if most is None else f" (and at most {number(most)})"
+
+
+def at_least(low: float, most: float | None = None) -> Rule:
+    """low <= v, and v <= most if given: 'be at least 1 (and at most 1024)'."""
+    return Rule(lambda v, run: low <= v and (most is None or v <= most),
+                lambda run: f"be at least {number(low)}{_and_at_most(most)}", most)
+
+
+def positive(most: float | None = None) -> Rule:
+    return Rule(lambda v, run: v > 0 and (most is None or v <= most),
+                lambda run: f"be positive{_and_at_most(most)}", most)
 
 
 def within(low: float, high: float, *, low_open: bool = False,
@@ -55,17 +72,20 @@ def within(low: float, high: float, *, low_open: bool = False,
     """low <= v <= high, either end open: 'be in (0, 1]'."""
     def holds(v, run) -> bool:
         return (v > low if low_open else v >= low) and (v < high if high_open else v <= high)
-    text = f"be in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
-    return Rule(holds, lambda run: text)
+    text = (f"be in {'(' if low_open else '['}{number(low)}, {number(high)}"
+            f"{')' if high_open else ']'}")
+    return Rule(holds, lambda run: text, high)
 
 
 def one_of(*choices: str) -> Rule:
     return Rule(lambda v, run: v in choices, lambda run: f"be one of {', '.join(choices)}")
 
 
-def each(test: Callable[[Any], bool], text: str) -> Rule:
-    """A rule on every entry of a list: 'have entries that <text>'."""
-    return Rule(lambda v, run: all(test(x) for x in v), lambda run: f"have entries {text}")
+def each(test: Callable[[Any], bool], text: str, most: float | None = None) -> Rule:
+    """A rule on every entry of a list: 'have entries that <text>' (`most`: the largest
+    entry it accepts)."""
+    return Rule(lambda v, run: all(test(x) for x in v), lambda run: f"have entries {text}",
+                most)
 
 
 @dataclass(frozen=True)
@@ -146,6 +166,8 @@ def _scalar(name: str, kind: type, value: Any) -> Any:
     if kind is float and type(value) in (int, float):
         if math.isnan(value):  # TOML's nan, or --lr nan: it passes no range check
             raise ConfigError(f"{name} must be a number, got nan")
+        if math.isinf(value):  # no setting means "forever" by inf; sleeps and timers overflow
+            raise ConfigError(f"{name} must be a finite number, got {value}")
         return float(value)
     if type(value) is kind:
         return value

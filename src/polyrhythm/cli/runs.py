@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from polyrhythm.metrics.launcher import read_identity
-from polyrhythm.metrics.records import STORE_NAME, compression_label, compression_section
+from polyrhythm.metrics.records import (
+    STORE_NAME,
+    compression_label,
+    compression_section,
+    repair_runs,
+)
+from polyrhythm.metrics.runfolder import UNRECORDED
 from polyrhythm.metrics.store import LAUNCHER_GONE, RunStore
 
 
@@ -15,9 +22,18 @@ def add_parser(commands) -> None:
     runs = commands.add_parser("runs", help="list stored runs")
     runs.add_argument("--out", default="runs", help="runs directory (default: runs)")
     runs.add_argument("--json", action="store_true", help="one JSON object per run")
+    runs.add_argument("--repair", action="store_true",
+                      help="record the results that runs kept in their folders when the store "
+                      "could not take them at their end (locked, a full disk), then list")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.repair:
+        repaired = repair_runs(args.out)
+        for run_id in repaired:
+            print(f"recorded run {run_id} from the results it kept", file=sys.stderr)
+        if not repaired:
+            print(f"no kept results to record in {args.out}", file=sys.stderr)
     rows = RunStore(Path(args.out) / STORE_NAME).runs()
     if args.json:
         for r in rows:
@@ -52,7 +68,8 @@ def compressor(row: dict) -> str:
 
 def status(row: dict) -> str:
     """A run's status as listed: `failed (launcher gone)` for a run whose launcher died
-    without recording its end (the store found it so when opened)."""
-    if row["status"] == "failed" and row["error"] == LAUNCHER_GONE:
-        return f"failed ({LAUNCHER_GONE})"
+    without recording its end (the store found it so when opened), `failed (unrecorded:
+    --repair)` for one that trained to its end but whose results the store could not take."""
+    if row["status"] == "failed" and row["error"] in (LAUNCHER_GONE, UNRECORDED):
+        return f"failed ({'unrecorded: --repair' if row['error'] == UNRECORDED else row['error']})"
     return row["status"]

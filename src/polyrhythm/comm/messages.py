@@ -38,3 +38,7 @@ HANDOVER_HEADER = 2
 # worker and it answers (one value each way), then rank 0 tells every survivor who was lost
 # (one value per rank, 1 for lost).
 ROLL_CALL, LOST = HANDOVER + 1, HANDOVER + 2
+# A receive from a peer on a tag nothing is ever sent on: Gloo fails it when the peer's
+# connection breaks, which is how a rank that may go on without the peer learns it is gone
+# (comm/waiting.py).
+WATCH = HANDOVER + 3

@@ -26,7 +26,7 @@ from polyrhythm.comm.delay import DelayLine, Posted
 from polyrhythm.comm.faults import PeerFault, PeerLost, PeerSilent, on_the_wire, translated
 from polyrhythm.comm.network_threads import calm_network_threads, sharing_cores
 from polyrhythm.comm.posting import post_receive, post_send
-from polyrhythm.comm.waiting import NEVER, wait_within
+from polyrhythm.comm.waiting import NEVER, gone, wait_within, watch
 
 __all__ = ["NATIVE", "WORKERS", "WORLD", "Pending", "PeerFault", "PeerLost", "PeerSilent",
            "Receiver", "TrafficCounters", "Transport"]
@@ -292,12 +292,14 @@ class Receiver:
       the one `last(message)` is true of.
 
     Bytes are counted when the caller takes a message, on one thread. A source whose
-    connection broke or that fell silent makes `take()` raise PeerLost or PeerSilent; any
-    other error of a receive (a bug) is raised by `take()` as it is, with its traceback.
+    connection broke or that fell silent makes `take()` raise PeerLost or PeerSilent, once;
+    any other error of a receive (a bug) is raised by `take()` as it is, with its traceback.
     Silence is told by this receiver's own clock (a receive posted that long ago and not
     complete), not by Gloo's timeout, which would close every connection of the process
-    (Pending.wait): a caller may go on without a source fallen silent (cut off), whose
-    later messages, if any, are dropped.
+    (Pending.wait): a caller may go on without a source fallen silent (cut off) or gone,
+    whose later messages, if any, are dropped. A broken connection is told by the source's
+    receive failing, or by the watch on the source (comm/waiting.py) where Gloo leaves that
+    receive waiting for ever (its message cut short).
     """
 
     def __init__(self, transport: Transport, sources: list[int], numel: int, tag: int = 0, *,
@@ -308,8 +310,10 @@ class Receiver:
         self._go_on = {s: queue.SimpleQueue() for s in sources} if last is None else {}
         self._posted: dict[int, float | None] = dict.fromkeys(sources)  # when, if waiting
         self._dropped: set[int] = set()  # sources fallen silent
-        self._looked = time.monotonic()  # when silence was last looked for
+        self._looked = time.monotonic()  # when lost or silent sources were last looked for
         for src in sources:
+            if self.transport.timeout is not None:  # one that may go on without a source
+                watch(src)
             threading.Thread(target=self._receive, args=(src,), daemon=True,
                              name=f"recv-from-{src}").start()
 
@@ -341,7 +345,7 @@ class Receiver:
         what ended a source's receives: PeerLost, PeerSilent, or a bug's own error."""
         while True:
             if time.monotonic() - self._looked > POLL_S:  # busy with the others' messages too
-                self._raise_silent()
+                self._raise_lost_or_silent()
             try:
                 item = self._arrived.get(block=block, timeout=POLL_S if block else None)
             except queue.Empty:
@@ -352,22 +356,30 @@ class Receiver:
                     isinstance(item, tuple) and item[0] in self._dropped):
                 continue  # from a source this receiver went on without
             if isinstance(item, Exception):
+                if isinstance(item, PeerFault):  # said once: its receive is over
+                    self._dropped.add(item.rank)
                 raise item
             self.transport.count_received(item[1])
             return item
 
-    def _raise_silent(self) -> None:
-        """PeerSilent for a source whose receive was posted longer than the timeout ago
-        (and none later: it is dropped)."""
+    def _raise_lost_or_silent(self) -> None:
+        """For a source waited on (its receive posted, no message of it waiting to be
+        taken): PeerLost if its connection broke though the receive goes on waiting, or
+        PeerSilent if the receive was posted longer than the timeout ago. Either drops it."""
         silence, now = self.transport.timeout, time.monotonic()
         self._looked = now
         if silence is None:
             return
         for src, posted in list(self._posted.items()):
-            if posted is not None and src not in self._dropped and now - posted > silence:
+            if posted is None or src in self._dropped:
+                continue
+            fault = gone(src)
+            if fault is None and now - posted > silence:
+                fault = PeerSilent(src, TimeoutError(f"Timed out waiting {silence:g} s for a "
+                                                     "message"))
+            if fault is not None:
                 self._dropped.add(src)
-                raise PeerSilent(src, TimeoutError(f"Timed out waiting {silence:g} s for a "
-                                                   "message"))
+                raise fault
 
     def waiting(self) -> int:
         """Messages arrived and not yet taken: a server's queue."""

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from polyrhythm.limits import MAX_QSGD_LEVELS
 from polyrhythm.settings import Component, Param, Registry, at_least, load_object, within
 
 
@@ -82,7 +83,7 @@ COMPRESSORS.register(CompressorSpec(
     "qsgd", "s levels per 512-value chunk's norm, stochastic rounding (unbiased)",
     source="QSGD, Alistarh et al., NeurIPS 2017", params=(
         Param("levels", int, "quantisation levels s (1 + bits of s per value)", 15,
-              rule=at_least(1)),), codec=f"{CODECS}:QSGD"))
+              rule=at_least(1, MAX_QSGD_LEVELS)),), codec=f"{CODECS}:QSGD"))
 COMPRESSORS.register(CompressorSpec(
     "powersgd", "each matrix as rank-r factors P and Q by one power iteration",
     source="PowerSGD, Vogels, Karimireddy and Jaggi, NeurIPS 2019", params=(

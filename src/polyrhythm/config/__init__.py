@@ -42,6 +42,7 @@ from polyrhythm.config.declared import GENERAL, OPTIMIZER, check_optimizer, stor
 from polyrhythm.config.emulation import (
     CLUSTER,
     check_compute,
+    check_waits,
     collocated_servers,
     settle,
     unemulated_left_out,
@@ -98,6 +99,7 @@ class RunConfig:
                     "optimizer": _section("optimizer", OPTIMIZER, given["optimizer"], run),
                     "cluster": settle(cluster, run.workers, run.servers)}
         _check_run(run)
+        check_waits(run, sections["cluster"])
         check_optimizer(given["optimizer"], strategy)
         check_compression(sections["compression"], strategy, run)
         object.__setattr__(self, "_general", general)

@@ -9,7 +9,15 @@ from collections.abc import Mapping
 from polyrhythm.config.emulation import COMPUTE
 from polyrhythm.config.spark import SPARK
 from polyrhythm.errors import ConfigError
-from polyrhythm.settings import Param, Rule, at_least, one_of, positive, within
+from polyrhythm.limits import (
+    MAX_DELAY_S,
+    MAX_FACTOR,
+    MAX_THREADS,
+    MAX_TIMEOUT_S,
+    MAX_WORKERS,
+    MIN_TIMEOUT_S,
+)
+from polyrhythm.settings import Param, Rule, at_least, each, number, one_of, positive, within
 
 
 def default_workers() -> int:
@@ -17,22 +25,17 @@ def default_workers() -> int:
     return max(1, min(os.cpu_count() or 1, 4))
 
 
-MAX_WORKERS = 65536
-
 # The losses a run may train with (losses.py implements them; a test checks the names agree).
 LOSS_NAMES = ("cross_entropy", "mse", "bce")
 
 DEFAULT_BUCKET_KB = 25600  # 25 MiB, as DDP's default bucket: one bucket for small models
 
+# Each numeric setting's range is what a run can honour; limits.py says why each bound.
 GENERAL = (
-    # At most MAX_WORKERS: a server's policy keeps state per worker, built as the config is
-    # checked (fuzzing found 10^8 workers taking 24 GB there), and no study goes near it.
     Param("workers", int, "number of workers N", derive=lambda run: default_workers(),
-          derived="CPU cores, at most 4",
-          rule=Rule(lambda v, run: 1 <= v <= MAX_WORKERS,
-                    lambda run: f"be at least 1 (and at most {MAX_WORKERS})")),
+          derived="CPU cores, at most 4", rule=at_least(1, MAX_WORKERS)),
     Param("servers", int, "parameter-server shards", derived="1 for PS strategies, 0 "
-          "otherwise", rule=at_least(0)),
+          "otherwise", rule=at_least(0, MAX_WORKERS)),
     Param("bucket_kb", int, "PS strategies: gradients and parameters travel in buckets of "
           "about this many KiB (whole-gradient strategies: one bucket)",
           derived=f"{DEFAULT_BUCKET_KB} (25 MiB)", rule=at_least(1)),
@@ -52,21 +55,26 @@ GENERAL = (
           "cross_entropy", rule=one_of(*LOSS_NAMES)),
     Param("steps_per_epoch", int, "cap on steps per epoch", derived="all", rule=at_least(1)),
     Param("worker_delay_s", list, "extra seconds of emulated compute per step, one entry per "
-          "worker", [], item=float, rule=Rule(lambda v, run: min(v, default=0) >= 0,
-                                              lambda run: "have entries of at least 0")),
+          "worker", [], item=float, rule=each(lambda v: 0 <= v <= MAX_DELAY_S, "of at least 0 "
+                                              f"(and at most {number(MAX_DELAY_S)})",
+                                              MAX_DELAY_S)),
     Param("threads", int, "torch threads per worker (servers use 1)",
-          derived="cores / workers on the host", rule=at_least(1)),
+          derived="cores / workers on the host", rule=at_least(1, MAX_THREADS)),
     Param("warmup_steps", int, "first steps of each worker left out of throughput figures", 5,
           rule=at_least(0)),
     Param("instrumentation", bool, "record every iteration's spans, server events and ~1 Hz "
           "resource samples in the store (off: totals only)", True),
     Param("out", str, "directory that holds run records and the store", "runs", metavar="DIR"),
+    Param("shared_perms", bool, "let the run's files (model, checkpoints, logs) and a new "
+          "store follow the umask, readable by others as it allows; off: the run's folder is "
+          "its owner's alone (0700), a new store and its folder too", False),
     Param("checkpoint_every", int, "write a checkpoint every this many epochs, and at the "
           "end (0: never); `polyrhythm train --resume RUN_ID` (a script's: `polyrhythm run "
           "--resume RUN_ID`) goes on from the last", 1,
           rule=at_least(0)),
     Param("timeout", float, "seconds any process waits for a peer (a message, a collective) "
-          "before the run fails naming the silent peer", 300.0, rule=positive()),
+          "before the run fails naming the silent peer", 300.0,
+          rule=within(MIN_TIMEOUT_S, MAX_TIMEOUT_S)),
     Param("on_worker_failure", str, "when a worker dies: continue (parameter-server "
           "strategies: the servers carry on with the other workers and record the loss) or "
           "abort (every process stops; --resume goes on from the last checkpoint)",
@@ -87,20 +95,23 @@ OPTIMIZER = (
     Param("optimizer", str, "what every server and worker steps: sgd (momentum, weight "
           "decay) or torch.optim's adam, adamw, rmsprop, adagrad, on its slice of the model",
           derived="sgd", rule=one_of(*OPTIMIZERS)),
-    Param("lr", float, "learning rate", 0.05, rule=positive()),
+    Param("lr", float, "learning rate", 0.05, rule=positive(MAX_FACTOR)),
     Param("momentum", float, "SGD momentum", 0.9, rule=within(0, 1, high_open=True)),
     Param("async_momentum_correction", bool, "asynchronous servers subtract the momentum "
           "asynchrony implies", True),
     Param("betas", list, "adam, adamw: the decay rates of the gradient's running mean and "
           "square (beta1, beta2)", derived="0.9, 0.999", item=float,
           rule=Rule(lambda v, run: len(v) == 2 and all(0 <= b < 1 for b in v),
-                    lambda run: "be two numbers in [0, 1)")),
+                    lambda run: "be two numbers in [0, 1)", 1.0)),
     Param("eps", float, "adam, adamw, rmsprop, adagrad: added to the denominator",
-          derived="torch's: 1e-8, 1e-10 for adagrad", rule=positive()),
-    Param("weight_decay", float, "L2 weight decay", 1e-4, rule=at_least(0)),
+          derived="torch's: 1e-8, 1e-10 for adagrad", rule=positive(MAX_FACTOR)),
+    Param("weight_decay", float, "L2 weight decay", 1e-4, rule=at_least(0, MAX_FACTOR)),
     Param("lr_decay_every", int, "multiply lr by lr_decay every this many epochs (0: never)",
           0, rule=at_least(0)),
-    Param("lr_decay", float, "step learning-rate decay factor", 0.1),
+    # A decay: above 1 the rate would grow past what a step can take (MAX_FACTOR), at 0 or
+    # below it would stop training or climb the loss (torch's Adam refuses a negative lr).
+    Param("lr_decay", float, "step learning-rate decay factor", 0.1,
+          rule=within(0, 1, low_open=True)),
 )
 
 def check_optimizer(given, strategy) -> None:
@@ -124,9 +135,9 @@ def check_optimizer(given, strategy) -> None:
 
 # General settings added since 0.1 whose default changes nothing: a stored config leaves them
 # out at that default, so an older record and its rerun read as the same fields.
-LEFT_OUT_AT_DEFAULT = {"shared_epochs": False, "checkpoint_every": 1, "timeout": 300.0,
-                       "loss": "cross_entropy", "launcher": "local", "executor_memory": 1024,
-                       "spark_conf": []}
+LEFT_OUT_AT_DEFAULT = {"shared_epochs": False, "shared_perms": False, "checkpoint_every": 1,
+                       "timeout": 300.0, "loss": "cross_entropy", "launcher": "local",
+                       "executor_memory": 1024, "spark_conf": []}
 # Added since 0.1 with a default derived from the strategy: stored only where given.
 LEFT_OUT_UNLESS_GIVEN = {"on_worker_failure"}
 

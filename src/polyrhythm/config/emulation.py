@@ -22,13 +22,27 @@ from collections.abc import Callable
 from typing import Any
 
 from polyrhythm.errors import ConfigError
+from polyrhythm.limits import (
+    MAX_CPU,
+    MAX_DELAY_S,
+    MAX_RATE_BITS,
+    MAX_SLOWDOWN,
+    MIN_CPU,
+    MIN_RATE_BITS,
+)
 from polyrhythm.metrics.records import measured_compute
-from polyrhythm.settings import Param, Rule, Settings, at_least, each, one_of
-from polyrhythm.units import DISTRIBUTIONS, Delay, duration, is_duration, is_rate
+from polyrhythm.settings import Param, Rule, Settings, at_least, each, number, one_of
+from polyrhythm.units import DISTRIBUTIONS, Delay, duration, is_duration, is_rate, rate
 
 
 def _duration_rule() -> Rule:
-    return Rule(lambda v, run: is_duration(v), lambda run: "be a duration such as 120ms")
+    return Rule(lambda v, run: is_duration(v) and duration(v) <= MAX_DELAY_S,
+                lambda run: "be a duration such as 120ms, at most a day "
+                f"({number(MAX_DELAY_S)}s)", MAX_DELAY_S)
+
+
+def _link_rate(text: str) -> bool:
+    return is_rate(text) and MIN_RATE_BITS <= rate(text) <= MAX_RATE_BITS
 
 
 COMPUTE = (
@@ -47,7 +61,8 @@ COMPUTE = (
     Param("slowdown", list, "per-worker compute time factor, one entry per worker (3: a worker "
           "three times slower, by sleeping twice its measured compute time after it), real "
           "or emulated compute", [], item=float,
-          rule=each(lambda v: v >= 1, "of at least 1")),
+          rule=each(lambda v: 1 <= v <= MAX_SLOWDOWN,
+                    f"of at least 1 (and at most {number(MAX_SLOWDOWN)})", MAX_SLOWDOWN)),
 )
 
 PLACEMENTS = ("dedicated", "collocated")
@@ -63,10 +78,12 @@ CLUSTER = (
           rule=one_of(*PLACEMENTS)),
     Param("bandwidth", list, "each host's link rate each way, e.g. 100mbit (tc tbf): one "
           "value or one per host", [], item=str, metavar="RATE", single=True,
-          rule=each(is_rate, "such as 100mbit or 1gbit")),
+          rule=each(_link_rate, f"such as 100mbit or 1gbit, from {MIN_RATE_BITS / 1e3:g}kbit "
+                    f"to {MAX_RATE_BITS / 1e9:g}gbit", MAX_RATE_BITS)),
     Param("cpu", list, "each host's CPU share in cores (cgroup quota): one value or one per "
           "host", [], item=float, metavar="CORES", single=True,
-          rule=each(lambda v: v > 0, "above 0")),
+          rule=each(lambda v: MIN_CPU <= v <= MAX_CPU,
+                    f"from {number(MIN_CPU)} to {number(MAX_CPU)}", MAX_CPU)),
     Param("latency", str, "extra one-way latency of every message, collectives included "
           "(added by the transport; also on loopback)", "0ms", metavar="TIME",
           rule=_duration_rule()),
@@ -88,6 +105,19 @@ def check_compute(run: Settings) -> None:
     elif len(sources) != 1:
         raise ConfigError("emulated compute needs one of --compute-time (e.g. 120ms) or "
                           "--compute-from RUN_ID" + (", not both" if sources else ""))
+
+
+def check_waits(run: Settings, cluster: Settings) -> None:
+    """A peer waits at most `timeout` for a message: a step's emulated compute time and
+    extra delay and a message's latency, as set (their jitter aside), must stay below it, or
+    every run of these settings fails naming a peer that only did as it was told."""
+    waits = {"compute_time": duration(run.compute_time) if run.compute_time else 0.0,
+             "worker_delay_s": max(run.worker_delay_s, default=0.0),
+             "latency": duration(cluster.latency)}
+    if sum(waits.values()) >= run.timeout:
+        given = " + ".join(f"{k} {number(v)}s" for k, v in waits.items() if v)
+        raise ConfigError(f"{given} is not below timeout {number(run.timeout)}s: a peer would "
+                          "give up waiting on every step; raise --timeout")
 
 
 def _default(name: str) -> Any:

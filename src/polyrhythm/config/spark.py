@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 
 from polyrhythm.errors import ConfigError
+from polyrhythm.limits import MAX_PARTITIONS, MAX_SPARK_MB
 from polyrhythm.settings import Param, Rule, at_least, one_of
 
 # Spark refuses executors under 1.5 x its 300 MB reserve (UnifiedMemoryManager): say so
@@ -25,9 +26,9 @@ SPARK = (
           "worker) on this machine", metavar="URL",
           rule=Rule(lambda v, run: bool(str(v).strip()), lambda run: "be a master URL")),
     Param("executor_memory", int, "Spark: each executor's memory in MB", 1024,
-          rule=at_least(MIN_EXECUTOR_MEMORY_MB)),
+          rule=at_least(MIN_EXECUTOR_MEMORY_MB, MAX_SPARK_MB)),
     Param("partitions", int, "mapreduce: partitions of the cached training set",
-          derived="one per worker (executor)", rule=at_least(1)),
+          derived="one per worker (executor)", rule=at_least(1, MAX_PARTITIONS)),
     Param("spark_conf", list, "Spark: settings of its own for the run, KEY=VALUE each (e.g. "
           "spark.executor.extraJavaOptions=-XX:TieredStopAtLevel=1); they override "
           "polyrhythm's", [], item=str, metavar="KEY=VALUE",

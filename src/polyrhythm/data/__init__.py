@@ -8,9 +8,11 @@ data set is a loader and one `DATASETS.register` line; a user's own is any
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from polyrhythm.limits import MAX_CLASSES, MAX_GENERATED_VALUES
 from polyrhythm.settings import (
     Component,
     Param,
@@ -90,6 +92,26 @@ def _csv_settings(settings, run) -> str | None:
 def _enough_samples(settings, run) -> str | None:
     if settings.synthetic_size < 2 * settings.synthetic_classes:
         return "synthetic_size must be at least twice synthetic_classes"
+    return _generated(settings.synthetic_size, math.prod(settings.synthetic_shape),
+                      "synthetic_size x the synthetic_shape's values")
+
+
+# A generated table's shapes: name -> (features, whether the target is binary); tables.py
+# makes them.
+TABLE_SHAPES = {"higgs": (28, True), "msd": (90, False)}
+
+
+def _table_size(settings, run) -> str | None:
+    features, _ = TABLE_SHAPES[settings.table_like]
+    return _generated(settings.table_rows, features, f"table_rows x {features} features")
+
+
+def _generated(rows: int, features: int, what: str) -> str | None:
+    """A generated data set is made in memory by every process that reads it: at most
+    MAX_GENERATED_VALUES values (limits.py)."""
+    if rows * features > MAX_GENERATED_VALUES:
+        return (f"{what} is {rows * features:,} values, beyond the {MAX_GENERATED_VALUES:,} "
+                "a generated data set may have")
     return None
 
 
@@ -117,13 +139,13 @@ DATASETS.register(DatasetSpec(
               item=int, rule=Rule(lambda v, run: len(v) in (1, 3) and min(v) >= 1,
                                   lambda run: "be [features] or [channels, height, width] of "
                                   "positive sizes")),
-        Param("synthetic_classes", int, "classes", 10, rule=at_least(2)),
+        Param("synthetic_classes", int, "classes", 10, rule=at_least(2, MAX_CLASSES)),
         Param("synthetic_size", int, "samples", 2000))))
 DATASETS.register(DatasetSpec(
     "table", "a generated table of HIGGS's shape (28 features, a binary target) or "
     "YearPredictionMSD's (90 features, a year), any number of rows",
     source="the asynchronous-training thesis's Spark MLlib study (its replicated synthetic "
-    "sets)", loader="polyrhythm.data.tables:load_table", params=(
+    "sets)", loader="polyrhythm.data.tables:load_table", check=_table_size, params=(
         Param("table_like", str, "higgs (28 features, classes 0 and 1: --loss bce or "
               "cross_entropy) or msd (90 features, a year: --loss mse)", "higgs",
               rule=one_of("higgs", "msd")),

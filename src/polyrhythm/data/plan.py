@@ -17,6 +17,7 @@ import torch
 
 from polyrhythm.data.source import Dataset, Source, normalise
 from polyrhythm.data.splitters import ToSplit, shard_stats, split
+from polyrhythm.errors import ConfigError
 from polyrhythm.losses import LOSSES
 
 
@@ -43,15 +44,38 @@ class DataPlan:
                 "val_examples": len(self.val), "split_s": self.split_s, "shards": self.stats}
 
 
-def hold_out(size: int, given_val: int, val_fraction: float,
-             seed: int) -> tuple[np.ndarray, np.ndarray]:
+def hold_out(size: int, given_val: int, val_fraction: float, seed: int,
+             what: str = "the data set") -> tuple[np.ndarray, np.ndarray]:
     """(train rows, validation rows): the source's own validation part if it has one, else
     a seeded random share (the same seed gives the same split on every process)."""
+    n_val = validation_rows(size, given_val, val_fraction, what)
     if given_val:
         return np.arange(size - given_val), np.arange(size - given_val, size)
     perm = np.random.default_rng([seed, 0x5EED]).permutation(size)
-    n_val = max(1, round(size * val_fraction))
     return perm[n_val:], perm[:n_val]
+
+
+def validation_rows(size: int, given_val: int, val_fraction: float,
+                    what: str = "the data set") -> int:
+    """Rows held out of `size`: the source's own validation part, or the share (at least
+    one); a ConfigError naming `what` where that leaves no row to train on."""
+    n_val = given_val or max(1, round(size * val_fraction))
+    if n_val >= size:
+        held = (f"its validation part is all {size:,} of them" if given_val else
+                f"val_fraction {val_fraction:g} holds out {n_val:,} of them")
+        raise ConfigError(f"{what} has {size:,} example{'s' * (size != 1)} and {held}, "
+                          "leaving none to train on")
+    return n_val
+
+
+def check_split(size: int, given_val: int, settings, batch_size: int) -> None:
+    """Before a run is recorded: its validation share leaves rows to train on, and one
+    global batch fits in them (a larger one would take each row more than once a step)."""
+    train = size - validation_rows(size, given_val, settings.val_fraction,
+                                   f"dataset {settings.name}")
+    if batch_size > train:
+        raise ConfigError(f"batch_size {batch_size:,} is more than the {train:,} training "
+                          f"examples of dataset {settings.name}: lower --batch-size")
 
 
 def make_plan(source: Source, settings, workers: int, seed: int,
@@ -60,7 +84,8 @@ def make_plan(source: Source, settings, workers: int, seed: int,
     labels are the targets the run's `loss` takes (losses.py), checked."""
     task = LOSSES[loss]
     labels = task.targets(source.labels(), source.classes, f"dataset {settings.name}")
-    train, val = hold_out(len(labels), source.given_val, settings.val_fraction, seed)
+    train, val = hold_out(len(labels), source.given_val, settings.val_fraction, seed,
+                          f"dataset {settings.name}")
     # Real-valued targets have no classes: to the splitters and the shard statistics, one.
     classes, strata = ((source.classes, labels) if task.classifies
                        else (1, np.zeros(len(labels), np.int64)))

@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from polyrhythm.data import TABLE_SHAPES
 from polyrhythm.data.source import ArraySource, Source
 
-# name: (features, whether the target is binary)
-SHAPES = {"higgs": (28, True), "msd": (90, False)}
 CHUNK_ROWS = 262_144  # rows generated at once: float64 intermediates stay about 200 MB
 
 
 def load_table(settings, seed: int) -> Source:
-    features, binary = SHAPES[settings.table_like]
+    features, binary = TABLE_SHAPES[settings.table_like]
     rows = settings.table_rows
     rng = np.random.default_rng([seed, 0x7AB1E])
     mixing = rng.normal(size=(features, features)) / np.sqrt(features) + np.eye(features)

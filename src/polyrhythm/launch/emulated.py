@@ -52,6 +52,7 @@ from polyrhythm.launch.failures import (
 )
 from polyrhythm.launch.fidelity import FidelityGuard
 from polyrhythm.launch.forkserver import CHILD_ENVIRONMENT
+from polyrhythm.launch.gate import SECRET_VARIABLE, new_secret
 from polyrhythm.launch.janitor import Janitor
 from polyrhythm.launch.local import GRACE_S, raise_interrupt, signal_handlers
 from polyrhythm.metrics.records import RunRecord, amend_run, read_summary
@@ -125,9 +126,10 @@ def launch_emulated(config, record: RunRecord, show_progress: bool = False,
                 own.up()
             groups = cluster.run_groups(record.run_id)
             port = PORT if own is not None else random.randint(20000, 60000)
+            secret = new_secret()  # the ranks' proof at rank 0's gate (launch/gate.py)
             for host, ranks in enumerate(layout):
                 hosts.append(_start(cluster, host, len(ranks), port, record, groups[host],
-                                    program))
+                                    program, secret))
             guard = FidelityGuard([g.threads for g in groups], list(shape.cpu)).start()
             topology = Topology(config.servers, config.workers)
             _supervise(hosts, layout, topology, record,
@@ -179,8 +181,9 @@ def _tear_down(hosts: list[subprocess.Popen], groups: list[CpuGroup],
 
 
 def _start(cluster: EmulatedCluster, host: int, ranks: int, port: int, record: RunRecord,
-           group: CpuGroup, program: RankProgram) -> subprocess.Popen:
-    """Host `host`'s torchrun, in its namespace and CPU group, logging to logs/host<h>.log."""
+           group: CpuGroup, program: RankProgram, secret: str) -> subprocess.Popen:
+    """Host `host`'s torchrun, in its namespace and CPU group, logging to logs/host<h>.log;
+    its ranks are given the run's `secret`."""
     link = cluster.links[host]
     # torchrun's own files (each rank's error file; a labelled rank's output) go with the
     # run's logs: without --log-dir it makes a folder in /tmp each time and leaves it there.
@@ -194,7 +197,7 @@ def _start(cluster: EmulatedCluster, host: int, ranks: int, port: int, record: R
     # Gloo finds its address from the interface, not the machine's host name (which
     # resolves to an address no namespace has).
     env = {**CHILD_ENVIRONMENT, **os.environ, **program.environment(host),
-           "GLOO_SOCKET_IFNAME": link.device, "PYTHONUNBUFFERED": "1"}
+           "GLOO_SOCKET_IFNAME": link.device, "PYTHONUNBUFFERED": "1", SECRET_VARIABLE: secret}
     # The shell moves itself into the host's CPU group, then becomes the command: the group
     # holds the host's processes from their start, and no Python runs in the child before
     # exec (a preexec_fn is unsafe once threads run).

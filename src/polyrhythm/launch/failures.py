@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import TextIO
 
 from polyrhythm.comm.faults import PeerLost, PeerSilent
-from polyrhythm.errors import Diverged, PolyrhythmError, RunFailed, one_line
-from polyrhythm.metrics.records import RunRecord, fail_run, read_summary
+from polyrhythm.errors import Diverged, PolyrhythmError, RunFailed, StoreError, one_line
+from polyrhythm.metrics.records import RunRecord, fail_run, recorded_summary
+from polyrhythm.metrics.runfolder import full_disk
 from polyrhythm.runtime.checkpoint import complete_epochs
 
 LAUNCHER_LOG = "launcher.log"  # in the run's logs/: the traceback of a bug in the launcher
@@ -194,10 +195,9 @@ def completed_summary(record: RunRecord) -> dict | None:
     """The run's summary if rank 0 has recorded it completed (its results are in: a rank
     that fails after that, in the instant the job leaves, fails nothing), else None."""
     try:
-        summary = read_summary(record)
-    except (OSError, ValueError):
+        return recorded_summary(record)
+    except StoreError:
         return None
-    return summary if summary.get("status") == "completed" else None
 
 
 def left_behind(record: RunRecord) -> set[int]:
@@ -299,9 +299,12 @@ def recorded_failure(record: RunRecord, exc: BaseException, config=None,
     """Store the run as failed with what ended it; the RunFailed to raise, which says how to
     go on if a checkpoint was written (`config`: the run's, to find it; `script`: a run of
     `polyrhythm run`, resumed by it)."""
-    reason = failure_reason(record, exc)
+    reason = failure_reason(record, exc) + full_disk(record.dir)
     diverged = isinstance(exc, RunFailed) and exc.diverged
-    fail_run(record, reason, "diverged" if diverged else "failed")
+    try:
+        fail_run(record, reason, "diverged" if diverged else "failed")
+    except StoreError as unrecorded:  # the reason is kept in the run's folder: `runs` shows it
+        reason = str(unrecorded)
     done = complete_epochs(record.dir, config.workers, config.servers) if config else []
     # A script's epochs are its own (job.epochs(n)), not the config's: whatever checkpoint a
     # failed script run left, the script has not finished after it.

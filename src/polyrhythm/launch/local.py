@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-import queue
 import signal
 import sys
 import threading
@@ -32,6 +31,7 @@ from polyrhythm.config.servers import CONTINUE
 from polyrhythm.context import Topology
 from polyrhythm.errors import RunFailed
 from polyrhythm.launch import forkserver, runlock
+from polyrhythm.launch.events import RankEvents, send
 from polyrhythm.launch.failures import (
     Kind,
     RankFailure,
@@ -69,22 +69,22 @@ def launch_local(config, record: RunRecord, progress: ProgressBoard | None = Non
     board = progress or ProgressBoard(config.workers, enabled=False)
     procs: list = []
     pipe: tuple = ()
+    events: RankEvents | None = None
     try:
         with signal_handlers(sigterm=raise_interrupt):
             rendezvous = record.dir / RENDEZVOUS_FILE
             rendezvous.unlink(missing_ok=True)  # a resumed run's old one
             ctx = forkserver.context()
-            events = ctx.Queue()
+            events = RankEvents(ctx, topology.world_size)  # a pipe each (launch/events.py)
             # Nobody writes into `alive`: a rank that reads end-of-file knows its launcher is
             # gone.
             alive, alive_w = pipe = ctx.Pipe(duplex=False)
             procs = [ctx.Process(target=_rank_main, name=process_name(rank),
                                  args=(config.to_dict(), rank, str(rendezvous), record,
-                                       events, alive, resume))
+                                       events.senders[rank], alive, resume))
                      for rank in range(topology.world_size)]
             with forkserver.child_environment():
-                for p in procs:
-                    p.start()
+                events.start(procs)
             _supervise(procs, events, board, topology, record,
                        carry_on=config.on_worker_failure == CONTINUE)
         return read_summary(record)
@@ -98,6 +98,8 @@ def launch_local(config, record: RunRecord, progress: ProgressBoard | None = Non
             _teardown(procs)
             for end in pipe:
                 end.close()
+            if events is not None:
+                events.close()
             (record.dir / RENDEZVOUS_FILE).unlink(missing_ok=True)
             # No rank writes any more: a failed run keeps the last two complete checkpoints,
             # to resume from (a completed one has been tidied by its rank 0 already).
@@ -124,7 +126,7 @@ def raise_interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-def _supervise(procs: list, events, board: ProgressBoard, topology: Topology,
+def _supervise(procs: list, events: RankEvents, board: ProgressBoard, topology: Topology,
                record: RunRecord, carry_on: bool = False) -> None:
     """Wait for every rank; raise RunFailed when one fails, unless it is a worker lost during
     training that the run may `carry_on` without (on_worker_failure = continue: its servers
@@ -171,21 +173,19 @@ def _end_left_behind(procs: list, record: RunRecord, lost: set[int]) -> None:
             procs[r].kill()
 
 
-def _drain(events, board: ProgressBoard, failures: dict[int, RankFailure]) -> bool:
+def _drain(events: RankEvents, board: ProgressBoard,
+           failures: dict[int, RankFailure]) -> bool:
     """Take the ranks' events: failures, and progress for the board; whether any was
     progress."""
     progress = False
-    while True:
-        try:
-            event = events.get_nowait()
-        except queue.Empty:
-            return progress
+    for event in events.take():
         if "failure" in event:
             failure = RankFailure.from_dict(event["failure"])
             failures[failure.rank] = failure
         else:
             board.update(event)
             progress = True
+    return progress
 
 
 def _failure(failed: list[int], procs: list, failures: dict[int, RankFailure],
@@ -229,7 +229,7 @@ def _teardown(procs: list) -> None:
 
 def _rank_main(config_values: dict, rank: int, rendezvous: str, record: RunRecord, events,
                alive, resume: Resume | None) -> None:
-    """Entry point of one rank."""
+    """Entry point of one rank; `events`: its pipe to the launcher (launch/events.py)."""
     # Everything the forkserver imported (torch, polyrhythm) is shared with it, page by page,
     # until written. A full garbage collection writes to every object it walks: out of the
     # collector's sight, those pages stay shared (a collection that fell on the rank's first
@@ -251,31 +251,24 @@ def _rank_main(config_values: dict, rank: int, rendezvous: str, record: RunRecor
 
     try:
         lifecycle(config, rank, join, record if rank == 0 else None,
-                  progress=lambda e: _offer(events, e), run_dir=record.dir, resume=resume)
+                  progress=lambda e: send(events, e), run_dir=record.dir, resume=resume)
         code = 0
     except KeyboardInterrupt:
         code = 130
     except BaseException as exc:  # its kind to the launcher; a bug's traceback to the log
         failure = RankFailure.of(rank, exc)
         failure.log(exc, sys.stderr)
-        _offer(events, {"failure": failure.as_dict()})
+        send(events, {"failure": failure.as_dict()})  # in the pipe once sent: nothing to flush
         code = 1
-    _exit(events, code)
+    _exit(code)
 
 
-def _exit(events, code: int) -> None:
-    """Flush the event queue, then exit without running C++ static destructors, which can
-    abort ("terminate called without an active exception") while Gloo threads wind down."""
-    events.close()
-    events.join_thread()
+def _exit(code: int) -> None:
+    """Exit without running C++ static destructors, which can abort ("terminate called
+    without an active exception") while Gloo threads wind down."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
-
-
-def _offer(events, event: dict) -> None:
-    with contextlib.suppress(queue.Full):  # progress is best-effort; never block training
-        events.put_nowait(event)
 
 
 def _leave_with_launcher(alive) -> None:

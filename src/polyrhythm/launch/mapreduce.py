@@ -28,6 +28,7 @@ from polyrhythm.data.plan import load_val, make_plan
 from polyrhythm.data.sharding import steps_per_epoch
 from polyrhythm.launch.spark_resources import SparkSampler
 from polyrhythm.metrics.records import RunRecord, complete_run
+from polyrhythm.metrics.runfolder import atomic_file
 from polyrhythm.runtime.mapreduce import (
     DriverModel,
     ExecutorModel,
@@ -68,7 +69,8 @@ def train_mapreduce(context, config, record: RunRecord) -> dict:
                         figures)
     result.summary["data"] = plan.summary()
     result.series["resources"] = sampler.samples
-    torch.save(result.state_dict, record.model_path)
+    with atomic_file(record.model_path) as file:  # a full disk leaves no half a model
+        torch.save(result.state_dict, file)
     return complete_run(record, result.summary, result.epochs, result.series)
 
 

@@ -14,6 +14,7 @@ import torch.distributed as dist
 from polyrhythm.comm.transport import Transport
 from polyrhythm.context import ProgressSink, RankContext, Topology, no_progress
 from polyrhythm.metrics.records import RunRecord, complete_run
+from polyrhythm.metrics.runfolder import atomic_file
 from polyrhythm.runtime.checkpoint import Resume, tidy
 from polyrhythm.runtime.job import run_rank
 from polyrhythm.units import Delay, duration
@@ -55,7 +56,8 @@ def leave_together(ctx: RankContext, result, record: RunRecord | None) -> dict |
     here alike."""
     summary = None
     if result is not None and record is not None:
-        torch.save(result.state_dict, record.model_path)
+        with atomic_file(record.model_path) as file:  # a full disk leaves no half a model
+            torch.save(result.state_dict, file)
         summary = complete_run(record, result.summary, result.epochs, result.series)
     ctx.transport.barrier()  # leave together: a rank tearing down Gloo early can abort its peers
     if ctx.rank == 0 and ctx.run_dir is not None:  # every rank is past its last checkpoint

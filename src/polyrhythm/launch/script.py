@@ -48,6 +48,7 @@ from polyrhythm.launch.failures import (
     recorded_failure,
 )
 from polyrhythm.launch.rank import latency, leave_together
+from polyrhythm.launch.rendezvous import join_group
 from polyrhythm.launch.torchrun import env_int, job_rank, job_record, shared_run_dir
 from polyrhythm.metrics.records import RunRecord
 from polyrhythm.runtime.checkpoint import Resume
@@ -102,9 +103,11 @@ def init() -> Job:
     # a failure: rank 0 may only have lost a peer that explains it (a server, when a worker
     # dies). Under torchrun, rank 0 records it.
     sys.excepthook = _failing(rank, config, None if rendezvous else record, run_dir)
-    dist.init_process_group("gloo", init_method=f"file://{rendezvous}" if rendezvous
-                            else "env://", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=config.timeout))
+    if rendezvous:
+        dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank,
+                                world_size=world, timeout=timedelta(seconds=config.timeout))
+    else:
+        join_group(rank, world, timedelta(seconds=config.timeout))
     if os.environ.get(ENV_RUN_ID) is None:  # rank 0 made the run: all learn where it is
         run_dir = shared_run_dir(config, record)
         sys.excepthook = _failing(rank, config, None if rendezvous else record, run_dir)

@@ -35,6 +35,7 @@ from polyrhythm.launch.failures import (
     rank_failed,
     read_reports,
 )
+from polyrhythm.launch.gate import SECRET_VARIABLE, new_secret
 from polyrhythm.launch.spark import GRACE_S, RUN_VARIABLE
 from polyrhythm.launch.spark_driver import spark_failure
 from polyrhythm.launch.spark_task import EndedRanks, RankTask
@@ -58,7 +59,7 @@ def run_ranks(context, config, record: RunRecord) -> None:
     resolved.write_text(config.to_toml())
     ended = context.accumulator([], EndedRanks())
     task = RankTask(str(resolved), record.run_id, str(record.dir / "logs"), os.getcwd(),
-                    {RUN_VARIABLE: record.run_id}, ended)
+                    {RUN_VARIABLE: record.run_id, SECRET_VARIABLE: new_secret()}, ended)
     await_slots(context, config.world_size)
     job = BarrierJob(context, task, config.world_size)
     topology = Topology(config.servers, config.workers)

@@ -2,11 +2,13 @@
 (launch/spark_ranks.py runs them): it starts its rank, `python -m polyrhythm.node`, as a
 child process with torchrun's variables, waits for it, and returns its exit code.
 
-Rank 0's task picks a free port on its host; every task learns rank 0's host and that port
-from Spark's barrier (allGather), which is the rendezvous torchrun's --master-addr and
---master-port would be. The child dies with its task's Python worker (PR_SET_PDEATHSIG:
-Spark ends a cancelled task's worker by SIGKILL, which no Python code sees), and a task
-interrupted any other way kills its child first.
+Rank 0's task picks a free port on its host; every task learns rank 0's host (loopback,
+where every task runs on one host) and that port from Spark's barrier (allGather), which is
+the rendezvous torchrun's --master-addr and --master-port would be; rank 0 listens there
+behind its gate for the ranks that prove the run's secret (launch/gate.py), which the
+driver made and gives every task in its environment. The child dies with its task's
+Python worker (PR_SET_PDEATHSIG: Spark ends a cancelled task's worker by SIGKILL, which no
+Python code sees), and a task interrupted any other way kills its child first.
 
 Torch-free: an executor's Python worker imports this module to run the task (the rank's own
 process imports torch), so that it stays small and starts at once.
@@ -33,6 +35,7 @@ from polyrhythm.launch.prctl import signal_on_parent_death
 # What a rank on loopback gets unless the user set it (launch/forkserver.py's reasons): Gloo
 # listening on loopback only, OpenMP's idle threads spinning briefly.
 LOOPBACK_ENVIRONMENT = {"GLOO_SOCKET_IFNAME": "lo"}
+LOOPBACK = "127.0.0.1"
 RANK_ENVIRONMENT = {"GOMP_SPINCOUNT": "10000", "PYTHONUNBUFFERED": "1"}
 
 
@@ -55,8 +58,8 @@ class RankTask:
     folder the ranks run in, where the executor's host has it (the driver's: a user's
     `--model module:function` imports from there, as a local run's do); `environment`: what
     the ranks get beside the executor's own (the run's variable, that the launcher finds every
-    process of the run by); `ended`: an EndedRanks accumulator each task adds its rank's end
-    to."""
+    process of the run by; the run's secret); `ended`: an EndedRanks accumulator each task
+    adds its rank's end to."""
 
     config: str
     run_id: str
@@ -71,7 +74,7 @@ class RankTask:
         context = BarrierTaskContext.get()
         rank = context.partitionId()
         ports = context.allGather(str(free_port() if rank == 0 else 0))
-        host = host_of(context.getTaskInfos()[0].address)
+        host = rendezvous_host([host_of(task.address) for task in context.getTaskInfos()])
         code = self.run(rank, len(ports), host, int(ports[0]))
         if self.ended is not None:
             self.ended.add([(rank, code)])
@@ -114,7 +117,7 @@ def die_with(parent: int) -> None:
 
 
 def free_port() -> int:
-    """A TCP port free on every interface of this host now, for rank 0's store (the instant
+    """A TCP port free on every interface of this host now, for rank 0's gate (the instant
     between this and the rank binding it is torchrun's --standalone race too)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("", 0))
@@ -125,6 +128,13 @@ def host_of(address: str) -> str:
     """The host of an executor's address as Spark gives it: HOST:PORT, [IPV6]:PORT."""
     host = address.rsplit(":", 1)[0] if address.count(":") == 1 or "]" in address else address
     return host.strip("[]")
+
+
+def rendezvous_host(hosts: list[str]) -> str:
+    """Where the ranks meet rank 0, from every task's host (rank 0's first): its host, or
+    loopback where every task runs on that one host (local-cluster: the job then listens
+    on this machine's loopback only)."""
+    return LOOPBACK if len(set(hosts)) == 1 else hosts[0]
 
 
 def is_loopback(host: str) -> bool:

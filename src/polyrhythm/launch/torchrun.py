@@ -14,6 +14,10 @@ unless a launcher that names it with --run-id did): every rank reads the checkpo
 run's folder, which must be the same folder on every node (a shared disk), as the ranks
 wrote their checkpoints there.
 
+With POLYRHYTHM_SECRET_FILE naming a file of the run's secret (the same on every host), the
+ranks meet through rank 0's gate, which admits only those that prove it (launch/rendezvous.py);
+without it, through torchrun's own store, which admits anyone.
+
 With `hosts` set in the config, torchrun's node n runs the job ranks the placement gives host
 n (config/emulation.py: host_ranks), whatever ranks torchrun numbered its processes with: so
 `placement = "collocated"` puts a server beside the workers of every node.
@@ -48,6 +52,7 @@ from polyrhythm.launch.failures import (
 )
 from polyrhythm.launch.local import raise_interrupt
 from polyrhythm.launch.rank import lifecycle
+from polyrhythm.launch.rendezvous import join_group
 from polyrhythm.metrics.records import (
     RunRecord,
     check_resumable,
@@ -55,7 +60,8 @@ from polyrhythm.metrics.records import (
     start_run,
     summary_json_line,
 )
-from polyrhythm.runtime.checkpoint import Resume, latest
+from polyrhythm.runtime.checkpoint import Resume
+from polyrhythm.runtime.intact import latest
 
 START = "start this module with torchrun"
 
@@ -186,8 +192,7 @@ def run_node(config_path: str, run_id: str | None = None,
     recording = record if run_id is None and resume is None else None
     point = None
     try:
-        dist.init_process_group("gloo", rank=rank, world_size=world,
-                                timeout=timedelta(seconds=config.timeout))
+        join_group(rank, world, timedelta(seconds=config.timeout))
         if resume is not None:
             point = agreed_resume(config, rank, record, run_dir, reopen=run_id is None)
             recording = record if run_id is None else None

@@ -5,9 +5,11 @@ Torch-free, like the store: listing and reporting runs loads no runtime.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 import shutil
+import sys
 import tomllib
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -16,10 +18,20 @@ from typing import Any
 
 from polyrhythm.errors import StoreError, one_line
 from polyrhythm.metrics.launcher import read_identity
+from polyrhythm.metrics.runfolder import (
+    SUMMARY_FILE,
+    UNRECORDED_FILE,
+    hold_reserve,
+    read_json,
+    release_reserve,
+    run_folder,
+    write_json,
+)
 from polyrhythm.metrics.store import RunStore, process_identity
 
 STORE_NAME = "polyrhythm.db"
 MODEL_NAME = "model.pt"
+_KEPT_LIMIT = 1 << 30  # a run's kept results: its summary, epochs and event series
 
 
 @dataclass(frozen=True)
@@ -61,12 +73,14 @@ def start_run(config, script: str | None = None) -> RunRecord:
     run_id = f"{now:%Y%m%d-%H%M%S}-{columns['strategy']}-{secrets.token_hex(3)}"
     record = RunRecord(Path(config.out), run_id)
     toml = config.to_toml(script=script is not None)  # what a script's job reads
+    private = not getattr(config, "shared_perms", False)
     try:
-        (record.dir / "logs").mkdir(parents=True)
+        make_folders(record.dir, private)
         try:
             (record.dir / "config.toml").write_text(toml)
+            hold_reserve(record.dir)
             record.store.add_run(run_id, now.isoformat(timespec="seconds"), columns, toml,
-                                 launcher=process_identity())
+                                 launcher=process_identity(), private=private)
         except BaseException:
             # A run the store never took (one this user may not write, or not a store at
             # all) leaves no directory behind either.
@@ -78,25 +92,98 @@ def start_run(config, script: str | None = None) -> RunRecord:
     return record
 
 
+def make_folders(run_dir: Path, private: bool) -> None:
+    """A new run's folder and its logs/ (and the store's folder, if new): its owner's alone
+    (0700) where `private`, else as the umask allows. Everything the run writes lies inside:
+    its model, checkpoints, logs and summary are unreadable to others without a mode of
+    their own."""
+    mode = 0o700 if private else 0o777
+    run_dir.parent.mkdir(parents=True, exist_ok=True, mode=mode)
+    run_dir.mkdir(mode=mode)
+    (run_dir / "logs").mkdir(mode=mode)
+
+
 def complete_run(record: RunRecord, summary: dict, epochs: list[dict],
                  series: dict[str, list[tuple]]) -> dict:
-    """Write summary.json, mark the run completed with its epochs and event series (the model
-    is written beside it by whoever holds it); return the full summary."""
+    """Mark the run completed in the store with its summary, epochs and event series, then
+    write summary.json (the model is written beside it by whoever holds it, before); return
+    the full summary. The store is told first: nobody reads "completed" the store does not
+    hold. A store that cannot take them (locked past its wait, a full disk) leaves the
+    results in the run's folder for `polyrhythm runs --repair`, and a one-line StoreError."""
     summary = {"run_id": record.run_id, **summary, "run_dir": str(record.dir),
                "epoch_metrics": epochs}
-    (record.dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    record.store.complete_run(record.run_id, summary, epochs, series)
+    release_reserve(record.dir)
+    try:
+        record.store.complete_run(record.run_id, summary, epochs, series)
+    except StoreError as exc:
+        raise _kept_unrecorded(record, summary, epochs, series, exc) from None
+    try:
+        write_json(record.dir / SUMMARY_FILE, summary)
+    except OSError as exc:  # the store holds the run: its copy in the folder is a convenience
+        print(f"polyrhythm: warning: {SUMMARY_FILE} of run {record.run_id} not written "
+              f"({exc.strerror}); the store holds its summary", file=sys.stderr)
     return summary
+
+
+def _kept_unrecorded(record: RunRecord, summary: dict, epochs: list[dict],
+                     series: dict[str, list[tuple]], exc: StoreError) -> StoreError:
+    """Keep a completed run's results that the store refused (`exc`) in its folder; the
+    one-line error that says so and how to record them."""
+    kept = record.dir / UNRECORDED_FILE
+    try:
+        write_json(kept, {"summary": summary, "epochs": epochs, "series": series})
+    except OSError as error:
+        return StoreError(f"run {record.run_id} trained to its end, but the store could not "
+                          f"record it ({exc}) and its results could not be kept either "
+                          f"({error.strerror})")
+    return StoreError(f"run {record.run_id} trained to its end, but the store could not "
+                      f"record it ({exc}); its results are kept in {str(kept)!r}: "
+                      f"`polyrhythm runs --repair --out {record.out}` records them")
+
+
+def repair_runs(out: str | Path) -> list[str]:
+    """Record in the store under `out` the results its runs kept when it could not take them
+    (`unrecorded.json`: see complete_run); the ids of the runs now completed. A run whose
+    launcher still runs is left alone; a kept file that is not a run's results is a one-line
+    StoreError."""
+    store = RunStore(Path(out) / STORE_NAME)
+    repaired = []
+    for run in store.runs():
+        folder = run_folder(store.path.parent, run["run_id"])
+        if run["status"] == "running" or folder is None:
+            continue
+        kept_path = folder / UNRECORDED_FILE
+        if not kept_path.is_file():
+            continue
+        kept = read_json(kept_path, limit=_KEPT_LIMIT)
+        try:
+            summary, epochs, series = kept["summary"], kept["epochs"], kept["series"]
+            if run["status"] != "completed":
+                store.complete_run(run["run_id"], summary, epochs, series)
+        except (TypeError, KeyError, ValueError):
+            raise StoreError(f"{str(kept_path)!r} is not a run's kept results") from None
+        write_json(folder / SUMMARY_FILE, summary)
+        kept_path.unlink()
+        repaired.append(run["run_id"])
+    return repaired
 
 
 def fail_run(record: RunRecord, error: str, status: str = "failed") -> None:
     """Mark the run failed (or `diverged`) with a one-line reason (the summary says so
-    too). A run whose results are already recorded stays completed."""
-    if not record.store.fail_run(record.run_id, error, status):
-        return
+    too). A run whose results are already recorded stays completed. A store that cannot be
+    told leaves the reason in the run's summary.json, where a listing of the store finds it
+    (metrics/runfolder.py), and raises a one-line StoreError that gives it."""
     summary = {"run_id": record.run_id, "status": status, "error": error,
                "run_dir": str(record.dir)}
-    (record.dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    release_reserve(record.dir)
+    try:
+        if not record.store.fail_run(record.run_id, error, status):
+            return
+    except StoreError as exc:
+        with contextlib.suppress(OSError):
+            write_json(record.dir / SUMMARY_FILE, summary)
+        raise StoreError(f"{error}; the store could not record this ({exc})") from None
+    write_json(record.dir / SUMMARY_FILE, summary)
 
 
 def check_resumable(record: RunRecord) -> None:
@@ -127,6 +214,7 @@ def reopen_run(record: RunRecord) -> None:
     if not record.store.reopen_run(record.run_id, launcher=process_identity()):
         raise StoreError(f"run {record.run_id} is not a failed run: only a failed or "
                          "interrupted run can be resumed")
+    hold_reserve(record.dir)
 
 
 def summary_json_line(summary: dict) -> str:
@@ -134,8 +222,23 @@ def summary_json_line(summary: dict) -> str:
     return json.dumps({k: v for k, v in summary.items() if k != "epoch_metrics"})
 
 
+def recorded_summary(record: RunRecord) -> dict | None:
+    """The run's summary as the store holds it once completed (what a launcher reports);
+    None until then."""
+    run = record.store.run(record.run_id)
+    if run is None or run["status"] != "completed" or not run["summary"]:
+        return None
+    return json.loads(run["summary"])
+
+
 def read_summary(record: RunRecord) -> dict:
-    return json.loads((record.dir / "summary.json").read_text())
+    """The completed run's summary from the store: a one-line StoreError if the store does
+    not hold it completed (its ranks ended, yet nothing reached the store)."""
+    summary = recorded_summary(record)
+    if summary is None:
+        raise StoreError(f"run {record.run_id} ended without its results recorded in the "
+                         "store")
+    return summary
 
 
 # How a run's config is stored: general settings at the top, then sections; the sections
@@ -253,6 +356,6 @@ def compute_series(rows: list, run: dict, asker: str) -> list[list[float]]:
 def amend_run(record: RunRecord, extra: dict) -> dict:
     """Add `extra` to a completed run's summary (summary.json and the store); return it."""
     summary = read_summary(record) | extra
-    (record.dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     record.store.amend_summary(record.run_id, summary)
+    write_json(record.dir / SUMMARY_FILE, summary)
     return summary

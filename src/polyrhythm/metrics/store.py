@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -42,10 +43,12 @@ from polyrhythm.errors import StoreError
 from polyrhythm.metrics.launcher import launcher_gone, process_identity, read_identity
 from polyrhythm.metrics.recorder import SPAN_NAMES
 from polyrhythm.metrics.rows import COLUMNS, checked
+from polyrhythm.metrics.runfolder import kept_reason
 
 SCHEMA_VERSION = 6
 JOURNAL_MODE = "WAL"
-BUSY_TIMEOUT_S = 30.0  # how long a connection waits for another's write before failing
+# How long a connection waits for another's write before failing (POLYRHYTHM_STORE_WAIT_S).
+BUSY_TIMEOUT_S = 30.0
 LAUNCHER_GONE = "launcher gone"  # the error of a run whose launcher died without saying so
 
 _SCHEMA = """
@@ -176,7 +179,7 @@ class RunStore:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             # Autocommit at the driver: the transactions are the ones begun here.
-            conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+            conn = sqlite3.connect(self.path, timeout=busy_timeout(), isolation_level=None)
         except (OSError, ValueError, sqlite3.Error) as exc:  # ValueError: a null byte
             raise StoreError(f"cannot open run store {str(self.path)!r}: {exc}") from None
         conn.row_factory = sqlite3.Row
@@ -220,11 +223,15 @@ class RunStore:
             raise
 
     def add_run(self, run_id: str, created: str, columns: dict, config_toml: str,
-                launcher: dict | None = None) -> None:
+                launcher: dict | None = None, private: bool = False) -> None:
         """A 'running' row; `columns` holds strategy, workers, servers, epochs, dataset and
         model (RunConfig.columns()); `launcher` is the process that runs it (see
-        process_identity: this process unless given)."""
+        process_identity: this process unless given). A store made now is its owner's
+        alone where `private` (0600: SQLite gives its journal files the same mode)."""
         launcher = launcher if launcher is not None else process_identity()
+        if private:
+            with contextlib.suppress(FileExistsError):
+                os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         with self._connect() as conn:
             conn.execute(
                 "INSERT INTO runs (run_id, created, status, strategy, workers, servers, epochs,"
@@ -308,7 +315,7 @@ class RunStore:
                 return [orphan for orphan in gone if conn.execute(
                     "UPDATE runs SET status = 'failed', error = ?"
                     " WHERE run_id = ? AND status = 'running'",
-                    (LAUNCHER_GONE, orphan)).rowcount == 1]
+                    (kept_reason(self.path.parent, orphan) or LAUNCHER_GONE, orphan)).rowcount == 1]
         except StoreError:
             return []
 
@@ -346,6 +353,16 @@ class RunStore:
             return [self._checked("epochs", dict(r)) for r in conn.execute(
                 f"SELECT run_id, {', '.join(EPOCH_COLUMNS)} FROM epochs WHERE run_id = ?"
                 " ORDER BY epoch", (run_id,))]
+
+
+def busy_timeout() -> float:
+    """BUSY_TIMEOUT_S, or POLYRHYTHM_STORE_WAIT_S where set (seconds, > 0): how long a write
+    waits for another process's lock before the store reports it locked."""
+    try:
+        seconds = float(os.environ.get("POLYRHYTHM_STORE_WAIT_S", BUSY_TIMEOUT_S))
+    except ValueError:
+        return BUSY_TIMEOUT_S
+    return seconds if 0 < seconds < 86_400 else BUSY_TIMEOUT_S
 
 
 def _schema_version(conn: sqlite3.Connection) -> int:

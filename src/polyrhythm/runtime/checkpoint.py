@@ -9,17 +9,19 @@ a resume may use another number of servers). Worker
 servers hold the model (a parameter server's run, a Strategy-Switch's second phase), the
 rank that completes the checkpoint puts their weights and momentum in it. Each file is
 written atomically (written, flushed to disk, renamed), so a crash while writing leaves the
-previous one usable.
-A checkpoint is complete when every file it needs is there. While the run goes on, each rank
-removes its own files of the checkpoints older than the last two complete ones (worker 0's
-include `model.pt` and the servers' mark), and a folder goes with its last file; once no rank
-writes any more, `tidy` leaves the last two complete checkpoints and nothing else.
+previous one usable, and its SHA-256 after it (`<name>.sha256`: runtime/digests.py).
+A checkpoint is complete when every file it needs and its digest are there (one an older
+polyrhythm wrote, without digests: every file it needs); a resume trusts it only where every
+file matches its digest (runtime/intact.py). While the run goes on, each rank removes its own
+files of the checkpoints older than the last two complete ones (worker 0's include
+`model.pt` and the servers' mark), and a folder goes with its last file; once no rank writes
+any more, `tidy` leaves the last two complete checkpoints and nothing else.
 
 `snapshots/` holds the model at the end of each epoch (worker 0's; every worker's where the
 workers hold different models), written as the epoch ends by the worker that keeps it
-(runtime/snapshots.py): the epochs are validated on them after training, so a resumed run
-needs those of the epochs already done. They stay while the run may be resumed and go when
-it completes.
+(runtime/snapshots.py), each with its digest: the epochs are validated on them after
+training, so a resumed run needs those of the epochs already done. They stay while the run
+may be resumed and go when it completes.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import torch
 from polyrhythm.comm.messages import REPLY_HEADER
 from polyrhythm.errors import DataError
 from polyrhythm.files import open_regular
+from polyrhythm.runtime import digests
 
 FOLDER = "checkpoints"
 SERVERS_EXPECTED = "servers-expected"  # worker 0's mark: this checkpoint needs server files
@@ -64,18 +67,28 @@ def snapshot_file(run_dir: Path, worker: int, epoch: int) -> Path:
 
 
 def save(state: dict, path: Path) -> None:
-    """Write `state` to `path` atomically: a reader sees the old file or the whole new one."""
+    """Write `state` to `path` atomically, and its digest after it (runtime/digests.py): a
+    reader sees the old file or the whole new one, and a resume trusts it only where its
+    digest matches."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    # Its own partial file: two ranks completing one checkpoint write its model.pt at once.
-    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
-    with partial.open("wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
+    partial = digests.partial(path)  # its own: ranks may write one name at once
+    try:
+        with partial.open("wb") as f:
+            digesting = digests.Digesting(f)
+            torch.save(state, digesting)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:  # a full disk, a kill's KeyboardInterrupt: no partial file stays
+        partial.unlink(missing_ok=True)
+        raise
+    new, old = digesting.hexdigest(), digests.kept(path)
+    if old:  # written again: while the rename is pending, either bytes are vouched for
+        digests.keep(path, [*old, new])
     os.replace(partial, path)
+    digests.keep(path, [new])
     folder = os.open(path.parent, os.O_RDONLY)
     try:
-        os.fsync(folder)  # the rename itself reaches the disk
+        os.fsync(folder)  # the renames themselves reach the disk
     finally:
         os.close(folder)
 
@@ -86,41 +99,54 @@ def mark_servers_expected(run_dir: Path, epochs_done: int) -> None:
     (folder / SERVERS_EXPECTED).touch()
 
 
+def needed(names: set[str], workers: int, servers: int) -> set[str]:
+    """The names a checkpoint folder holding `names` needs to be complete: every worker's
+    file, every server's where worker 0 marked it so, and, where any file has a digest (a
+    checkpoint written with digests: runtime/digests.py), worker 0's model.pt and every
+    such file's digest. Worker 0 writes model.pt and its digest before its own file, so a
+    folder of this version is never complete without a digest in it."""
+    files = {f"worker-{i}.pt" for i in range(workers)}
+    if SERVERS_EXPECTED in names:
+        files |= {f"server-{j}.pt" for j in range(servers)}
+    if any(name.endswith(digests.SUFFIX) for name in names):
+        files |= {MODEL}
+        files |= {name + digests.SUFFIX for name in files}
+    return files
+
+
 def is_complete(folder: Path, workers: int, servers: int) -> bool:
     try:
         names = {p.name for p in folder.iterdir()}
     except OSError:  # not there, or removed meanwhile by a rank pruning it
         return False
-    needed = {f"worker-{i}.pt" for i in range(workers)}
-    if SERVERS_EXPECTED in names:
-        needed |= {f"server-{j}.pt" for j in range(servers)}
-    return needed <= names
+    return needed(names, workers, servers) <= names
 
 
 def complete_epochs(run_dir: Path, workers: int, servers: int) -> list[int]:
     """Epochs-completed counts of the complete checkpoints, oldest first."""
-    return [e for e in _epoch_folders(run_dir)
+    return [e for e in epoch_folders(run_dir)
             if is_complete(epoch_dir(run_dir, e), workers, servers)]
 
 
 def prune(run_dir: Path, own: list[str], workers: int, servers: int) -> None:
     """Remove this rank's files (`own`: its names in a checkpoint folder) of the checkpoints
-    older than the second-newest complete one, and each folder left empty. A rank removes
-    only its own: a checkpoint that is not yet complete may still be completed by a rank
-    that lags behind, and the last two complete ones are never touched, so whichever rank
-    prunes first, the last two complete checkpoints stay whole."""
+    older than the second-newest complete one (with their digests), and each folder left
+    empty. A rank removes only its own: a checkpoint that is not yet complete may still be
+    completed by a rank that lags behind, and the last two complete ones are never touched,
+    so whichever rank prunes first, the last two complete checkpoints stay whole."""
     complete = complete_epochs(run_dir, workers, servers)
     if len(complete) < 2:
         return
-    for epochs_done in _epoch_folders(run_dir):
+    for epochs_done in epoch_folders(run_dir):
         if epochs_done >= complete[-2]:
             continue
         folder = epoch_dir(run_dir, epochs_done)
         for name in own:
             (folder / name).unlink(missing_ok=True)
             with contextlib.suppress(OSError):  # the folder gone: another rank emptied it
-                for partial in folder.glob(f"{name}.*partial"):  # left by a crash
-                    partial.unlink(missing_ok=True)
+                # Its digest, its claim (model.pt's), a partial file a crash left.
+                for kin in folder.glob(f"{name}.*"):
+                    kin.unlink(missing_ok=True)
         with contextlib.suppress(OSError):  # not empty yet: another rank's files are there
             folder.rmdir()
 
@@ -134,14 +160,14 @@ def tidy(run_dir: Path, workers: int, servers: int, completed: bool) -> None:
     complete = complete_epochs(run_dir, workers, servers)
     if not complete:
         return
-    for epochs_done in _epoch_folders(run_dir):
+    for epochs_done in epoch_folders(run_dir):
         if epochs_done not in complete[-2:]:
             shutil.rmtree(epoch_dir(run_dir, epochs_done), ignore_errors=True)
     if completed:
         shutil.rmtree(Path(run_dir) / FOLDER / SNAPSHOTS, ignore_errors=True)
 
 
-def _epoch_folders(run_dir: Path) -> list[int]:
+def epoch_folders(run_dir: Path) -> list[int]:
     """Epochs-completed counts of every checkpoint folder, complete or not."""
     root = Path(run_dir) / FOLDER
     return sorted(int(m.group(1)) for p in root.iterdir()
@@ -164,10 +190,17 @@ def complete_model(run_dir: Path, epochs_done: int, workers: int, servers: int) 
     """Once the checkpoint after `epochs_done` epochs is complete, where its servers hold the
     model: its model.pt (worker 0's: the model's buffers, its parameters' names) takes the
     servers' weights and momentum, the model the checkpoint holds, whichever phase of a run
-    wrote it. Every rank that finds it complete after writing its own file calls this; they
-    write the same file, each atomically."""
+    wrote it. Every rank that finds it complete after writing its own file calls this; the
+    first to claim the file writes it (two writing it at once could leave one's bytes with
+    the other's digest: torch.save's bytes differ from one call to the next). Should that
+    rank die on the way, model.pt is worker 0's still, or the servers' already, with its
+    digest (`save`)."""
     folder = epoch_dir(run_dir, epochs_done)
     if not (folder / SERVERS_EXPECTED).exists() or not is_complete(folder, workers, servers):
+        return
+    try:  # O_EXCL: one winner, on a disk the ranks' hosts share too (NFS v3 and later)
+        os.close(os.open(folder / f"{MODEL}.completing", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except OSError:  # claimed by another rank, or pruned meanwhile
         return
     try:
         model = load(folder / MODEL)
@@ -247,23 +280,3 @@ class Resume:
     @property
     def servers_expected(self) -> bool:
         return (self.folder / SERVERS_EXPECTED).exists()
-
-
-def latest(run_dir: Path, workers: int, servers: int,
-           say=print) -> tuple[Resume, int]:
-    """The newest complete checkpoint whose files all load, and its epochs completed; an
-    unreadable one is passed over, and `say` says so. One-line DataError if none is left."""
-    complete = complete_epochs(run_dir, workers, servers)
-    for epochs_done in reversed(complete):
-        resume = Resume.at(epoch_dir(run_dir, epochs_done))
-        try:
-            for p in sorted(resume.folder.glob("*.pt")):
-                resume.load(p.name)
-        except Exception as exc:  # truncated or corrupted: whatever torch.load raised
-            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            say(f"checkpoint after epoch {epochs_done} is unreadable ({reason}); trying the "
-                "one before it")
-            continue
-        return resume, epochs_done
-    raise DataError(f"no usable checkpoint in {str(Path(run_dir) / FOLDER)!r}: the run "
-                    "cannot be resumed")

@@ -7,12 +7,12 @@ a worker holds at most the one being written or read, whatever the number of epo
 
 Where the worker writes the checkpoint's snapshot files (checkpoint.snapshot_file: worker
 0's, or every worker's where the workers hold different models), those files are the
-store: written atomically as the epoch ends, they are there for a resumed run until
-`checkpoint.tidy` removes them. Any other worker's (a standby's, or in a run without
-checkpoints or without a run folder) go to a spill: one anonymous file (unlinked from the
-start), in the run folder if there is one (a /tmp on tmpfs would hold them in memory again),
-else in the system's temporary folder. The system frees it when the worker closes it or its
-process ends, however it ends, so nothing is ever left behind.
+store: written atomically as the epoch ends, with their digests, they are there for a
+resumed run until `checkpoint.tidy` removes them. Any other worker's (a standby's, or in a
+run without checkpoints or without a run folder) go to a spill: one anonymous file
+(unlinked from the start), in the run folder if there is one (a /tmp on tmpfs would hold
+them in memory again), else in the system's temporary folder. The system frees it when the
+worker closes it or its process ends, however it ends, so nothing is ever left behind.
 """
 
 from __future__ import annotations
@@ -65,7 +65,8 @@ class EpochSnapshots:
     def adopt(self, files: list[Path]) -> None:
         """A resumed run's epochs done: epoch e's snapshot is `files[e]`, read only when
         validated. Each must be there now: a run failing after training, for a file that
-        was gone before it began, would waste the training."""
+        was gone before it began, would waste the training (the resume's choice of
+        checkpoint checked their bytes against their digests: runtime/intact.py)."""
         for epoch, path in enumerate(files):
             if not path.is_file():
                 raise DataError(f"the checkpoint lacks epoch {epoch + 1}'s model snapshot "

@@ -6,6 +6,7 @@ EASGD, exchanges elastic differences (strategies/easgd.py).
 
 from __future__ import annotations
 
+from polyrhythm.limits import MAX_PERIOD
 from polyrhythm.settings import Param, Rule, at_least, positive, within
 from polyrhythm.strategies.consistency import (
     AsynchronousPolicy,
@@ -87,9 +88,9 @@ DOWNPOUR = StrategySpec(
     "downpour", "Downpour SGD: async PS, push every n_push and fetch every n_fetch steps",
     source="Dean et al., NIPS 2012", worker=PS_WORKER, params=(
         Param("push_every", int, "push the accumulated gradient every this many steps", 1,
-              rule=at_least(1)),
+              rule=at_least(1, MAX_PERIOD)),
         Param("fetch_every", int, "fetch the parameters every this many steps", 1,
-              rule=at_least(1))),
+              rule=at_least(1, MAX_PERIOD))),
     policy=lambda s, n: AsynchronousPolicy(n))
 
 TAU = Param("tau", int, "local steps between synchronisations", 4, rule=at_least(1))
