@@ -920,6 +920,20 @@ def _unsupported_method(name: str, data: bytes) -> bytes:
     return bytes(archive)
 
 
+def _encrypted(name: str, data: bytes) -> bytes:
+    """A zip whose member says it is encrypted (general purpose flag bit 0)."""
+    archive = _zip_of(name, data, zipfile.ZIP_STORED)
+    for header, at in ((b"PK\x03\x04", 6), (b"PK\x01\x02", 8)):  # local, central
+        archive[archive.index(header) + at] |= 1
+    return bytes(archive)
+
+
+def _unclosed_header() -> bytes:
+    """An .npy file whose header's dict has a bracket never closed."""
+    header = b"{'descr': '<f4', 'fortran_order': False, 'shape': (2, 2), 'x': (".ljust(117)
+    return b"\x93NUMPY\x01\x00" + (len(header) + 1).to_bytes(2, "little") + header + b"\n"
+
+
 def _garbled_deflate(name: str, data: bytes) -> bytes:
     """A zip whose deflated member starts with a block of no valid type."""
     archive = _zip_of(name, data)
@@ -943,6 +957,11 @@ def _npy(array: np.ndarray) -> bytes:
      "compression method is not supported"),
     # zlib.error reading an .npz member's header
     ("d.npz", _garbled_deflate("x.npy", _npy(np.zeros((2, 2)))), _npz, "invalid block type"),
+    # RuntimeError from zipfile: a member it says is encrypted
+    ("t.zip", _encrypted("t.csv", b"y,x\n0,1\n1,2\n"), _table, "password required"),
+    ("d.npz", _encrypted("x.npy", _npy(np.zeros((2, 2)))), _npz, "password required"),
+    # tokenize.TokenError from numpy's parse of a header whose bracket is never closed
+    ("d.npz", bytes(_zip_of("x.npy", _unclosed_header())), _npz, "member x.npy"),
 ])
 def test_files_found_by_fuzzing_are_one_line_errors(tmp_path: Path, name: str, data: bytes,
                                                     read, needle: str) -> None:

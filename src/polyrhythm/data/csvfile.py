@@ -80,8 +80,8 @@ def _binary(raw: BinaryIO, path: Path) -> BinaryIO:
 def _zip_member(raw: BinaryIO, path: Path) -> BinaryIO:
     try:
         archive = zipfile.ZipFile(raw)
-    # NotImplementedError: a zip version, compression or feature zipfile does not read
-    except (zipfile.BadZipFile, NotImplementedError) as exc:
+    # NotImplementedError, RuntimeError: what zipfile does not read (a method, encryption)
+    except (zipfile.BadZipFile, NotImplementedError, RuntimeError) as exc:
         raise DataError(f"cannot read zip {str(path)!r}: {exc}") from None
     with archive:  # the member keeps the file open until it is closed itself
         files = [m for m in archive.infolist()
@@ -94,7 +94,7 @@ def _zip_member(raw: BinaryIO, path: Path) -> BinaryIO:
         _check_declared(path, files[0].file_size)
         try:
             return archive.open(files[0])
-        except (zipfile.BadZipFile, NotImplementedError) as exc:
+        except (zipfile.BadZipFile, NotImplementedError, RuntimeError) as exc:
             raise DataError(f"cannot read zip {str(path)!r}: {exc}") from None
 
 

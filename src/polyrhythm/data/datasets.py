@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import tokenize
 import zipfile
 import zlib
 from pathlib import Path
@@ -205,8 +206,9 @@ class NpzSource(Source):
                             _check_npy_header(member, info.file_size, self.path,
                                               info.filename)
         # NotImplementedError: a zip version, compression or feature zipfile does not read;
-        # zlib.error: a deflated header that does not inflate
-        except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError, zlib.error) as exc:
+        # RuntimeError: a member it says is encrypted; zlib.error: a header that won't inflate
+        except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError, RuntimeError,
+                zlib.error) as exc:
             raise DataError(f"{str(self.path)!r} is not an .npz file: {one_line(exc)}"
                             ) from None
         if not {"x", "y"} <= names:
@@ -257,7 +259,9 @@ def _check_npy_header(member: BinaryIO, size: int, path: Path, name: str) -> Non
         read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
                        else np.lib.format.read_array_header_2_0)
         shape, _, dtype = read_header(member)
-    except (ValueError, SyntaxError) as exc:
+    # numpy parses a header as Python literals: SyntaxError, and tokenize's own error where
+    # a bracket is never closed
+    except (ValueError, SyntaxError, tokenize.TokenError) as exc:
         raise DataError(f"{str(path)!r} member {name}: {one_line(exc)}") from None
     declared = math.prod(shape) * dtype.itemsize
     held = size - member.tell()
