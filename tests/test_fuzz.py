@@ -920,6 +920,14 @@ def _unsupported_method(name: str, data: bytes) -> bytes:
     return bytes(archive)
 
 
+def _two_files(*names: str) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as z:
+        for name in names:
+            z.writestr(name, b"y,x\n0,1\n")
+    return buffer.getvalue()
+
+
 def _encrypted(name: str, data: bytes) -> bytes:
     """A zip whose member says it is encrypted (general purpose flag bit 0)."""
     archive = _zip_of(name, data, zipfile.ZIP_STORED)
@@ -962,6 +970,11 @@ def _npy(array: np.ndarray) -> bytes:
     ("d.npz", _encrypted("x.npy", _npy(np.zeros((2, 2)))), _npz, "password required"),
     # tokenize.TokenError from numpy's parse of a header whose bracket is never closed
     ("d.npz", bytes(_zip_of("x.npy", _unclosed_header())), _npz, "member x.npy"),
+    # a file's own names with a line break in the listing of what it holds
+    ("d.npz", bytes(_zip_of("\u2261\rpy", _npy(np.zeros(2)))), _npz, "it has '≡\\rpy'"),
+    ("t.zip", _two_files("a\nb.csv", "c.csv"), _table, "holds 2 files ('a\\nb.csv', c.csv)"),
+    ("t.csv", b"y,a\x0cb\n0,1\n1,2\n", lambda path: read_table(path, "q"),
+     "its columns: y, 'a\\x0cb'"),
 ])
 def test_files_found_by_fuzzing_are_one_line_errors(tmp_path: Path, name: str, data: bytes,
                                                     read, needle: str) -> None:

@@ -40,6 +40,12 @@ def shown(value: object, limit: int = 80) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+def printable(text: str) -> str:
+    """`text` as it is, or its repr if it holds a character that breaks a line or does not
+    print (a file's own names in a one-line message)."""
+    return text if text.isprintable() else repr(text)
+
+
 def size_text(size: int) -> str:
     """Bytes as a message says them: "12 bytes", "3.0 MiB", "2.5 GiB"."""
     for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):

@@ -29,7 +29,7 @@ import numpy as np
 
 from polyrhythm.data.source import Normalisation, Source
 from polyrhythm.errors import DataError
-from polyrhythm.files import open_regular
+from polyrhythm.files import open_regular, printable
 
 CHUNK_LINES = 65_536  # lines parsed at once: a few MB of text and of float64 cells
 CHUNK_CHARS = 64 * 2**20  # and at most about this much text, however long the lines
@@ -88,7 +88,7 @@ def _zip_member(raw: BinaryIO, path: Path) -> BinaryIO:
                  if not m.is_dir() and not m.filename.startswith(MAC_RESOURCE_FORKS)]
         if len(files) != 1:
             names = [m.filename for m in files[:3]] + ["..."] * (len(files) > 3)
-            listed = f" ({', '.join(names)})" if files else ""
+            listed = f" ({', '.join(map(printable, names))})" if files else ""
             raise DataError(f"zip {str(path)!r} holds {len(files)} files{listed}; it must hold "
                             "exactly one CSV file")
         _check_declared(path, files[0].file_size)
@@ -261,7 +261,7 @@ def _target_column(target: str, names: list[str] | None, columns: int, path: Pat
         if names is None:
             raise DataError(f"{str(path)!r} has no header row: --target takes a column "
                             f"number (0 to {columns - 1}), not {target!r}") from None
-        shown = ", ".join(names[:8]) + (", ..." if columns > 8 else "")
+        shown = ", ".join(map(printable, names[:8])) + (", ..." if columns > 8 else "")
         raise DataError(f"{str(path)!r} has no column named {target!r} (its columns: "
                         f"{shown})") from None
     if not -columns <= index < columns:

@@ -23,7 +23,7 @@ from polyrhythm.data import DATASETS
 from polyrhythm.data.pickles import read_members
 from polyrhythm.data.source import ArraySource, Normalisation, Source, compact
 from polyrhythm.errors import DataError, one_line
-from polyrhythm.files import open_regular, size_text
+from polyrhythm.files import open_regular, printable, size_text
 from polyrhythm.settings import load_object
 
 
@@ -213,7 +213,7 @@ class NpzSource(Source):
                             ) from None
         if not {"x", "y"} <= names:
             raise DataError(f"{str(self.path)!r} must hold arrays x and y; it has "
-                            f"{', '.join(sorted(names)) or 'none'}")
+                            f"{', '.join(map(printable, sorted(names))) or 'none'}")
 
     def _loaded(self) -> Source:
         if self._source is None:

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from polyrhythm.errors import DataError
-from polyrhythm.files import open_regular, read_regular, size_text
+from polyrhythm.files import open_regular, printable, read_regular, size_text
 
 # CIFAR-100's training member, the largest, is 155 MB: a member declared larger is no CIFAR
 # member, and is refused before it is read (a compressed one may inflate to any size).
@@ -35,10 +35,8 @@ ALLOWED_GLOBALS = frozenset({
 class _RestrictedUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str):
         if (module, name) not in ALLOWED_GLOBALS:
-            named = f"{module}.{name}"  # quoted where a damaged pickle's name breaks lines
-            raise DataError(f"refuses to unpickle {named if named.isprintable() else repr(named)}"
-                            ": a CIFAR pickle holds only dicts, lists, bytes, numbers and numpy "
-                            "arrays")
+            raise DataError(f"refuses to unpickle {printable(f'{module}.{name}')}: a CIFAR "
+                            "pickle holds only dicts, lists, bytes, numbers and numpy arrays")
         return super().find_class(module, name)
 
 
