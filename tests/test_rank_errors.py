@@ -27,6 +27,7 @@ from polyrhythm.launch.failures import (
     read_reports,
     write_report,
 )
+from polyrhythm.launch.progress import ProgressBoard
 from polyrhythm.metrics.records import RunRecord
 from polyrhythm.metrics.store import RunStore
 
@@ -232,6 +233,52 @@ def test_the_emulated_launcher_names_a_bug_from_the_reports_the_ranks_left(tmp_p
     write_report(record.dir, RankFailure(2, Kind.DIVERGED, "diverged at epoch 2, step 1"))
     failed = failure()
     assert failed.diverged and str(failed) == "diverged at epoch 2, step 1 (worker 1)"
+
+
+class _Rank:
+    """A local rank as the launcher sees it: ended (`code`) from the start, alive for ever
+    (None), or killed but seen ended only once the launcher has looked at it once (the
+    forkserver reaps it late)."""
+
+    def __init__(self, code: int | None, reaped_late: bool = False) -> None:
+        self.sentinel, self._end = os.pipe()
+        self.exitcode, self._code, self._late = None, code, reaped_late
+        if code is not None and not reaped_late:
+            self._reaped()
+
+    def _reaped(self) -> None:
+        os.write(self._end, b"x")
+        self.exitcode = self._code
+
+    def is_alive(self) -> bool:
+        if self._late and self.exitcode is None:
+            self._reaped()  # seen next time
+            return True
+        return self.exitcode is None
+
+    def join(self) -> None:
+        pass
+
+
+class _Events:
+    def __init__(self, *failures: RankFailure) -> None:
+        self.failures = list(failures)
+
+    def take(self) -> list[dict]:
+        taken, self.failures = [{"failure": f.as_dict()} for f in self.failures], []
+        return taken
+
+
+def test_the_local_launcher_names_a_killed_worker_reaped_after_the_server_it_failed(tmp_path):
+    """The server saw the killed worker's connection break and failed first; the worker,
+    killed, was reaped by the forkserver only after it (on a loaded machine). The run is
+    named for the worker, not for the server that lost it."""
+    procs = [_Rank(1), _Rank(None), _Rank(None), _Rank(-signal.SIGKILL, reaped_late=True)]
+    events = _Events(RankFailure(0, Kind.LOST, "PeerLost: rank 3 is gone: ..."))
+    with pytest.raises(RunFailed) as failed:
+        local._supervise(procs, events, ProgressBoard(3, enabled=False), Topology(1, 3),
+                         RunRecord(tmp_path, "r"))
+    assert str(failed.value) == "rank 3 (worker 2) was killed by SIGKILL"
 
 
 @pytest.mark.parametrize(("raised", "traceback"), [

@@ -31,7 +31,7 @@ from datetime import timedelta
 
 import torch
 
-from polyrhythm.comm.faults import PeerSilent, translated
+from polyrhythm.comm.faults import PeerFault, PeerSilent, translated
 from polyrhythm.comm.messages import WATCH
 from polyrhythm.comm.posting import post_receive
 
@@ -104,7 +104,8 @@ def watch(peer: int) -> None:
     try:
         work = post_receive(torch.empty(1), peer, WATCH)
     except RuntimeError as exc:
-        _went(peer, exc)
+        if not _went(peer, exc):
+            raise
         return
     threading.Thread(target=_watch, args=(work, peer), daemon=True,
                      name=f"watch-{peer}").start()
@@ -117,14 +118,18 @@ def _watch(work, peer: int) -> None:
         _went(peer, exc)
 
 
-def _went(peer: int, exc: Exception) -> None:
-    """`peer`'s connection broke (`exc`, Gloo's error): every wait on it ends now."""
+def _went(peer: int, exc: Exception) -> bool:
+    """If `exc` (Gloo's error on the watch) says `peer`'s connection broke (or timed out),
+    every wait on it ends now; whether it did (any other error is no news of the peer)."""
+    if not isinstance(translated(exc, peer), PeerFault):
+        return False
     with _lock:
         _gone.setdefault(peer, exc)
         waits = _waits.pop(peer, set())
     for done in waits:
         done.error = exc
         done.set()
+    return True
 
 
 def gone(peer: int) -> Exception | None:

@@ -21,6 +21,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from multiprocessing.connection import wait
@@ -41,6 +42,7 @@ from polyrhythm.launch.failures import (
     going_on_without,
     how,
     left_behind,
+    lost_a_peer,
     rank_failed,
     recorded_failure,
 )
@@ -154,14 +156,30 @@ def _supervise(procs: list, events: RankEvents, board: ProgressBoard, topology: 
                     procs[r].exitcode, failures.get(r), record.log_path(r))
             continue
         if failed:
-            _drain(events, board, failures)
-            # Ranks that died meanwhile too: a dead server explains its workers' errors.
-            failed += [r for r, p in enumerate(procs)
-                       if r not in failed and r not in lost and not p.is_alive()
-                       and p.exitcode]
+            failed = _with_the_cause(failed, procs, events, board, failures, lost)
             raise _failure(failed, procs, failures, topology, record)
     _drain(events, board, failures)
     board.draw(force=True)
+
+
+def _with_the_cause(failed: list[int], procs: list, events: RankEvents, board: ProgressBoard,
+                    failures: dict[int, RankFailure], lost: set[int]) -> list[int]:
+    """The ranks that failed, with those that ended meanwhile (a dead server explains its
+    workers' errors). While each of them only lost a peer, the others get GRACE_S to show
+    the failure that explains it: a process killed is seen ended only once the forkserver
+    has reaped it, which on a loaded machine came after the server, which saw its
+    connection break, had failed and been reaped (the server was named for the worker
+    killed under it)."""
+    deadline = time.monotonic() + GRACE_S
+    while True:
+        _drain(events, board, failures)
+        failed = failed + [r for r, p in enumerate(procs) if r not in failed and r not in lost
+                           and not p.is_alive() and p.exitcode]
+        running = [p.sentinel for r, p in enumerate(procs) if r not in lost and p.is_alive()]
+        if (not running or time.monotonic() > deadline
+                or not all(lost_a_peer(failures.get(r)) for r in failed)):
+            return failed
+        wait(running, timeout=0.1)
 
 
 def _end_left_behind(procs: list, record: RunRecord, lost: set[int]) -> None:
