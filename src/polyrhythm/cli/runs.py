@@ -28,7 +28,7 @@ def add_parser(commands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.repair:
+    if getattr(args, "repair", False):  # a caller's Namespace may predate --repair
         repaired = repair_runs(args.out)
         for run_id in repaired:
             print(f"recorded run {run_id} from the results it kept", file=sys.stderr)

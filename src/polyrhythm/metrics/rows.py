@@ -38,6 +38,8 @@ TEXT = Kind((str,), "text")
 TEXT_OR_NULL = Kind((str, _NULL), "text or NULL")
 COUNT = Kind((int,), "an integer")
 INDEX = Kind((int,), "an integer of at least 0", 0)  # a worker's, server's, rank's, step's
+# A resource sample's process: a rank, or -1 for a Spark run's driver (launch/spark_resources).
+SAMPLED = Kind((int,), "an integer of at least -1", -1)
 FLAG_OR_NULL = Kind((int, _NULL), "an integer or NULL")
 # The event series are measurements: finite (a figure's range, a replayed compute time).
 NUMBER = Kind((int, float), "a finite number", finite=True)
@@ -63,7 +65,7 @@ COLUMNS: dict[str, dict[str, Kind]] = {
     "pushes": {"server": INDEX, "t": NUMBER, "worker": INDEX, "staleness": COUNT,
                "queue": COUNT},
     "updates": {"server": INDEX, "t": NUMBER, "seconds": NUMBER},
-    "resources": {"rank": INDEX, "role": TEXT, "t": NUMBER, "cpu_percent": NUMBER,
+    "resources": {"rank": SAMPLED, "role": TEXT, "t": NUMBER, "cpu_percent": NUMBER,
                   "rss_bytes": NUMBER, "bytes_sent": NUMBER, "bytes_received": NUMBER},
     "sweeps": {"sweep_id": TEXT, "name": TEXT, "kind": TEXT, "description": TEXT,
                "created": TEXT, "updated": TEXT, "plan": TEXT},
