@@ -17,13 +17,10 @@ demo: $(STAMP)
 	$(BIN)/polyrhythm compare
 
 # Debian's chromium for the report's browser test, when missing and root can apt-get it.
-# Two pytest workers: the suite's processes wait on each other and on emulated compute as
-# much as they compute; tests/conftest.py keeps each module in one worker and those that use
-# the machine's one-of-a-kind things (clusters, Spark, the browser) in one worker together.
 test: $(STAMP)
 	@sh scripts/install-chromium
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
+	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks examples

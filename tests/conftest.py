@@ -28,20 +28,3 @@ def torch_threads_unchanged():
     assert after == before, (f"the test left torch's thread count at {after} (it was "
                              f"{before}): set it with helpers.torch_threads")
 
-
-# Modules that use what the machine has one of: emulated clusters (namespaces, a bridge, the
-# same addresses), cgroups, a Spark local-cluster, a mounted disk, the browser. Under
-# `pytest -n` (pytest-xdist, `--dist loadgroup`) they run one after another in one worker;
-# every other module runs whole in one worker, so its module fixtures are made once.
-ONE_AT_A_TIME = {"test_benchmarks", "test_cgroups", "test_cluster", "test_cluster_faults",
-                 "test_mapreduce", "test_report", "test_spark_launcher", "test_store_truth"}
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items):
-    """Each test's xdist group: its module's, or the machine's (above). Before xdist reads
-    the groups (tryfirst); without -n nothing reads them."""
-    for item in items:
-        module = item.module.__name__.rpartition(".")[2] if item.module else item.nodeid
-        item.add_marker(pytest.mark.xdist_group("machine" if module in ONE_AT_A_TIME
-                                                else module))
