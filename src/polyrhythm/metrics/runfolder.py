@@ -10,11 +10,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
+
+from polyrhythm.errors import PolyrhythmError
+from polyrhythm.files import NAME, read_regular
 
 SUMMARY_FILE = "summary.json"
 UNRECORDED_FILE = "unrecorded.json"
@@ -23,7 +25,6 @@ RESERVE_BYTES = 1 << 20
 _NEARLY_FULL = 64 << 10
 UNRECORDED = ("trained to its end, but the store could not record it: `polyrhythm runs "
               "--repair` records its kept results")
-RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # a folder's name beside the store, no path
 _READ_LIMIT = 1 << 20  # a summary is kilobytes; a larger file is not one
 
 
@@ -88,7 +89,7 @@ def full_disk(folder: Path) -> str:
 def run_folder(store_dir: Path, run_id: str) -> Path | None:
     """The folder of run `run_id` beside a store in `store_dir`; None if the id is not a plain
     name (an id read from a store never becomes a path elsewhere)."""
-    if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id):
+    if not isinstance(run_id, str) or not NAME.fullmatch(run_id):
         return None
     return Path(store_dir) / run_id
 
@@ -108,13 +109,9 @@ def kept_reason(store_dir: Path, run_id: str) -> str | None:
 
 
 def read_json(path: Path, limit: int = _READ_LIMIT):
-    """A JSON file's value, or None if it is missing, not a regular file, unreadable, larger
-    than `limit` bytes or not JSON."""
+    """A JSON file's value, or None if it is missing, not a regular file (a named pipe would
+    block the reader), unreadable, larger than `limit` bytes or not JSON."""
     try:
-        if not Path(path).is_file():  # a FIFO would block the reader
-            return None
-        with open(path, "rb") as file:
-            data = file.read(limit + 1)
-        return None if len(data) > limit else json.loads(data)
-    except (OSError, ValueError):
+        return json.loads(read_regular(path, "file", PolyrhythmError, limit))
+    except (PolyrhythmError, ValueError):
         return None
