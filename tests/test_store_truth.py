@@ -187,7 +187,7 @@ def test_the_store_is_told_before_the_summary_and_a_refusal_keeps_the_results(tm
 
 
 def test_an_atomic_file_that_fails_leaves_neither_a_partial_nor_a_half_file(tmp_path):
-    from polyrhythm.metrics.runfolder import atomic_file
+    from polyrhythm.files import atomic_file
     path = tmp_path / "model.pt"
     path.write_bytes(b"previous")
     with pytest.raises(OSError), atomic_file(path) as file:

@@ -1,6 +1,9 @@
 """The files a user hands polyrhythm, opened safely, and the names a store holds, checked
 before they name files.
 
+Every file polyrhythm writes for a reader to find (a model, a summary, a checkpoint and its
+digest) is written through atomic_file: whole or not at all.
+
 Every file polyrhythm reads from a path it was given (a config, a sweep, a data set, a
 run's script.json, a checkpoint) is opened here: without waiting (a named pipe opens at
 once instead of blocking until someone writes to it), then refused unless it is a regular
@@ -16,9 +19,12 @@ elsewhere.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import socket
 import stat
+from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
 from polyrhythm.errors import PolyrhythmError
@@ -104,3 +110,28 @@ def checked_name(name: object, what: str, error: type[PolyrhythmError]) -> str:
     if not isinstance(name, str) or not NAME.fullmatch(name):
         raise error(f"{what} {shown(name)} cannot name a folder: it must be {NAME_CHARS}")
     return name
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike,
+                before_rename: Callable[[], None] | None = None) -> Iterator[BinaryIO]:
+    """A binary file to write `path` through: flushed to disk, then renamed over `path`, so a
+    reader sees the previous file (or none) or the whole new one; removed if writing fails (a
+    full disk, a kill's KeyboardInterrupt), so no partial file stays. Its own name, by host
+    and process: several ranks, on hosts sharing a disk, may write one path at once.
+    `before_rename` runs once the bytes are on disk and before they replace the old ones (a
+    checkpoint's digest then vouches for either)."""
+    path = os.fspath(path)
+    partial = f"{path}.{socket.gethostname()}.{os.getpid()}.partial"
+    try:
+        with open(partial, "wb") as file:
+            yield file
+            file.flush()
+            os.fsync(file.fileno())
+        if before_rename is not None:
+            before_rename()
+        os.replace(partial, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(partial)
+        raise

@@ -26,9 +26,9 @@ import torch
 from polyrhythm.data.datasets import open_source
 from polyrhythm.data.plan import load_val, make_plan
 from polyrhythm.data.sharding import steps_per_epoch
+from polyrhythm.files import atomic_file
 from polyrhythm.launch.spark_resources import SparkSampler
 from polyrhythm.metrics.records import RunRecord, complete_run
-from polyrhythm.metrics.runfolder import atomic_file
 from polyrhythm.runtime.mapreduce import (
     DriverModel,
     ExecutorModel,

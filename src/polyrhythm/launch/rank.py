@@ -13,8 +13,8 @@ import torch.distributed as dist
 
 from polyrhythm.comm.transport import Transport
 from polyrhythm.context import ProgressSink, RankContext, Topology, no_progress
+from polyrhythm.files import atomic_file
 from polyrhythm.metrics.records import RunRecord, complete_run
-from polyrhythm.metrics.runfolder import atomic_file
 from polyrhythm.runtime.checkpoint import Resume, tidy
 from polyrhythm.runtime.job import run_rank
 from polyrhythm.units import Delay, duration

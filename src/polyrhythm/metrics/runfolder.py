@@ -1,7 +1,7 @@
 """What a run's folder beside the store holds when the store could not be told how the run
 ended (locked past its wait, a full disk): the reason, in a failed `summary.json`, and the
 results of a run that trained to its end, in `unrecorded.json`, which `polyrhythm runs
---repair` records. Every file here is written whole or not at all (`write_atomically`), so
+--repair` records. Every file here is written whole or not at all (files.atomic_file), so
 nothing half-written is left for a reader, and no `.partial` file stays behind.
 """
 
@@ -11,12 +11,10 @@ import contextlib
 import json
 import os
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
 
 from polyrhythm.errors import PolyrhythmError
-from polyrhythm.files import NAME, read_regular
+from polyrhythm.files import NAME, atomic_file, read_regular
 
 SUMMARY_FILE = "summary.json"
 UNRECORDED_FILE = "unrecorded.json"
@@ -26,24 +24,6 @@ _NEARLY_FULL = 64 << 10
 UNRECORDED = ("trained to its end, but the store could not record it: `polyrhythm runs "
               "--repair` records its kept results")
 _READ_LIMIT = 1 << 20  # a summary is kilobytes; a larger file is not one
-
-
-@contextlib.contextmanager
-def atomic_file(path: Path) -> Iterator[IO[bytes]]:
-    """A file to write `path` through: renamed over it once written and flushed to disk, and
-    removed if writing fails (a full disk leaves the previous file, or none, and no
-    partial one). Its own partial name: several processes may write one path at once."""
-    path = Path(path)
-    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
-    try:
-        with open(partial, "wb") as file:
-            yield file
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(partial, path)
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
 
 
 def write_atomically(path: Path, text: str) -> None:

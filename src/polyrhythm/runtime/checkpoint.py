@@ -37,7 +37,7 @@ import torch
 
 from polyrhythm.comm.messages import REPLY_HEADER
 from polyrhythm.errors import DataError
-from polyrhythm.files import open_regular
+from polyrhythm.files import atomic_file, open_regular
 from polyrhythm.runtime import digests
 
 FOLDER = "checkpoints"
@@ -71,21 +71,17 @@ def save(state: dict, path: Path) -> None:
     reader sees the old file or the whole new one, and a resume trusts it only where its
     digest matches."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = digests.partial(path)  # its own: ranks may write one name at once
-    try:
-        with partial.open("wb") as f:
-            digesting = digests.Digesting(f)
-            torch.save(state, digesting)
-            f.flush()
-            os.fsync(f.fileno())
-    except BaseException:  # a full disk, a kill's KeyboardInterrupt: no partial file stays
-        partial.unlink(missing_ok=True)
-        raise
-    new, old = digesting.hexdigest(), digests.kept(path)
-    if old:  # written again: while the rename is pending, either bytes are vouched for
-        digests.keep(path, [*old, new])
-    os.replace(partial, path)
-    digests.keep(path, [new])
+    digesting: digests.Digesting | None = None
+
+    def vouch_for_both() -> None:  # written again: while the rename is pending, either
+        old = digests.kept(path)   # file's bytes are vouched for
+        if old:
+            digests.keep(path, [*old, digesting.hexdigest()])
+
+    with atomic_file(path, before_rename=vouch_for_both) as f:
+        digesting = digests.Digesting(f)
+        torch.save(state, digesting)
+    digests.keep(path, [digesting.hexdigest()])
     folder = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(folder)  # the renames themselves reach the disk

@@ -19,13 +19,12 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import socket
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import BinaryIO
 
 from polyrhythm.errors import DataError
-from polyrhythm.files import open_regular, read_regular
+from polyrhythm.files import atomic_file, open_regular, read_regular
 
 SUFFIX = ".sha256"
 _DIGEST_LIMIT = 64 << 10  # a digest file is a line or two
@@ -35,12 +34,6 @@ _LINE = re.compile(r"([0-9a-f]{64})  (\S+)$")
 def of(path: Path) -> Path:
     """Where the digest of `path` is kept."""
     return path.with_name(path.name + SUFFIX)
-
-
-def partial(path: Path) -> Path:
-    """A writer's own file to write `path`'s new bytes into before they replace it: named
-    by host and process, as ranks on several hosts may write into one folder."""
-    return path.with_name(f"{path.name}.{socket.gethostname()}.{os.getpid()}.partial")
 
 
 class Digesting:
@@ -72,17 +65,8 @@ def kept(path: Path) -> list[str]:
 def keep(path: Path, hexdigests: list[str]) -> None:
     """Write `path`'s digest file: a line for each digest its bytes may have (the caller
     makes the folder's renames durable)."""
-    target = of(path)
-    scratch = partial(target)
-    try:
-        with scratch.open("w") as f:
-            f.writelines(f"{hexdigest}  {path.name}\n" for hexdigest in hexdigests)
-            f.flush()
-            os.fsync(f.fileno())
-    except BaseException:
-        scratch.unlink(missing_ok=True)
-        raise
-    os.replace(scratch, target)
+    with atomic_file(of(path)) as f:
+        f.write("".join(f"{hexdigest}  {path.name}\n" for hexdigest in hexdigests).encode())
 
 
 def has_digest(path: Path) -> bool:
