@@ -15,7 +15,13 @@ import pytest
 import torch
 
 import polyrhythm
-from helpers import equivalence_config, max_diff, needs_emulated_cluster, stored_parameters
+from helpers import (
+    equivalence_config,
+    max_diff,
+    needs_emulated_cluster,
+    stored_parameters,
+    uses_the_whole_machine,
+)
 from polyrhythm import api
 from polyrhythm.cli import main
 from polyrhythm.cli.train import cluster_line
@@ -25,7 +31,7 @@ from polyrhythm.metrics.records import RunRecord
 from polyrhythm.metrics.store import RunStore
 from script_reference import SCRIPT, farthest, one_process
 
-pytestmark = needs_emulated_cluster
+pytestmark = [needs_emulated_cluster, uses_the_whole_machine]
 
 
 @pytest.fixture(autouse=True)

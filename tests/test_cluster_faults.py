@@ -21,6 +21,7 @@ from helpers import (
     max_diff,
     needs_emulated_cluster,
     stored_parameters,
+    uses_the_whole_machine,
     wait_for_checkpoint,
 )
 from polyrhythm import api
@@ -30,7 +31,7 @@ from polyrhythm.metrics.store import RunStore
 from polyrhythm.runtime.checkpoint import complete_epochs, epoch_dir
 from script_reference import SCRIPT
 
-pytestmark = needs_emulated_cluster
+pytestmark = [needs_emulated_cluster, uses_the_whole_machine]
 
 # Quick runs, each worker's steps slowed a little so that a fault lands between checkpoints.
 RUN = {"dataset": "digits", "steps_per_epoch": 10, "threads": 1, "worker_delay_s": "0.03,0.03",

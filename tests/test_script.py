@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
@@ -19,6 +20,7 @@ from helpers import HANG_GUARD_S
 from polyrhythm import api
 from polyrhythm.cli.train import format_summary
 from polyrhythm.errors import PolyrhythmError, RunFailed
+from polyrhythm.launch.local import process_name
 from polyrhythm.metrics.records import RunRecord
 from polyrhythm.metrics.store import RunStore
 from script_reference import EPOCHS, SCRIPT, farthest, one_process, user_loop
@@ -113,12 +115,21 @@ def test_misuse_is_one_line_naming_the_worker(tmp_path: Path, fault: str, config
     if fault == "raise":  # the log the error names holds its traceback
         log = str(failed.value).split("traceback in ")[1].split(";")[0]
         assert "ValueError: the user's own bug" in Path(log).read_text()
-    assert ranks_left() == ""
+    assert ranks_left() == []
 
 
-def ranks_left() -> str:
-    """The script's processes still running (pgrep's lines)."""
-    return subprocess.run(["pgrep", "-f", str(SCRIPT)], capture_output=True, text=True).stdout
+def ranks_left() -> list[str]:
+    """The ranks this test process started (forked from its forkserver, named polyrhythm-rN
+    in ps) still alive; those of other tests, in another pytest-xdist worker, are not its."""
+    left = []
+    for process in psutil.Process().children(recursive=True):
+        try:
+            if (process.name().startswith(process_name(0)[:-1])
+                    and process.status() != psutil.STATUS_ZOMBIE):
+                left.append(f"{process.name()} (pid {process.pid})")
+        except psutil.NoSuchProcess:  # ended while looked at
+            continue
+    return left
 
 
 def test_a_worker_that_ends_itself_is_named_not_the_peers_it_left(tmp_path: Path) -> None:
@@ -163,7 +174,7 @@ def test_an_asp_script_goes_on_without_a_killed_worker_and_records_it(tmp_path: 
     # What polyrhythm run prints of the run, as polyrhythm train does.
     assert re.search(r"\n  worker 2 was lost at \d+\.\d s, having pushed 5 gradients; the "
                      "others carried on without it\n", format_summary(summary))
-    assert ranks_left() == ""
+    assert ranks_left() == []
 
 
 @pytest.mark.parametrize(("script_args", "config", "says"), [
@@ -179,7 +190,7 @@ def test_a_worker_that_is_no_loss_to_go_on_without_fails_the_script_naming_it(
     assert f"failed: {says}" in str(failed.value) and "\n" not in str(failed.value)
     (row,) = RunStore(tmp_path / "runs" / "polyrhythm.db").runs()
     assert row["status"] == "failed" and says in row["error"]
-    assert ranks_left() == ""
+    assert ranks_left() == []
 
 
 # Strategy-Switch from the script: all-reduce for ⌊0.5 · 4⌋ = 2 of the script's 4 epochs
