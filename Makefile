@@ -17,13 +17,10 @@ demo: $(STAMP)
 	$(BIN)/polyrhythm compare
 
 # Debian's chromium for the report's browser test, when missing and root can apt-get it.
-# The suite in two pytest-xdist workers; the modules that look at the whole machine (its
-# namespaces, cgroups, Java processes) run in one of them, one after another
-# (tests/helpers.py: uses_the_whole_machine).
 test: $(STAMP)
 	@sh scripts/install-chromium
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
+	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks examples

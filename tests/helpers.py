@@ -288,13 +288,6 @@ needs_emulated_cluster = pytest.mark.skipif(no_emulated_cluster() is not None,
                                                    f"{no_emulated_cluster()}")
 
 
-# A module whose tests look at the whole machine (every namespace, cgroup or Java process of
-# ours, the script's processes wherever they run) or fill it (the benchmarks' smokes): its
-# tests run one after another in one pytest-xdist worker, and never beside another such
-# module (`make test` runs the suite in two workers, `--dist loadgroup`).
-uses_the_whole_machine = pytest.mark.xdist_group("machine")
-
-
 def flip_tensor_bytes(path: Path) -> None:
     """Flip bytes in the middle of the largest tensor a torch.save file holds: the damage a
     disk or a copy does, which torch.load does not notice (it still loads, other numbers)."""

@@ -12,12 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from helpers import needs_emulated_cluster, uses_the_whole_machine
+from helpers import needs_emulated_cluster
 from polyrhythm.errors import ClusterError
 from polyrhythm.launch.cluster import leftovers
 from polyrhythm.layout import ALGORITHMS
-
-pytestmark = uses_the_whole_machine
 
 BENCHMARKS = Path(__file__).parent.parent / "benchmarks"
 NUMBER = r"-?\d+(?:\.\d+)?"

@@ -10,12 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import uses_the_whole_machine
 from polyrhythm.errors import ClusterError
 from polyrhythm.launch import cgroups
 from polyrhythm.launch.cgroups import CpuGroup, hierarchy, quota_files
-
-pytestmark = uses_the_whole_machine
 
 
 @pytest.fixture

@@ -15,13 +15,7 @@ import pytest
 import torch
 
 import polyrhythm
-from helpers import (
-    equivalence_config,
-    max_diff,
-    needs_emulated_cluster,
-    stored_parameters,
-    uses_the_whole_machine,
-)
+from helpers import equivalence_config, max_diff, needs_emulated_cluster, stored_parameters
 from polyrhythm import api
 from polyrhythm.cli import main
 from polyrhythm.cli.train import cluster_line
@@ -31,7 +25,7 @@ from polyrhythm.metrics.records import RunRecord
 from polyrhythm.metrics.store import RunStore
 from script_reference import SCRIPT, farthest, one_process
 
-pytestmark = [needs_emulated_cluster, uses_the_whole_machine]
+pytestmark = needs_emulated_cluster
 
 
 @pytest.fixture(autouse=True)

@@ -21,7 +21,6 @@ from helpers import (
     max_diff,
     needs_emulated_cluster,
     stored_parameters,
-    uses_the_whole_machine,
     wait_for_checkpoint,
 )
 from polyrhythm import api
@@ -31,7 +30,7 @@ from polyrhythm.metrics.store import RunStore
 from polyrhythm.runtime.checkpoint import complete_epochs, epoch_dir
 from script_reference import SCRIPT
 
-pytestmark = [needs_emulated_cluster, uses_the_whole_machine]
+pytestmark = needs_emulated_cluster
 
 # Quick runs, each worker's steps slowed a little so that a fault lands between checkpoints.
 RUN = {"dataset": "digits", "steps_per_epoch": 10, "threads": 1, "worker_delay_s": "0.03,0.03",

@@ -22,7 +22,6 @@ from helpers import (
     max_diff,
     reference_parameters,
     stored_parameters,
-    uses_the_whole_machine,
     whole_data,
 )
 from polyrhythm.cli import main
@@ -33,8 +32,6 @@ from polyrhythm.metrics.records import STORE_NAME
 from polyrhythm.metrics.store import RunStore
 from polyrhythm.runtime.mapreduce import DriverModel, ExecutorModel, Partition, Step, shares
 from test_losses import write_table
-
-pytestmark = uses_the_whole_machine
 
 
 def test_full_batch_gradient_descent_reaches_the_least_squares_solution(tmp_path):

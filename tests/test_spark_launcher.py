@@ -29,7 +29,6 @@ from helpers import (
     give_up,
     max_diff,
     stored_parameters,
-    uses_the_whole_machine,
 )
 from polyrhythm.config.spark import check_placeable, master_of, task_slots
 from polyrhythm.context import Topology
@@ -40,8 +39,6 @@ from polyrhythm.launch.spark_ranks import explained, ranks_failure, task_failure
 from polyrhythm.launch.spark_task import host_of
 from polyrhythm.metrics.records import STORE_NAME, RunRecord
 from polyrhythm.metrics.store import RunStore
-
-pytestmark = uses_the_whole_machine
 
 
 def java_processes() -> set[int]:
