@@ -15,6 +15,8 @@ from polyrhythm.errors import ConfigError
 from polyrhythm.optim import TORCH_OPTIMIZERS, state_keys, state_of, state_pieces, updater
 from polyrhythm.runtime.server import Bucket, run_updater
 from polyrhythm.strategies.consistency import AsynchronousPolicy, SoftSynchronousPolicy
+from polyrhythm.strategies.server_updates.mean import GradientMean
+from polyrhythm.strategies.server_updates.sum import GradientSum
 
 ADAMW = {"optimizer": "adamw", "lr": 0.003, "betas": [0.8, 0.99], "weight_decay": 0.1}
 
@@ -90,15 +92,15 @@ def test_bad_optimizer_settings_are_one_line(fields, message):
     assert str(bad.value).startswith(message) and "\n" not in str(bad.value)
 
 
-def adam_bucket(policy):
-    """A server bucket of 50 weights under `policy`, stepping Adam; and torch's Adam on a
-    copy of the same weights."""
+def adam_bucket(policy, server_update=GradientSum):
+    """A server bucket of 50 weights under `policy` and `server_update`, stepping Adam; and
+    torch's Adam on a copy of the same weights."""
     initial = torch.randn(50, generator=torch.Generator().manual_seed(3))
     settings = RunConfig(optimizer="adam", lr=0.01).optimizer
     param = torch.nn.Parameter(initial.clone())
     reference = torch.optim.Adam([param], weight_decay=settings.weight_decay)
-    return (Bucket(initial, 0, 50, policy, partial(run_updater, settings)), settings, param,
-            reference)
+    return (Bucket(initial, 0, 50, policy, partial(server_update, settings=None, workers=4),
+                   partial(run_updater, settings)), settings, param, reference)
 
 
 def test_an_asynchronous_push_scales_adams_step_by_its_batch_share():
@@ -121,7 +123,7 @@ def test_an_asynchronous_push_scales_adams_step_by_its_batch_share():
 def test_a_staleness_scaled_gradient_scales_adams_step_not_its_gradient():
     # softsync averages its quorum's gradients, a stale one scaled by 1/staleness: Adam
     # gets their mean weighted by share x scale, at the learning rate times the mean scale.
-    bucket, settings, param, reference = adam_bucket(SoftSynchronousPolicy(2, 2, 0.1))
+    bucket, settings, param, reference = adam_bucket(SoftSynchronousPolicy(2, 2, 0.1), GradientMean)
     g = torch.Generator().manual_seed(5)
     fresh, stale = torch.randn(50, generator=g), torch.randn(50, generator=g)
     bucket.accumulate(fresh, 0.5)

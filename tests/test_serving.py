@@ -169,6 +169,7 @@ def real_server_run(scenario: Scenario, config, monkeypatch) -> tuple[list, Repl
     shard = ParameterServerShard(ctx, initial, scenario.buckets,
                                  max(b - a for a, b in scenario.buckets.values()),
                                  lambda: spec.policy(config.strategy, scenario.workers),
+                                 spec.server_updates(config.strategy, scenario.workers),
                                  scenario.steps_per_epoch)
     replay.shard = shard
     shard.run()

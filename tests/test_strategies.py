@@ -85,6 +85,7 @@ TRAINED = [
     ("softsync", {}, 2),
     ("downpour", {"push_every": 2, "fetch_every": 2}, 2),
     ("easgd", {}, 2),
+    ("dcasgd", {}, 2),
     ("allreduce", {}, 2),
     ("ring", {}, 2),
     ("tree", {}, 2),
@@ -110,6 +111,8 @@ def test_strategy_trains_mnist5k_with_4_workers(tmp_path, strategy, extra, epoch
         assert updates == pushes // 2
     elif strategy == "easgd":  # one elastic exchange per tau = 4 steps
         assert updates == pushes // 4
+    elif strategy == "dcasgd":  # asp's updates, each stale push compensated
+        assert updates == pushes and summary["staleness_max"] > 0
     elif strategy == "softsync":  # asynchronous, momentum corrected as for ASP
         assert updates == pushes
         assert summary["server_momentum"] == pytest.approx(0.15)

@@ -10,6 +10,7 @@ from typing import Any
 from polyrhythm.config.declared import DEFAULT_BUCKET_KB
 from polyrhythm.errors import ConfigError
 from polyrhythm.settings import Settings
+from polyrhythm.strategies.server_updates import NOT_GRADIENTS
 from polyrhythm.strategies.spec import PARAMETER_SERVER, StrategySpec
 
 CONTINUE, ABORT = "continue", "abort"
@@ -45,9 +46,9 @@ def check_shared_epochs(spec: StrategySpec, strategy: Settings, workers: int) ->
     if spec.policy is None:
         raise ConfigError(f"shared_epochs needs parameter servers; strategy {spec.name!r} "
                           "has none")
-    policy = spec.policy(strategy, workers)
-    if policy.elastic or policy.fixed_rounds:
-        why = ("its servers add elastic differences, not gradients" if policy.elastic
+    elastic = spec.server_update in NOT_GRADIENTS
+    if elastic or spec.policy(strategy, workers).fixed_rounds:
+        why = ("its servers add elastic differences, not gradients" if elastic
                else "its servers end the run after a fixed number of rounds")
         raise ConfigError(f"strategy {spec.name!r} takes no shared_epochs ({why})")
 

@@ -106,7 +106,8 @@ def server_shard(ctx: RankContext, initial: torch.Tensor, steps: int,
     pushes = bucket_words(config.compression, [(ctx.rank, a, b) for a, b in mine.values()],
                           shapes)
     return ParameterServerShard(ctx, initial, mine, max(pushes),
-                                lambda: spec.policy(config.strategy, workers), steps,
+                                lambda: spec.policy(config.strategy, workers),
+                                spec.server_updates(config.strategy, workers), steps,
                                 handover=spec.family == SWITCHING, make_updater=make_updater,
                                 handover_keys=handover_keys, shapes=shapes)
 

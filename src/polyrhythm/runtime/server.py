@@ -25,7 +25,7 @@ from polyrhythm.context import RankContext
 from polyrhythm.metrics.recorder import StalenessLog
 from polyrhythm.optim import StateKeys, cut, joined, state_keys, state_of
 from polyrhythm.runtime import checkpoint
-from polyrhythm.runtime.bucket import Bucket, MakeUpdater, run_updater
+from polyrhythm.runtime.bucket import Bucket, MakeServerUpdate, MakeUpdater, run_updater
 from polyrhythm.strategies.serving import DONE, Course, Served, serve
 
 PUSH_INTS, UPDATE_INTS = (0, 2, 3, 4), (0,)  # the integer fields of the records' rows
@@ -36,11 +36,13 @@ class ParameterServerShard:
 
     def __init__(self, ctx: RankContext, initial: torch.Tensor,
                  buckets: dict[int, tuple[int, int]], capacity: int, make_policy,
-                 steps_per_epoch: int, handover: bool = False,
+                 make_update: MakeServerUpdate, steps_per_epoch: int, handover: bool = False,
                  make_updater: MakeUpdater | None = None,
                  handover_keys: StateKeys | None = None,
                  shapes: Sequence[Sequence[int]] = ()) -> None:
-        """`make_updater(weights, start, stop, concurrency)`: a bucket's optimizer (the
+        """`make_policy()`: a bucket's consistency policy; `make_update(weights, combines=,
+        make_optimizer=)`: its server update (strategies/server_updates/).
+        `make_updater(weights, start, stop, concurrency)`: a bucket's optimizer (the
         run's, by default; a script's user optimizer: optim.OptimizerSpec).
         `handover_keys`: the optimizer state a Strategy-Switch's handover carries, the keys
         of the workers' optimizer (the run's by default; a script's: its spec's). `shapes`:
@@ -59,7 +61,8 @@ class ParameterServerShard:
                 return None
             return BucketCodecs(config.compression, a, b, shapes, initial[a:b],
                                 config.workers, k, config.seed)
-        self.buckets = {k: Bucket(initial, a, b, make_policy(), make_updater, codecs(k, a, b))
+        self.buckets = {k: Bucket(initial, a, b, make_policy(), make_update, make_updater,
+                                  codecs(k, a, b))
                         for k, (a, b) in buckets.items()}
         self.capacity = capacity  # words in the largest push: every push is padded to it
         self.steps_per_epoch = steps_per_epoch
@@ -142,7 +145,7 @@ class ParameterServerShard:
                     with self.ctx.spans("compress"):
                         values = bucket.codecs.gradient(values)
                 bucket.accumulate(values, weight, served.decision.scale, lr, hyper,
-                                  applied_next=served.update)
+                                  worker=worker, applied_next=served.update)
                 self.staleness.record(served.staleness)
                 if self.record:
                     self.pushes.append((self.ctx.rank, self.ctx.now(), worker,
@@ -195,7 +198,7 @@ class ParameterServerShard:
         ranks = {w: r for w, r in ((w, self.ctx.topology.worker_ranks[w])
                                    for w in served.decision.release) if r not in self.lost}
         if bucket.replies is None:  # the outbox as it is, to every worker
-            replies = dict.fromkeys(ranks, bucket.outbox)
+            replies = {w: bucket.reply(w) for w in ranks}
         else:
             with self.ctx.spans("compress"):
                 replies = {w: bucket.reply(w) for w in ranks}

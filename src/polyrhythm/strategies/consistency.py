@@ -32,12 +32,8 @@ _ACCUMULATE, _NOTHING = Decision(), Decision(accumulate=False)
 class ConsistencyPolicy(ABC):
     """Decides when pushes become weight updates and when blocked workers may go on.
 
-    Attributes tell the server how to apply an update:
-    - `averages`: divide the pending sum by its total batch weight (the mean of the gradients
-      received, at the full learning rate), else apply the batch-weighted sum as it is (each
-      of N asynchronous pushes then moves the weights by lr/N);
-    - `elastic`: add the pending values to the weights (EASGD's centre variable) instead of
-      taking an optimizer step;
+    What an update does with the pushes is the strategy's server update's
+    (strategies/server_updates/). Attributes tell the server what the policy needs of it:
     - `tracks_change`: call `on_update` with the max-norm of every applied change;
     - `combines`: an update may sum several pushes (the server then adds them in float64, so
       the sum does not depend on the order they arrive in); false where every push is an
@@ -50,8 +46,6 @@ class ConsistencyPolicy(ABC):
     synchronous, N for fully asynchronous servers; asynchrony acts as implicit momentum.
     """
 
-    averages = False
-    elastic = False
     tracks_change = False
     combines = True
     fixed_rounds = False
@@ -148,7 +142,6 @@ class QuorumSynchronousPolicy(BulkSynchronousPolicy):
     straggler gets the new parameters at once.
     """
 
-    averages = True
     fixed_rounds = True
 
     def __init__(self, workers: int, quorum: int) -> None:
@@ -188,14 +181,6 @@ class AsynchronousPolicy(ConsistencyPolicy):
         return _NOTHING
 
 
-class ElasticAveragingPolicy(AsynchronousPolicy):
-    """The centre variable of asynchronous EASGD (Zhang, Choromanska and LeCun, "Deep learning
-    with Elastic Averaging SGD", NIPS 2015): every push is a worker's elastic difference
-    alpha (x_i - x~), added to the centre at once (x~ <- x~ + alpha (x_i - x~))."""
-
-    elastic = True
-
-
 class QuorumAsynchronousPolicy(ConsistencyPolicy):
     """k-ASP (Dutta et al., AISTATS 2018; the Strategy-Switch thesis §3.2.2): one update once k
     gradients are in, whatever parameters they were computed on. Nobody is cancelled: a straggler's
@@ -230,8 +215,6 @@ class SoftSynchronousPolicy(QuorumAsynchronousPolicy):
     DynSGD-style rules: each gradient's learning rate is divided by its staleness, never below
     `lr_floor` of the base rate; one update per `quorum` gradients (N/n in the paper).
     """
-
-    averages = True  # the paper's update: the mean of the c scaled gradients, at full lr
 
     def __init__(self, workers: int, quorum: int, lr_floor: float) -> None:
         super().__init__(workers, quorum)

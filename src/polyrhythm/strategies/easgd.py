@@ -4,7 +4,7 @@ holds them together.
 Zhang, Choromanska and LeCun, "Deep learning with Elastic Averaging SGD", NIPS 2015
 (Algorithm 1, asynchronous EASGD). Every tau local steps worker i fetches the centre x~,
 moves its elastic difference d = alpha (x_i - x~) out of its own model (x_i <- x_i - d) and
-pushes d, which the server adds to the centre (x~ <- x~ + d, ElasticAveragingPolicy). The
+pushes d, which the server adds to the centre (x~ <- x~ + d, server_updates/elastic.py). The
 final model is the centre.
 """
 

@@ -1,22 +1,23 @@
 """The parameter-server strategies: a consistency policy on the servers (consistency.py)
-decides when a push becomes a weight update and when a waiting worker may go on; the worker
-side pushes gradients and pulls parameters on its cadence (strategies/ps.py), or, for
-EASGD, exchanges elastic differences (strategies/easgd.py).
+decides when a push becomes a weight update and when a waiting worker may go on, and a server
+update (server_updates/) what the update does; the worker side pushes gradients and pulls
+parameters on its cadence (strategies/ps.py), or, for EASGD, exchanges elastic differences
+(strategies/easgd.py).
 """
 
 from __future__ import annotations
 
-from polyrhythm.limits import MAX_PERIOD
+from polyrhythm.limits import MAX_FACTOR, MAX_PERIOD
 from polyrhythm.settings import Param, Rule, at_least, positive, within
 from polyrhythm.strategies.consistency import (
     AsynchronousPolicy,
     BulkSynchronousPolicy,
-    ElasticAveragingPolicy,
     QuorumAsynchronousPolicy,
     QuorumSynchronousPolicy,
     SoftSynchronousPolicy,
     StaleSynchronousPolicy,
 )
+from polyrhythm.strategies.server_updates import DELAY_COMPENSATED, ELASTIC, MEAN
 from polyrhythm.strategies.spec import EVERY_WORKERS, SOME_WORKERS, StrategySpec, always
 
 PS_WORKER = "polyrhythm.strategies.ps:ParameterServerWorker"
@@ -56,7 +57,7 @@ KBSP = StrategySpec(
     "dropped", source="k-BSP, Dutta et al., AISTATS 2018", worker=PS_WORKER,
     params=(_quorum("N-1", lambda run: max(1, run.workers - 1)),),
     policy=lambda s, n: QuorumSynchronousPolicy(n, s.quorum), whole_gradient=always,
-    updates_from=SOME_WORKERS)
+    updates_from=SOME_WORKERS, server_update=MEAN)
 
 KASP = StrategySpec(
     "kasp", "k-ASP: one update per k gradients, late ones count toward the next",
@@ -73,7 +74,7 @@ BACKUP = StrategySpec(
                         lambda run: f"be at least 1 and below the worker count {run.workers}")),
     ),
     policy=lambda s, n: QuorumSynchronousPolicy(n, n - s.backup), whole_gradient=always,
-    updates_from=SOME_WORKERS)
+    updates_from=SOME_WORKERS, server_update=MEAN)
 
 SOFTSYNC = StrategySpec(
     "softsync", "staleness-aware async: each gradient's lr divided by its staleness, with a "
@@ -82,7 +83,7 @@ SOFTSYNC = StrategySpec(
         Param("lr_floor", float, "smallest share of the learning rate a stale gradient keeps",
               0.1, rule=within(0, 1, low_open=True))),
     policy=lambda s, n: SoftSynchronousPolicy(n, s.quorum, s.lr_floor), whole_gradient=always,
-    updates_from=SOME_WORKERS)
+    updates_from=SOME_WORKERS, server_update=MEAN)
 
 DOWNPOUR = StrategySpec(
     "downpour", "Downpour SGD: async PS, push every n_push and fetch every n_fetch steps",
@@ -93,6 +94,14 @@ DOWNPOUR = StrategySpec(
               rule=at_least(1, MAX_PERIOD))),
     policy=lambda s, n: AsynchronousPolicy(n))
 
+DCASGD = StrategySpec(
+    "dcasgd", "delay-compensated async: each stale gradient g corrected by "
+    "λ·g⊙g⊙(w − w_pulled) before its step", source="DC-ASGD, Zheng et al., ICML 2017",
+    worker=PS_WORKER, params=(
+        Param("dc_lambda", float, "variance control λ of the compensation (0: asp)", 0.04,
+              rule=at_least(0, MAX_FACTOR), metavar="λ"),),
+    policy=lambda s, n: AsynchronousPolicy(n), server_update=DELAY_COMPENSATED)
+
 TAU = Param("tau", int, "local steps between synchronisations", 4, rule=at_least(1))
 
 EASGD = StrategySpec(
@@ -102,4 +111,4 @@ EASGD = StrategySpec(
         TAU,
         Param("alpha", float, "elastic moving rate", derive=lambda run: 0.9 / run.workers,
               derived="0.9/N", rule=within(0, 1, low_open=True))),
-    policy=lambda s, n: ElasticAveragingPolicy(n))
+    policy=lambda s, n: AsynchronousPolicy(n), server_update=ELASTIC)

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from polyrhythm.settings import Component, Registry, load_object
 from polyrhythm.strategies.consistency import ConsistencyPolicy
+from polyrhythm.strategies.server_updates import SUM
 
 PARAMETER_SERVER, COLLECTIVE, DECENTRALISED = "parameter server", "collective", "decentralised"
 SWITCHING = "switching"  # one strategy, then another (Strategy-Switch)
@@ -37,8 +39,10 @@ class StrategySpec(Component):
 
     - `worker`: the worker-side class (a `Strategy`) or "package.module:Class"; built as
       `worker(ctx, flat, batch_weight, settings, **worker_args)`.
-    - `policy(settings, workers)`: the policy of each server bucket; None for strategies
-      without servers.
+    - `policy(settings, workers)`: the policy of each server bucket, which decides when
+      pushes become an update; None for strategies without servers.
+    - `server_update`: what such an update does (strategies/server_updates/: SUM, MEAN,
+      ELASTIC, DELAY_COMPENSATED), built with the strategy's settings.
     - `updates_from`: whose gradients one update applies (EVERY_WORKERS, ONE_WORKERS,
       SOME_WORKERS), what a script's job.clip_grad_norm_ clips (None: the worker's own).
     - `whole_gradient(settings)` (the strategy's settings as given, a mapping): its policy
@@ -52,6 +56,9 @@ class StrategySpec(Component):
     worker: str | Callable[..., Any] = ""
     worker_args: Mapping[str, Any] = field(default_factory=dict)
     policy: Callable[..., ConsistencyPolicy] | None = None
+    # What its servers' update does with the pushes its policy gathers (a name of
+    # strategies/server_updates/, loaded by the server).
+    server_update: str = SUM
     whole_gradient: Callable[[Mapping[str, Any]], bool] = never
     # Whose gradients an update applies (EVERY_WORKERS, ...): what job.clip_grad_norm_ clips.
     # None: the worker side says (a Strategy-Switch's, its phase's).
@@ -60,6 +67,11 @@ class StrategySpec(Component):
     @property
     def uses_servers(self) -> bool:
         return self.policy is not None
+
+    def server_updates(self, settings: Any, workers: int) -> Callable[..., Any]:
+        """What makes each server bucket's update (a ServerUpdate class of server_updates/,
+        loaded now), with the strategy's settings and the worker count given."""
+        return partial(load_object(self.server_update), settings=settings, workers=workers)
 
     def build_worker(self, ctx: Any, flat: Any, batch_weight: float, settings: Any) -> Any:
         """The worker side of this strategy for one worker."""
