@@ -137,8 +137,10 @@ def test_downpour_pushes_and_fetches_on_their_own_schedules(tmp_path):
 def test_every_registered_strategy_has_a_training_test():
     # bsp and asp: test_asp_makes_n_times_the_updates_of_bsp_and_still_learns;
     # localsgd, dpsgd, gossip: tests/test_decentralised.py; switch: tests/test_switch.py.
+    # tree-easgd: test_tree_easgd.py.
     # mapreduce (Spark's jobs, not a script's loop): tests/test_mapreduce.py.
-    elsewhere = {"bsp", "asp", "localsgd", "dpsgd", "gossip", "switch", "mapreduce"}
+    elsewhere = {"bsp", "asp", "localsgd", "dpsgd", "gossip", "tree-easgd", "switch",
+                 "mapreduce"}
     assert set(STRATEGIES) == {name for name, _, _ in TRAINED} | elsewhere
 
 

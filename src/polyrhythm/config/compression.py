@@ -8,13 +8,15 @@ from typing import Any
 from polyrhythm.compression import COMPRESSORS, SHARED
 from polyrhythm.errors import ConfigError
 from polyrhythm.settings import Settings
+from polyrhythm.strategies import STRATEGIES
 
 DEFAULTS = {p.name: p.default for p in SHARED}
 
 
 def check_compression(compression: Settings, strategy: Settings, run: Settings) -> None:
     """One line if the run's compression cannot be: settings of compression without a
-    compressor, replies compressed where no server replies, or where a value bound must
+    compressor, a compressor for a strategy whose messages are not compressible, replies
+    compressed where no server replies, or where a value bound must
     know what each worker holds."""
     name = compression.name
     if not COMPRESSORS[name].compresses:
@@ -23,6 +25,10 @@ def check_compression(compression: Settings, strategy: Settings, run: Settings) 
                 raise ConfigError(f"{key} needs a compressor (--compress NAME; see "
                                   "`polyrhythm compressors`)")
         return
+    spec = STRATEGIES[strategy.name]
+    if not spec.compressible:
+        raise ConfigError(f"strategy {spec.name!r} sends its models uncompressed; drop "
+                          f"--compress {name}")
     if not compression.compress_replies:
         return
     if not run.servers:

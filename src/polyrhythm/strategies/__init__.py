@@ -31,6 +31,7 @@ STRATEGIES.register(_collective.TREE)
 STRATEGIES.register(_decentralised.LOCALSGD)
 STRATEGIES.register(_decentralised.DPSGD)
 STRATEGIES.register(_decentralised.GOSSIP)
+STRATEGIES.register(_decentralised.TREE_EASGD)
 STRATEGIES.register(_switching.SWITCH)
 STRATEGIES.register(_mapreduce.MAPREDUCE)
 

@@ -8,11 +8,15 @@
   Gradient Descent", NIPS 2017).
 - `gossip`: GoSGD, asynchronous randomised gossip with sum weights (Blot, Picard, Cord and
   Thome, "Gossip training for deep learning", 2016).
+- `tree-easgd`: TreeEASGD, elastic averaging between neighbours of a tree, asynchronous
+  (Zhang, "Distributed stochastic optimization for deep learning", PhD thesis, NYU 2016;
+  as the lecture slides on parameter servers give its algorithm).
 
 This module holds their declarations and their mixing rules, pure functions of any value
 type (floats, Fractions, tensors), which the tests and a simulator use without processes. The
-workers that run them are in strategies/averaging.py; when they communicate is decided by the
-cadences in strategies/cadence.py.
+workers that run them are in strategies/averaging.py (tree-easgd's in
+strategies/tree_easgd.py); when they communicate is decided by the cadences in
+strategies/cadence.py.
 """
 
 from __future__ import annotations
@@ -20,8 +24,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TypeVar
 
-from polyrhythm.settings import Param, within
-from polyrhythm.strategies.parameter_server import TAU
+from polyrhythm.limits import MAX_PERIOD
+from polyrhythm.settings import Param, at_least, within
+from polyrhythm.strategies.parameter_server import ALPHA, TAU
 from polyrhythm.strategies.spec import DECENTRALISED, StrategySpec
 
 Value = TypeVar("Value")  # a float, a Fraction or a tensor: the pure functions take any
@@ -44,6 +49,34 @@ GOSSIP = StrategySpec(
     worker=f"{WORKERS}:GossipWorker", params=(
         Param("gossip_p", float, "probability of sending the model to a random peer after a "
               "step", 0.2, rule=within(0, 1, low_open=True)),))
+
+
+TREE_EASGD = StrategySpec(
+    "tree-easgd", "TreeEASGD: workers in a binary tree; every tau_up steps a worker sends its "
+    "model to its parent, every tau_down steps to its children; a model received pulls its "
+    "own toward it by alpha", source="TreeEASGD, Zhang 2016", family=DECENTRALISED,
+    worker="polyrhythm.strategies.tree_easgd:TreeElasticWorker", compressible=False, params=(
+        Param("tau_up", int, "steps between a worker's sends to its parent", 2,
+              rule=at_least(1, MAX_PERIOD)),
+        Param("tau_down", int, "steps between a worker's sends to its children", 2,
+              rule=at_least(1, MAX_PERIOD)),
+        ALPHA))
+
+
+def tree_parent(index: int) -> int | None:
+    """Worker `index`'s parent in the binary tree of workers 0..N-1 (heap order: worker 0 the
+    root, worker i's children 2i+1 and 2i+2); None for the root."""
+    return None if index == 0 else (index - 1) // 2
+
+
+def tree_children(index: int, n: int) -> list[int]:
+    """Worker `index`'s children in the binary tree of n workers (none for a leaf)."""
+    return [c for c in (2 * index + 1, 2 * index + 2) if c < n]
+
+
+def elastic_pull(w: Value, other: Value, alpha: float) -> Value:
+    """TreeEASGD's mixing of a model received: w + alpha (other - w)."""
+    return w + alpha * (other - w)
 
 
 def ring_neighbours(index: int, n: int) -> list[int]:

@@ -103,12 +103,12 @@ DCASGD = StrategySpec(
     policy=lambda s, n: AsynchronousPolicy(n), server_update=DELAY_COMPENSATED)
 
 TAU = Param("tau", int, "local steps between synchronisations", 4, rule=at_least(1))
+ALPHA = Param("alpha", float, "elastic moving rate", derive=lambda run: 0.9 / run.workers,
+              derived="0.9/N", rule=within(0, 1, low_open=True))
 
 EASGD = StrategySpec(
     "easgd", "elastic averaging: workers pulled toward a centre on the servers every tau "
     "steps", source="asynchronous EASGD, Zhang, Choromanska and LeCun, NIPS 2015",
     worker="polyrhythm.strategies.easgd:ElasticAveragingWorker", params=(
-        TAU,
-        Param("alpha", float, "elastic moving rate", derive=lambda run: 0.9 / run.workers,
-              derived="0.9/N", rule=within(0, 1, low_open=True))),
+        TAU, ALPHA),
     policy=lambda s, n: AsynchronousPolicy(n), server_update=ELASTIC)

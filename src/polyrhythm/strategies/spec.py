@@ -63,6 +63,8 @@ class StrategySpec(Component):
     # Whose gradients an update applies (EVERY_WORKERS, ...): what job.clip_grad_norm_ clips.
     # None: the worker side says (a Strategy-Switch's, its phase's).
     updates_from: str | None = ONE_WORKERS
+    # Its messages may be compressed ([compression]); else a compressor is refused in one line.
+    compressible: bool = True
 
     @property
     def uses_servers(self) -> bool:
