@@ -4,6 +4,7 @@ the reference a run of the script on loopback or on an emulated cluster is held 
 from __future__ import annotations
 
 import importlib.util
+import warnings
 from pathlib import Path
 
 import torch
@@ -36,6 +37,38 @@ def one_process(workers: int, optimizer: str = "adamw") -> dict[str, torch.Tenso
             opt.zero_grad()
             sched.step()
     return model.state_dict()
+
+
+def downpour_one_worker(fetch_every: int) -> dict[str, torch.Tensor]:
+    """Downpour of one worker (a push every step, a fetch every `fetch_every`) with the
+    script's plain SGD over two groups ("sgd-groups"), in this process: the server's model
+    steps each push at the groups' rates then; between fetches the worker's replica steps
+    its own gradient at the same rates. Returns the server's model, which the run stores."""
+    model, opt, sched = user_loop.build("sgd-groups")
+    server = {n: p.detach().clone() for n, p in model.named_parameters()}
+    data = user_loop.data()
+    sampler, steps = ShardSampler(len(data), 0, 1, seed=0), 0
+    for _ in range(EPOCHS):
+        order = list(sampler)
+        for step in range(len(order) // user_loop.BATCH):
+            x, y = data[order[step * user_loop.BATCH:(step + 1) * user_loop.BATCH]]
+            model.zero_grad()
+            F.mse_loss(model(x), y).backward()
+            steps += 1
+            with torch.no_grad():
+                for group in opt.param_groups:
+                    named = {id(p): n for n, p in model.named_parameters()}
+                    for p in group["params"]:
+                        server[named[id(p)]].add_(p.grad, alpha=-group["lr"])
+                        if steps % fetch_every:  # the replica's own step
+                            p.add_(p.grad, alpha=-group["lr"])
+                if steps % fetch_every == 0:
+                    for n, p in model.named_parameters():
+                        p.copy_(server[n])
+            with warnings.catch_warnings():  # it steps by hand, not through opt.step()
+                warnings.filterwarnings("ignore", "Detected call of", UserWarning)
+                sched.step()
+    return server
 
 
 def farthest(a: dict, b: dict) -> float:

@@ -23,7 +23,14 @@ from polyrhythm.errors import PolyrhythmError, RunFailed
 from polyrhythm.launch.local import process_name
 from polyrhythm.metrics.records import RunRecord
 from polyrhythm.metrics.store import RunStore
-from script_reference import EPOCHS, SCRIPT, farthest, one_process, user_loop
+from script_reference import (
+    EPOCHS,
+    SCRIPT,
+    downpour_one_worker,
+    farthest,
+    one_process,
+    user_loop,
+)
 
 
 def run(tmp_path: Path, *script_args: str, **config) -> dict:
@@ -43,6 +50,27 @@ def in_group(command: list[str], cwd: Path, env: dict) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     assert proc.returncode == 0, output.decode(errors="replace")[-2000:]
+
+
+def test_downpour_steps_a_scripts_replica_at_each_groups_rate_between_fetches(
+        tmp_path: Path) -> None:
+    """Between fetches a Downpour worker steps its replica with plain SGD: a script's SGD
+    over two groups (the biases at a fifth of the rate, both under a cosine schedule) at each
+    group's rate, as one process running Downpour's arithmetic does."""
+    summary = run(tmp_path, "--optimizer", "sgd-groups", strategy="downpour", workers=1,
+                  servers=1, fetch_every=2)
+    model = torch.load(RunRecord(tmp_path / "runs", summary["run_id"]).model_path)
+    assert farthest(model, downpour_one_worker(fetch_every=2)) <= 1e-6
+
+
+def test_downpour_between_fetches_refuses_a_scripts_optimizer_that_is_not_sgd(
+        tmp_path: Path) -> None:
+    with pytest.raises(RunFailed) as refused:
+        run(tmp_path, strategy="downpour", workers=1, servers=1, fetch_every=2)  # AdamW
+    assert ("ConfigError: downpour with fetch_every > 1 steps each worker's replica with "
+            "plain SGD between fetches (at each param group's lr), not AdamW: wrap a "
+            "torch.optim.SGD, or fetch every step") in str(refused.value)
+    assert "\n" not in str(refused.value)
 
 
 @pytest.mark.parametrize("epochs", [[], ["--plain-epochs"]])

@@ -56,9 +56,8 @@ class WorkerEngine:
         self.epoch = 0
         self.kept: dict[str, object] = {}  # more state the checkpoints keep (Job.keep)
         self.logged: dict[str, float] = {}  # the figures logged for the epoch now
-        # A script's optimizer's settings as its pushes carry them to servers (None: no
-        # servers step it).
-        self.hyper = None
+        self.hyper = None  # a script's optimizer's settings as pushes carry them (or None)
+        self.group_of: list[int] | None = None  # a script's: each parameter's param group
         # Seconds of this step's exchange made before its step (a script's clip of the mean
         # gradient): not compute.
         self.exchanged_early = 0.0
@@ -134,7 +133,9 @@ class WorkerEngine:
         self.start()
         began = self._begun if self._begun is not None else self._last
         if self.optimizer is not None:  # before begin_step, which reads them
-            self.strategy.rate = float(self.optimizer.param_groups[0]["lr"])
+            groups = self.optimizer.param_groups
+            self.strategy.rate = float(groups[0]["lr"])
+            self.strategy.rates = [float(groups[g]["lr"]) for g in self.group_of or ()]
             if self.hyper is not None:
                 self.strategy.hyper = self.hyper.values()
         if self._begun is None:  # a script: its gradients are final only now

@@ -37,7 +37,12 @@ from polyrhythm.errors import ConfigError
 from polyrhythm.flat import FlatParameters, RunningStatistics
 from polyrhythm.runtime.compute import EmulatedForward
 from polyrhythm.runtime.engine import OWN_STATE, WorkerEngine
-from polyrhythm.runtime.optimizers import Hyperparameters, UserOptimizer, optimizer_spec
+from polyrhythm.runtime.optimizers import (
+    Hyperparameters,
+    UserOptimizer,
+    optimizer_spec,
+    trained_parameters,
+)
 from polyrhythm.runtime.script_data import ShardSampler, shard_loader
 from polyrhythm.runtime.script_hooks import _ACTIVE, EpochOfBatches, wrapped_step
 from polyrhythm.strategies import STRATEGIES
@@ -115,11 +120,18 @@ class Job(WorkerEngine):
                 self.servers_spec = optimizer_spec(optimizer, self.flat, config.strategy.name)
                 self.hyper = Hyperparameters(optimizer)
                 ctx.push_hyper_words = self.servers_spec.push_words
+            self.group_of = trained_parameters(optimizer, self.flat)
             ctx.user_optimizer = UserOptimizer(optimizer, self.flat)
             optimizer._polyrhythm_job = self
             optimizer.step = types.MethodType(wrapped_step, optimizer)
         share = self._share = 1.0 / self.workers if batch_share is None else batch_share
         self.strategy = spec.build_worker(ctx, self.flat, share, config.strategy)
+        if optimizer is not None and self.strategy.local_sgd \
+                and type(optimizer) is not torch.optim.SGD:
+            raise ConfigError(f"{config.strategy.name} with fetch_every > 1 steps each "
+                              "worker's replica with plain SGD between fetches (at each param "
+                              f"group's lr), not {type(optimizer).__name__}: wrap a "
+                              "torch.optim.SGD, or fetch every step")
         self._emulate_compute(model)
         _ACTIVE[:] = [self]
         return model, optimizer

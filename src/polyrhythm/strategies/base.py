@@ -38,6 +38,12 @@ class Strategy(ABC):
     """
 
     rate: float | None = None
+    # Where the run is a user's script: each parameter's rate now (its param group's lr, its
+    # scheduler's), in flat order; None where the run's [optimizer] schedule is followed.
+    rates: list[float] | None = None
+    # Steps each worker's replica with plain SGD between exchanges (Downpour between
+    # fetches): a script's optimizer must then be SGD, whose groups' rates it follows.
+    local_sgd = False
     # A script's optimizer's settings now (runtime/optimizers.py Hyperparameters.values),
     # which pushes carry to servers; None where none ride.
     hyper: list[float] | None = None

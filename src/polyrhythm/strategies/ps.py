@@ -172,6 +172,7 @@ class ParameterServerWorker(Strategy):
         flat, s = self.flat, self.settings
         self.link = ServerLink(self.ctx, flat, self.batch_weight, replies_are_the_model=True)
         self.cadence = PushFetch(s.get("push_every", 1), s.get("fetch_every", 1))
+        self.local_sgd = self.cadence.fetch.every > 1
         self.grad = torch.zeros(len(flat))  # gradients since the last push
         # Which buckets each parameter feeds, and how many parameters each bucket waits for.
         buckets = self.link.buckets
@@ -259,10 +260,19 @@ class ParameterServerWorker(Strategy):
         if self.fetching:
             link.wait_replies(self.flat.data)
         else:  # Downpour between fetches: step the local replica
-            # At a script's rate (its scheduler's), else the run's schedule's.
-            lr = lr_at(self.ctx.config.optimizer, epoch) if self.rate is None else self.rate
             with self.ctx.spans("apply"):
-                self.flat.data.add_(self.flat.grad(), alpha=-lr)
+                self._local_sgd(epoch)
+
+    def _local_sgd(self, epoch: int) -> None:
+        """A plain SGD step of the replica on this step's gradient: at each parameter's rate
+        in a script (its group's lr, its scheduler's), else at the run's schedule's."""
+        grad = self.flat.grad()
+        rates = self.rates or [lr_at(self.ctx.config.optimizer, epoch)]
+        if len(set(rates)) == 1:  # one rate: one pass over the whole model
+            self.flat.data.add_(grad, alpha=-rates[0])
+            return
+        for (a, b), lr in zip(self.flat.ranges, rates, strict=True):
+            self.flat.data[a:b].add_(grad[a:b], alpha=-lr)
 
     @property
     def stopped(self) -> bool:
