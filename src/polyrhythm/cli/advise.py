@@ -8,13 +8,15 @@ import json
 from dataclasses import replace
 
 from polyrhythm.cli.flags import add_component_flags, config_flags, list_of
+from polyrhythm.compression import COMPRESSORS
 from polyrhythm.errors import ConfigError
 from polyrhythm.units import duration
 
+# The compressors paired with each option unless told (--compressors), with their defaults.
+COMPRESSORS_ADVISED = tuple(spec.name for spec in COMPRESSORS.values() if spec.advised)
+
 DEFAULT_EPOCH_SAMPLES = 50_000  # CIFAR-10's training set
 DEFAULT_BANDWIDTH = "1gbit"
-# The compressors paired with each option unless told (--compressors), with their defaults.
-COMPRESSORS_ADVISED = ("none", "fp16", "topk", "qsgd", "powersgd")
 
 
 def add_parser(commands) -> None:

@@ -25,7 +25,6 @@ import torch
 from polyrhythm.comm.transport import NATIVE, WORKERS, Transport
 from polyrhythm.compression import COMPRESSORS
 from polyrhythm.compression.wire import GATHER, LOWRANK, SUM, codec_seed, extent_of
-from polyrhythm.settings import load_object
 
 COLLECTIVE = 3  # codec_seed's role
 
@@ -46,7 +45,7 @@ class CompressedAllReduce:
         extent = extent_of(0, numel, shapes)
         # Summands and PowerSGD's first Qs must be drawn alike everywhere; a gathered
         # codec's draws (QSGD's rounding) are independent between workers.
-        alike = load_object(spec.codec).reduce in (SUM, LOWRANK)
+        alike = spec.wire.reduce in (SUM, LOWRANK)
         self.codec = spec.build(settings, extent, codec_seed(seed, COLLECTIVE,
                                                              0 if alike else worker + 1))
         self.residual = torch.zeros(numel) if spec.error_feedback(settings) else None

@@ -17,13 +17,12 @@ import torch
 
 from polyrhythm.compression.wire import (
     CHUNK,
-    GATHER,
-    SUM,
     Extent,
     chunks,
     kept,
     payload_words,
     qsgd_bits,
+    wire_format,
 )
 
 
@@ -31,11 +30,11 @@ class Codec:
     """One compressor's encoding of `extent`'s values (`settings`: the run's [compression])."""
 
     name = "none"
-    reduce = GATHER
 
     def __init__(self, settings, extent: Extent, seed: int) -> None:
         self.settings, self.extent, self.numel = settings, extent, extent.numel
         self.words = payload_words(self.name, settings, extent)
+        self.reduce = wire_format(self.name).reduce  # how an all-reduce carries it
         self.generator = torch.Generator().manual_seed(seed)
 
     def encode(self, values: torch.Tensor, out: torch.Tensor) -> None:
@@ -65,7 +64,6 @@ class Codec:
 class Dense(Codec):
     """No compression: the float32 values as they are (the run without a compressor)."""
 
-    reduce = SUM
 
     def encode(self, values: torch.Tensor, out: torch.Tensor) -> None:
         out.copy_(values)
@@ -84,7 +82,6 @@ class Half(Codec):
     """IEEE half precision: two values a word (round to nearest even; beyond ±65504, inf)."""
 
     name = "fp16"
-    reduce = SUM
     dtype = torch.float16
 
     def encode(self, values: torch.Tensor, out: torch.Tensor) -> None:
@@ -136,7 +133,6 @@ class RandomK(Codec):
     generators are seeded alike), so only the values travel and they add up."""
 
     name = "randomk"
-    reduce = SUM
 
     def __init__(self, *args) -> None:
         super().__init__(*args)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from polyrhythm.compression.codecs import Codec
-from polyrhythm.compression.wire import LOWRANK, compressed_matrices, lowrank_sizes
+from polyrhythm.compression.wire import compressed_matrices, lowrank_sizes
 
 # Gram-Schmidt's guard: a column of (nearly) zeros stays zero instead of dividing by zero.
 EPSILON = 1e-8
@@ -37,7 +37,6 @@ class PowerSGD(Codec):
     """Rank-r factors of each matrix; warm-started Qs are the codec's state."""
 
     name = "powersgd"
-    reduce = LOWRANK
 
     def __init__(self, *args) -> None:
         super().__init__(*args)

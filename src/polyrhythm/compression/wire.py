@@ -12,7 +12,7 @@ PowerSGD hook views it).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 WORD = 4  # bytes: a message is float32 words
@@ -99,26 +99,6 @@ def lowrank_sizes(extent: Extent, rank: int) -> tuple[int, int, int]:
     return plain, sum(m.rows * r for m, r in chosen), sum(m.cols * r for m, r in chosen)
 
 
-def payload_words(name: str, settings: Mapping[str, Any], extent: Extent) -> int:
-    """Words of a point-to-point message of `extent`'s values under compressor `name`."""
-    n = extent.numel
-    if name == "none":
-        return n
-    if name in ("fp16", "bf16"):
-        return words(2 * n)
-    if name == "topk":  # an int32 index and a value each
-        return 2 * kept(settings["ratio"], n)
-    if name == "randomk":  # the values, and the seed that draws their indices
-        return kept(settings["ratio"], n) + 1 if n else 0
-    if name == "signsgd":  # a scale per chunk, a bit per value
-        return chunks(n) + words(-(-n // 8))
-    if name == "qsgd":  # a norm per chunk, sign and level per value
-        return chunks(n) + words(-(-n * qsgd_bits(settings["levels"]) // 8))
-    if name == "powersgd":
-        return sum(lowrank_sizes(extent, settings["rank"]))
-    raise ValueError(f"unknown compressor {name!r}")
-
-
 # How an all-reduce carries a compressor's messages:
 # - SUM: the encoded values add up as they are (half precision; random-k's values at indices
 #   every worker draws alike): one all-reduce of them;
@@ -127,29 +107,74 @@ def payload_words(name: str, settings: Mapping[str, Any], extent: Extent) -> int
 # - LOWRANK: PowerSGD's two all-reduces, of the P factors (with the plain values), then of Q.
 SUM, GATHER, LOWRANK = "sum", "gather", "lowrank"
 
+Size = Callable[[Mapping[str, Any], Extent], int]  # (the compressor's settings, an extent)
+
+
+class WireFormat(NamedTuple):
+    """A compressor's messages, as its declaration gives them (compression/__init__.py):
+    `payload`, the words of a point-to-point message of an extent; `reduce`, how an
+    all-reduce carries them; for SUM, `summed`, the values summed (the payload's by default)
+    and `summand`, the bytes of one as the all-reduce moves it."""
+
+    payload: Size
+    reduce: str = GATHER
+    summed: Size | None = None
+    summand: int = WORD
+
+    def all_reduce_parts(self, settings: Mapping[str, Any],
+                         extent: Extent) -> list[tuple[str, int]]:
+        """What an all-reduce of `extent`'s values moves: (SUM, bytes) for each all-reduce,
+        or (GATHER, bytes of one worker's message) for the gather."""
+        if self.reduce == LOWRANK:
+            plain, p, q = lowrank_sizes(extent, settings["rank"])
+            return [(SUM, WORD * (plain + p)), (SUM, WORD * q)]
+        if self.reduce == SUM:
+            summed = (self.summed or self.payload)(settings, extent)
+            return [(SUM, self.summand * summed)]
+        return [(GATHER, WORD * self.payload(settings, extent))]
+
+
+def _randomk(settings: Mapping[str, Any], extent: Extent) -> int:
+    """The values, and the seed that draws their indices."""
+    return kept(settings["ratio"], extent.numel) + 1 if extent.numel else 0
+
+
+# Each registered compressor's format (compression/__init__.py declares which).
+DENSE = WireFormat(lambda s, e: e.numel, SUM)
+HALF = WireFormat(lambda s, e: words(2 * e.numel), SUM, summed=lambda s, e: e.numel,
+                  summand=2)
+TOP_K = WireFormat(lambda s, e: 2 * kept(s["ratio"], e.numel))  # an int32 index, a value each
+# Every worker draws the same indices: an all-reduce sums the values, and no seed travels.
+RANDOM_K = WireFormat(_randomk, SUM, summed=lambda s, e: kept(s["ratio"], e.numel))
+SIGNS = WireFormat(lambda s, e: chunks(e.numel) + words(-(-e.numel // 8)))  # scale, bits
+QSGD_LEVELS = WireFormat(  # a norm per chunk, sign and level per value
+    lambda s, e: chunks(e.numel) + words(-(-e.numel * qsgd_bits(s["levels"]) // 8)))
+LOW_RANK = WireFormat(lambda s, e: sum(lowrank_sizes(e, s["rank"])), LOWRANK)
+
+
+def wire_format(name: str) -> WireFormat:
+    """The format of registered compressor `name`."""
+    from polyrhythm.compression import COMPRESSORS  # which declares it (and imports this)
+
+    return COMPRESSORS[name].wire
+
+
+def payload_words(name: str, settings: Mapping[str, Any], extent: Extent) -> int:
+    """Words of a point-to-point message of `extent`'s values under compressor `name`."""
+    return wire_format(name).payload(settings, extent)
+
 
 def all_reduce_parts(name: str, settings: Mapping[str, Any],
                      extent: Extent) -> list[tuple[str, int]]:
-    """What an all-reduce of `extent`'s values under `name` moves: (SUM, bytes) for each
-    all-reduce, or (GATHER, bytes of one worker's message) for the gather."""
-    n = extent.numel
-    if name == "none":
-        return [(SUM, WORD * n)]
-    if name in ("fp16", "bf16"):
-        return [(SUM, 2 * n)]
-    if name == "randomk":  # every worker draws the same indices: no seed travels
-        return [(SUM, WORD * kept(settings["ratio"], n))]
-    if name == "powersgd":
-        plain, p, q = lowrank_sizes(extent, settings["rank"])
-        return [(SUM, WORD * (plain + p)), (SUM, WORD * q)]
-    return [(GATHER, WORD * payload_words(name, settings, extent))]
+    """What an all-reduce of `extent`'s values under `name` moves (WireFormat)."""
+    return wire_format(name).all_reduce_parts(settings, extent)
 
 
 def summand_bytes(name: str) -> int:
     """Bytes of one value of a SUM codec's summand as an all-reduce moves it (half precision:
     two; random-k's values and dense ones: a word): what the simulator schedules a SUM part's
     all-reduce by, as the real one is scheduled by its tensor's values."""
-    return 2 if name in ("fp16", "bf16") else WORD
+    return wire_format(name).summand
 
 
 def bucket_words(settings: Mapping[str, Any], buckets: Sequence[tuple[int, int, int]],
