@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from polyrhythm.comm.messages import PUSH_HEADER, RUN_SCHEDULE
+from polyrhythm.comm.messages import PUSH_HEADER
 from polyrhythm.config import make_config
 from polyrhythm.context import RankContext, Topology
 from polyrhythm.runtime import server as real_server
@@ -126,8 +126,7 @@ class Replay:
         self.next += 1
         inbox = torch.randn(self.numel, generator=self.values)
         inbox[:PUSH_HEADER] = torch.tensor([kind, clock, pulled,
-                                            self.scenario.weights[worker], *(key or [0]),
-                                            RUN_SCHEDULE])
+                                            self.scenario.weights[worker], *(key or [0])])
         self.replies.append([])
         return self.servers + worker, inbox
 

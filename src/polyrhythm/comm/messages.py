@@ -1,11 +1,12 @@
 """Parameter-server message layout, shared by servers and workers (float32 tensors):
 
-  push  = [kind, clock, pulled version, weight, bucket, lr, values ..., padding]
+  push  = [kind, clock, pulled version, weight, bucket, settings ..., values ..., padding]
           worker -> server, tag 0; padded to the server's largest bucket, so one receive
-          buffer per worker fits every push of that worker; `lr` is the rate the worker's
-          optimizer steps at now (a script's scheduler drives the servers' rate through
-          it: runtime/script.py), RUN_SCHEDULE (negative) where the servers follow the
-          run's own schedule
+          buffer per worker fits every push of that worker; `settings`, only in a script
+          that wraps its optimizer, are every number of every param group of it now (its
+          scheduler's rates among them, each a float64 in two words: runtime/optimizers.py
+          Hyperparameters), which the servers step at; without them the servers follow the
+          run's own [optimizer] schedule
   reply = [version, over, progress, parameter slice ...]
           server -> worker, tag = bucket id, so replies may arrive in any order; `over` is
           1 once the server has ended training (k-BSP and backup workers: the run's rounds
@@ -29,8 +30,7 @@ One tensor per message keeps a push to one round trip; float32 holds the integer
 fields exactly up to 2**24 (16.7 million clocks, versions or buckets).
 """
 
-PUSH_HEADER = 6
-RUN_SCHEDULE = -1.0  # a push's lr: the servers' own schedule (0 is a rate: a cosine's end)
+PUSH_HEADER = 5
 REPLY_HEADER = 3
 HANDOVER = 1 << 20  # a tag no bucket id reaches
 HANDOVER_HEADER = 2

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import torch
 
-from polyrhythm.comm.messages import REPLY_HEADER, RUN_SCHEDULE
+from polyrhythm.comm.messages import REPLY_HEADER
 from polyrhythm.compression.buckets import BucketCodecs
 from polyrhythm.optim import Updater, lr_at, updater
 from polyrhythm.strategies.consistency import ConsistencyPolicy
@@ -51,8 +51,9 @@ class Bucket:
         self.pending_share = 0.0  # the sum of weight x scale: global batches' worth of step
         self.version = 0  # weight updates applied so far
         self.progress = 0.0  # global batches' worth of gradient applied (drives lr decay)
-        self.lr = RUN_SCHEDULE  # the rate the last push carried (a script's scheduler)
-        self.hyper: list[float] | None = None  # the settings it carried (a script's optimizer)
+        # The settings the last push carried (a script's optimizer's, its scheduler's rates
+        # among them); None: the run's [optimizer] schedule.
+        self.hyper: list[float] | None = None
         # Compressed replies: each worker's [version, over, progress, encoded change].
         self.replies = None
         if codecs is not None and codecs.replies is not None:
@@ -86,15 +87,14 @@ class Bucket:
         return box
 
     def accumulate(self, grad: torch.Tensor, weight: float, scale: float = 1.0,
-                   lr: float = RUN_SCHEDULE, hyper: list[float] | None = None, *,
+                   hyper: list[float] | None = None, *,
                    worker: int = 0, applied_next: bool = False) -> None:
         """Add `worker`'s gradient with its batch weight; `scale` shrinks its step, not its
-        weight; `lr`, the rate its worker's optimizer steps at now (RUN_SCHEDULE: the run's
-        schedule's); `hyper`, every setting of its optimizer's groups now (a script's: the
-        update steps at its last push's). `applied_next`: `apply` comes before `grad` is
-        written again (a push alone in its update may then be the update itself:
-        ServerUpdate.add)."""
-        self.lr, self.hyper = lr, hyper
+        weight; `hyper`, every setting of its worker's optimizer's groups now (a script's:
+        the update steps at its last push's; None: at the run's schedule). `applied_next`:
+        `apply` comes before `grad` is written again (a push alone in its update may then be
+        the update itself: ServerUpdate.add)."""
+        self.hyper = hyper
         alone = applied_next and weight == 1 and scale == 1 and not self.pending_weight
         self.server_update.add(grad[:self.stop - self.start], weight, scale, worker, alone)
         self.pending_weight += weight
@@ -103,10 +103,9 @@ class Bucket:
     def apply(self, optimizer, steps_per_epoch: int) -> None:
         """Apply the pending update (`optimizer`: the run's optimizer settings)."""
         before = self.weights.clone() if self.policy.tracks_change else None
-        lr = self.lr
-        if lr < 0:  # the run's schedule, at the epoch the progress is in (small tolerance:
-            # weights like 1/3 do not sum to exact integers in floating point)
-            lr = lr_at(optimizer, math.floor(self.progress / steps_per_epoch + 1e-6))
+        # The run's schedule, at the epoch the progress is in (small tolerance: weights like
+        # 1/3 do not sum to exact integers in floating point); a push's settings win over it.
+        lr = lr_at(optimizer, math.floor(self.progress / steps_per_epoch + 1e-6))
         self.server_update.apply(lr, self.hyper, self.pending_weight, self.pending_share)
         if before is not None:
             self.policy.on_update(float((self.weights - before).abs().max()))

@@ -134,7 +134,6 @@ class WorkerEngine:
         began = self._begun if self._begun is not None else self._last
         if self.optimizer is not None:  # before begin_step, which reads them
             groups = self.optimizer.param_groups
-            self.strategy.rate = float(groups[0]["lr"])
             self.strategy.rates = [float(groups[g]["lr"]) for g in self.group_of or ()]
             if self.hyper is not None:
                 self.strategy.hyper = self.hyper.values()

@@ -134,17 +134,18 @@ class ParameterServerShard:
                 del unfinished[gone.rank]
                 continue
             worker = topology.worker_index(src)
-            kind, clock, pulled, weight, key, lr = inbox[:PUSH_HEADER].tolist()
+            kind, clock, pulled, weight, key = inbox[:PUSH_HEADER].tolist()
             kind, bucket = int(kind), self.buckets[int(key)]
             served = serve(bucket, self.course, kind, worker, int(clock), int(pulled), weight)
             if served.decision.accumulate:  # before the release: the values are in `inbox`
                 values = inbox[head:]
-                hyper = (inbox[PUSH_HEADER:head].view(torch.float64).tolist()
+                # Copied out first: float64 words after an odd header are not 8-byte aligned.
+                hyper = (inbox[PUSH_HEADER:head].clone().view(torch.float64).tolist()
                          if head > PUSH_HEADER else None)
                 if bucket.codecs is not None:
                     with self.ctx.spans("compress"):
                         values = bucket.codecs.gradient(values)
-                bucket.accumulate(values, weight, served.decision.scale, lr, hyper,
+                bucket.accumulate(values, weight, served.decision.scale, hyper,
                                   worker=worker, applied_next=served.update)
                 self.staleness.record(served.staleness)
                 if self.record:

@@ -38,7 +38,7 @@ from polyrhythm.compression.wire import (
     summand_bytes,
 )
 
-HEADER = 6 * WORD  # a push's header (comm/messages.py PUSH_HEADER)
+HEADER = 5 * WORD  # a push's header (comm/messages.py PUSH_HEADER)
 REPLY_HEADER = 3 * WORD  # a reply's (REPLY_HEADER)
 
 

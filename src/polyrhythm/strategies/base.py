@@ -32,12 +32,11 @@ class Strategy(ABC):
     when it returns, the model holds the parameters for the next step. `batch_weight` is the
     worker's share of the global batch (b_i / B), so weighted gradients sum to the global mean.
     `settings` are the strategy's own (its declared parameters). A strategy talks to servers
-    and peers only through `ctx.transport`. `rate`: where the run is a user's script, the
-    rate its optimizer steps at now (its scheduler's), which servers step at too; None where
-    they follow the run's [optimizer] schedule.
+    and peers only through `ctx.transport`. Where the run is a user's script, `rates` and
+    `hyper` are its optimizer's settings now (its scheduler's), which a worker's own steps
+    and its pushes follow; None where the run's [optimizer] schedule is followed.
     """
 
-    rate: float | None = None
     # Where the run is a user's script: each parameter's rate now (its param group's lr, its
     # scheduler's), in flat order; None where the run's [optimizer] schedule is followed.
     rates: list[float] | None = None

@@ -14,7 +14,7 @@ from functools import partial
 
 import torch
 
-from polyrhythm.comm.messages import PUSH_HEADER, REPLY_HEADER, RUN_SCHEDULE
+from polyrhythm.comm.messages import PUSH_HEADER, REPLY_HEADER
 from polyrhythm.comm.transport import WORKERS
 from polyrhythm.compression.buckets import WorkerCodecs, compressing
 from polyrhythm.compression.wire import bucket_words
@@ -65,8 +65,7 @@ class ServerLink:
         self.sends: list = [None] * len(self.buckets)
         self.receives: list = []
         self.first_sent: float | None = None  # when the first message left (ctx.now())
-        self.lr = RUN_SCHEDULE  # the rate pushes carry (a script's scheduler's)
-        self.hyper: torch.Tensor | None = None  # the settings they carry (float64 words)
+        self.hyper: torch.Tensor | None = None  # the settings pushes carry (float64 words)
 
     def expect_replies(self) -> None:
         """Post every bucket's receive before sending, so a reply never waits for it."""
@@ -80,7 +79,7 @@ class ServerLink:
         (None: a gradient already written into the outbox, see `payload`)."""
         server, a, b = self.buckets[k]
         box = self.outbox[k]
-        box[:PUSH_HEADER] = torch.tensor([kind, clock, self.pulled[k], self.weight, k, self.lr])
+        box[:PUSH_HEADER] = torch.tensor([kind, clock, self.pulled[k], self.weight, k])
         if self.hyper is not None:
             box[PUSH_HEADER:self.head] = self.hyper
         head = self.head
@@ -194,7 +193,6 @@ class ParameterServerWorker(Strategy):
             p.register_post_accumulate_grad_hook(partial(self._on_grad, i))
 
     def begin_step(self, epoch: int) -> None:
-        self.link.lr = RUN_SCHEDULE if self.rate is None else self.rate
         if self.hyper is not None:  # exact: each a float64 in two words
             self.link.hyper = torch.tensor(self.hyper, dtype=torch.float64).view(torch.float32)
         self.pushing, self.fetching = self.cadence.step()

@@ -65,7 +65,7 @@ class SwitchWorker(Strategy):
 
     def begin_step(self, epoch: int) -> None:
         # A script's scheduler's rate and settings, which pushes carry.
-        self.current.rate, self.current.hyper = self.rate, self.hyper
+        self.current.rates, self.current.hyper = self.rates, self.hyper
         self.current.begin_step(epoch)
 
     def gradients_ready(self) -> None:
