@@ -24,9 +24,9 @@ from polyrhythm.config import make_config
 from polyrhythm.metrics.records import STORE_NAME
 from polyrhythm.metrics.store import RunStore
 
-STRATEGY_NAMES = ["allreduce", "asp", "backup", "bsp", "downpour", "dpsgd", "easgd", "gossip",
-                  "kasp", "kbsp", "localsgd", "mapreduce", "reduce-broadcast", "ring",
-                  "softsync", "ssp", "switch", "tree"]
+STRATEGY_NAMES = ["allreduce", "asp", "backup", "bsp", "dcasgd", "downpour", "dpsgd", "easgd",
+                  "gossip", "kasp", "kbsp", "localsgd", "mapreduce", "reduce-broadcast", "ring",
+                  "softsync", "ssp", "switch", "tree", "tree-easgd"]
 MODEL_NAMES = ["cnn", "mlp"]
 DATASET_NAMES = ["cifar10", "cifar100", "digits", "mnist5k", "synthetic"]
 EARLIER_RUN = "20200101-000000-bsp-earlier"

@@ -7,18 +7,14 @@ from pathlib import Path
 from typing import Any
 
 from polyrhythm.config import RunConfig, layered, load_config, unread_by_a_script
-from polyrhythm.config.spark import check_spark_settings, on_spark
+from polyrhythm.config.spark import check_spark_settings
 from polyrhythm.data.datasets import open_source
 from polyrhythm.data.plan import check_split
 from polyrhythm.data.splitters import splitter
 from polyrhythm.errors import ConfigError
 from polyrhythm.launch import runlock
-from polyrhythm.launch.cluster import can_emulate
-from polyrhythm.launch.emulated import launch_emulated
-from polyrhythm.launch.local import launch_local
-from polyrhythm.launch.progress import ProgressBoard
-from polyrhythm.launch.scripts import ScriptCall, launch_script, script_on_cluster
-from polyrhythm.launch.spark import launch_spark, spark_check
+from polyrhythm.launch.launchers import launcher_of
+from polyrhythm.launch.scripts import ScriptCall
 from polyrhythm.losses import LOSSES
 from polyrhythm.metrics.records import (
     RunRecord,
@@ -67,15 +63,9 @@ def train(config: RunConfig | dict | str | Path | None = None, *, show_progress:
     splitter(config.data.sharding or "random")
     if config.compute_from is not None:
         measured_compute(config.out, config.compute_from)
-    if on_spark(config):
-        spark_check(config, source)
-        return launch_spark(config, start_run(config), show_progress)
-    if config.cluster.hosts:
-        can_emulate()
-        return launch_emulated(config, start_run(config), show_progress)
-    record = start_run(config)
-    board = ProgressBoard(config.workers, enabled=True) if show_progress else None
-    return launch_local(config, record, board)
+    launcher = launcher_of(config)
+    launcher.check(config, source)
+    return launcher.train(config, start_run(config), show_progress)
 
 
 def run_script(script: str | Path, args: list[str] | None = None,
@@ -93,19 +83,12 @@ def run_script(script: str | Path, args: list[str] | None = None,
         raise ConfigError(f"{' and '.join(unread)} set polyrhythm train's own job; a script's "
                           "batch size, data, model and loss are its own (its loader's "
                           "batch_size, ...): drop " + ("them" if len(unread) > 1 else "it"))
-    if on_spark(config):
-        raise ConfigError("a script runs on this machine, an emulated cluster or torchrun, "
-                          "not on Spark (mapreduce and --launcher spark train polyrhythm "
-                          "train's job)")
-    if config.cluster.hosts:
-        can_emulate()
+    launcher = launcher_of(config)
+    launcher.check(config, script=True)
     if config.compute_from is not None:  # the run to replay, before this one is recorded
         measured_compute(config.out, config.compute_from)
     record, call = start_run(config, script=str(path)), ScriptCall.here(path, list(args or []))
-    if config.cluster.hosts:
-        return launch_emulated(config, record, show_progress=True,
-                               program=script_on_cluster(config, record, call))
-    return launch_script(config, record, call)
+    return launcher.script(config, record, call)
 
 
 # What a resumed run may change: the servers (the flat model is re-sliced), and how long and
@@ -127,10 +110,7 @@ def resume(run_id: str, out: str | Path = "runs", *, show_progress: bool = False
                           f"it with `polyrhythm run --resume {run_id}`")
     config, point, done = _reopened(record, out, overrides, RESUMABLE, say)
     say(f"resuming run {run_id} after epoch {done} of {config.epochs}")
-    if config.cluster.hosts:
-        return launch_emulated(config, record, show_progress, resume=point)
-    board = ProgressBoard(config.workers, enabled=True) if show_progress else None
-    return launch_local(config, record, board, resume=point)
+    return launcher_of(config).train(config, record, show_progress, resume=point)
 
 
 def resume_script(run_id: str, out: str | Path = "runs", *, say=print,
@@ -150,10 +130,7 @@ def resume_script(run_id: str, out: str | Path = "runs", *, say=print,
     # The ranks run in the script's folder, maybe not this one: they find the store by an
     # absolute path.
     config = resolve_config(config, out=str(Path(out).resolve()))
-    if config.cluster.hosts:
-        return launch_emulated(config, record, show_progress=True,
-                               program=script_on_cluster(config, record, call, resume=point))
-    return launch_script(config, record, call, resume=point)
+    return launcher_of(config).script(config, record, call, resume=point)
 
 
 def _stored_run(run_id: str, out: str | Path) -> RunRecord:
@@ -173,12 +150,12 @@ def _reopened(record: RunRecord, out: str | Path, overrides: dict, resumable: se
         raise ConfigError(f"a resumed run keeps its config: {', '.join(sorted(changed))} "
                           f"cannot change (only {', '.join(sorted(resumable))} can)")
     stored = load_config(record.dir / "config.toml", out=str(out))
-    if on_spark(stored):  # the Spark launcher starts runs afresh only
-        raise ConfigError(f"run {record.run_id} ran on Spark, which cannot resume a run: "
-                          "start it again")
+    launcher = launcher_of(stored)
+    if not launcher.resumes:
+        raise ConfigError(f"run {record.run_id} ran on {launcher.title}, which cannot resume "
+                          "a run: start it again")
     config = resolve_config(stored, **overrides)
-    if config.cluster.hosts:
-        can_emulate()
+    launcher_of(config).check(config)
     check_resumable(record)
     # A killed launcher's ranks leave once they see it gone (on an emulated cluster its
     # janitor ends them): wait for them, so that none writes a checkpoint any more when the
