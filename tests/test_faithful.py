@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from polyrhythm import api
 from polyrhythm.errors import ConfigError, RunFailed
-from polyrhythm.launch.script import job_config
+from polyrhythm.launch.script_rank import job_config
 from polyrhythm.metrics.records import RunRecord
 from polyrhythm.runtime.script import Job
 from polyrhythm.runtime.script_data import ShardSampler

@@ -17,7 +17,7 @@ from polyrhythm.strategies.consistency import AsynchronousPolicy
 
 TOY_STRATEGY = StrategySpec(
     "toy", "a toy asynchronous parameter server", source="this test",
-    worker="polyrhythm.strategies.ps:ParameterServerWorker",
+    worker="polyrhythm.strategies.ps_worker:ParameterServerWorker",
     policy=lambda settings, workers: AsynchronousPolicy(workers),
     params=(Param("toy_damping", float, "how much the toy damps each push", 0.25,
                   rule=within(0, 1, high_open=True)),))

@@ -1,4 +1,4 @@
-"""A user's own training script as a polyrhythm job (runtime/script.py, launch/script.py):
+"""A user's own training script as a polyrhythm job (runtime/script.py, launch/script_rank.py):
 what it trains equals what DDP and one process train, and each misuse is one line."""
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from polyrhythm import api
 from polyrhythm.cli import main
 from polyrhythm.config import make_config
 from polyrhythm.errors import ConfigError, RunFailed
-from polyrhythm.launch.scripts import ScriptCall
+from polyrhythm.launch.script_launcher import ScriptCall
 from polyrhythm.metrics.records import RunRecord, fail_run, start_run
 from polyrhythm.metrics.store import RunStore
 

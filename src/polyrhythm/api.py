@@ -14,7 +14,7 @@ from polyrhythm.data.splitters import splitter
 from polyrhythm.errors import ConfigError
 from polyrhythm.launch import runlock
 from polyrhythm.launch.launchers import launcher_of
-from polyrhythm.launch.scripts import ScriptCall
+from polyrhythm.launch.script_launcher import ScriptCall
 from polyrhythm.losses import LOSSES
 from polyrhythm.metrics.records import (
     RunRecord,

@@ -4,7 +4,7 @@
           worker -> server, tag 0; padded to the server's largest bucket, so one receive
           buffer per worker fits every push of that worker; `settings`, only in a script
           that wraps its optimizer, are every number of every param group of it now (its
-          scheduler's rates among them, each a float64 in two words: runtime/optimizers.py
+          scheduler's rates among them, each a float64 in two words: runtime/user_optimizer.py
           Hyperparameters), which the servers step at; without them the servers follow the
           run's own [optimizer] schedule
   reply = [version, over, progress, parameter slice ...]
@@ -18,7 +18,7 @@
               optimizer state (SGD's momentum; Adam's two moments) that state of each
               bucket ..., then the optimizer's scalars (Adam's step count)]
           worker 0 -> server, tag HANDOVER, once, in a Strategy-Switch run
-          (strategies/switch.py): the state the server starts from, its buckets in order;
+          (strategies/switch_worker.py): the state the server starts from, its buckets in order;
           `switched` is 0 when the run ended before its switch (the server then only holds
           the final model), `steps` the global steps taken so far
 

@@ -21,7 +21,7 @@ from multiprocessing import forkserver
 # Imported once by the forkserver; every rank is forked with them loaded: a built-in job's
 # (local, rank) and a script's (preloaded, and script: what polyrhythm.init() imports).
 PRELOAD = ["polyrhythm.launch.local", "polyrhythm.launch.rank", "polyrhythm.launch.preloaded",
-           "polyrhythm.launch.script"]
+           "polyrhythm.launch.script_rank"]
 CHILD_ENVIRONMENT = {"GOMP_SPINCOUNT": "10000", "GLOO_SOCKET_IFNAME": "lo"}
 
 

@@ -16,7 +16,7 @@ from polyrhythm.launch.cluster import can_emulate
 from polyrhythm.launch.emulated import launch_emulated
 from polyrhythm.launch.local import launch_local
 from polyrhythm.launch.progress import ProgressBoard
-from polyrhythm.launch.scripts import ScriptCall, launch_script, script_on_cluster
+from polyrhythm.launch.script_launcher import ScriptCall, launch_script, script_on_cluster
 from polyrhythm.launch.spark import launch_spark, spark_check
 from polyrhythm.metrics.records import RunRecord
 from polyrhythm.runtime.checkpoint import Resume
@@ -46,7 +46,7 @@ class Launcher:
 
 
 class Local(Launcher):
-    """This machine's processes on loopback (launch/local.py, launch/scripts.py)."""
+    """This machine's processes on loopback (launch/local.py, launch/script_launcher.py)."""
 
     name, title = "local", "this machine"
 

@@ -94,7 +94,7 @@ def _run_script(script: str, args: list[str], cwd: str, env: dict[str, str],
     _fresh_state(env)
     _join_before_stepping()
     code = _main(script)
-    if (joined := sys.modules.get("polyrhythm.launch.script")) is not None:
+    if (joined := sys.modules.get("polyrhythm.launch.script_rank")) is not None:
         joined.EXIT_STATUS.append(code)  # a job its script forgot to finish: finished if 0
     for thread in threading.enumerate():  # the interpreter waits for non-daemon threads
         if thread is not threading.current_thread() and not thread.daemon:
@@ -146,13 +146,13 @@ def _join_before_stepping() -> None:
     from torch.optim.optimizer import register_optimizer_step_pre_hook
 
     def check(optimizer, args, kwargs) -> None:
-        joined = sys.modules.get("polyrhythm.launch.script")
+        joined = sys.modules.get("polyrhythm.launch.script_rank")
         if joined is not None and joined.joined():
             return
         from pathlib import Path
 
         from polyrhythm.launch.failures import mark_joined
-        from polyrhythm.launch.script import ENV_CONFIG
+        from polyrhythm.launch.script_rank import ENV_CONFIG
 
         # The config file lies in the run's folder, where the launcher looks for marks; it
         # says the one line (no traceback: nothing failed in the script itself).

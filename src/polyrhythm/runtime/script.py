@@ -2,7 +2,7 @@
 worker) wraps the script's model and optimizer so that `opt.step()` makes the strategy's
 exchange, hands out this worker's shard of the data, counts its steps and epochs, keeps what
 the script logs, writes its checkpoints and reports what it did. What joins the job and what
-happens on server ranks is launch/script.py's. polyrhythm train's built-in job is a script on
+happens on server ranks is launch/script_rank.py's. polyrhythm train's built-in job is a script on
 this class too (runtime/builtin.py): there is one worker loop.
 
 The script's loop stays the script's: its forward, its loss, its backward, gradient clipping
@@ -10,7 +10,7 @@ or accumulation, its scheduler. At `opt.step()` the gradients in the model are t
 (after whatever the script did to them); the strategy sends them or all-reduces them, and the
 model holds the next parameters when the call returns. Where the workers step an optimizer
 themselves (all-reduce, local SGD, ...), it is the script's; where servers do, they rebuild
-it on their slices (runtime/optimizers.py) and step at the rate each push carries: the
+it on their slices (runtime/user_optimizer.py) and step at the rate each push carries: the
 script's group 0 rate as its scheduler left it (the other groups keep their ratio to it).
 A script may also leave the optimizer to the run (`job.wrap(model)`, then `job.step()`): the
 [optimizer] settings and schedule, as polyrhythm train's job does. Under emulated compute
@@ -37,14 +37,14 @@ from polyrhythm.errors import ConfigError
 from polyrhythm.flat import FlatParameters, RunningStatistics
 from polyrhythm.runtime.compute import EmulatedForward
 from polyrhythm.runtime.engine import OWN_STATE, WorkerEngine
-from polyrhythm.runtime.optimizers import (
+from polyrhythm.runtime.script_data import ShardSampler, shard_loader
+from polyrhythm.runtime.script_hooks import _ACTIVE, EpochOfBatches, wrapped_step
+from polyrhythm.runtime.user_optimizer import (
     Hyperparameters,
     UserOptimizer,
     optimizer_spec,
     trained_parameters,
 )
-from polyrhythm.runtime.script_data import ShardSampler, shard_loader
-from polyrhythm.runtime.script_hooks import _ACTIVE, EpochOfBatches, wrapped_step
 from polyrhythm.strategies import STRATEGIES
 from polyrhythm.strategies.spec import EVERY_WORKERS
 
@@ -71,13 +71,13 @@ class Job(WorkerEngine):
     def __init__(self, ctx: RankContext | None, describe_servers=None, finish=None,
                  given: frozenset[str] | None = None) -> None:
         """`describe_servers(job)` tells the servers what they serve (at the first step);
-        `finish(job)` hands in the report and leaves the job (launch/script.py). `given`:
+        `finish(job)` hands in the report and leaves the job (launch/script_rank.py). `given`:
         the settings the user set that only some scripts read (the run's epochs and
         [optimizer]), refused where this one does not (None: unknown, not checked)."""
         super().__init__(ctx, scripted=finish is not None, describe_servers=describe_servers)
         self.given = given
         self._finish = finish
-        self.servers_spec = None  # the optimizer the servers rebuild (runtime/optimizers.py)
+        self.servers_spec = None  # the optimizer the servers rebuild (runtime/user_optimizer.py)
         self.ended_pass = False  # a loader pass ended the epoch, which ends at the next
         self.finished = False  # job.finish() was called: the model is the run's final one
         self.final_rank: int | None = None  # the rank that saves it (the first worker left)
@@ -278,7 +278,7 @@ class Job(WorkerEngine):
 
     def take_final(self, flat: torch.Tensor, first_rank: int) -> None:
         """The run's final parameters (every worker's, once the job agreed on them), and
-        the rank that saves and evaluates them (launch/script.py)."""
+        the rank that saves and evaluates them (launch/script_rank.py)."""
         self.flat.data.copy_(flat)
         self.final_rank = first_rank
 

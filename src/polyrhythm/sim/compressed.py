@@ -3,7 +3,7 @@ arithmetic the runs lay their messages out with (compression/wire.py), and the s
 codecs take on a worker and on a server.
 
 Messages. A parameter-server push is the push header and its bucket's encoded values, padded
-to its server's largest push (a worker's outbox, strategies/ps.py); a reply is the reply
+to its server's largest push (a worker's outbox, strategies/ps_worker.py); a reply is the reply
 header and the bucket's values, dense unless replies are compressed. An all-reduce is the
 parts wire.all_reduce_parts gives: a SUM part is all-reduced by the strategy's schedule as a
 tensor of its summand's values (two bytes each for half precision), a GATHER part (one

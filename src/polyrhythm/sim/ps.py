@@ -2,7 +2,7 @@
 
 Each worker computes a step, pushes each bucket as backward produces it (the first third of
 a step is forward, then buckets are ready evenly through backward), and waits for every
-bucket's reply, as strategies/ps.py does; when to push and fetch is the real `PushFetch`
+bucket's reply, as strategies/ps_worker.py does; when to push and fetch is the real `PushFetch`
 cadence (Downpour). Each server takes its pushes in arrival order, one at a time, and asks
 the bucket's policy (strategies/consistency.py, the very class the real server runs) what to
 do, through the very function the real server decides with (strategies/serving.py): adding

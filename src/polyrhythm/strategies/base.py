@@ -43,7 +43,7 @@ class Strategy(ABC):
     # Steps each worker's replica with plain SGD between exchanges (Downpour between
     # fetches): a script's optimizer must then be SGD, whose groups' rates it follows.
     local_sgd = False
-    # A script's optimizer's settings now (runtime/optimizers.py Hyperparameters.values),
+    # A script's optimizer's settings now (runtime/user_optimizer.py Hyperparameters.values),
     # which pushes carry to servers; None where none ride.
     hyper: list[float] | None = None
     # Whose gradients one update applies (strategies/spec.py EVERY_WORKERS, ...), as the

@@ -15,7 +15,7 @@ import torch
 from polyrhythm.optim import lr_at
 from polyrhythm.strategies.base import Strategy
 from polyrhythm.strategies.cadence import Periodic
-from polyrhythm.strategies.ps import ServerLink
+from polyrhythm.strategies.ps_worker import ServerLink
 from polyrhythm.strategies.serving import FETCH, GRADIENT
 
 

@@ -1,7 +1,7 @@
 """The parameter-server strategies: a consistency policy on the servers (consistency.py)
 decides when a push becomes a weight update and when a waiting worker may go on, and a server
 update (server_updates/) what the update does; the worker side pushes gradients and pulls
-parameters on its cadence (strategies/ps.py), or, for EASGD, exchanges elastic differences
+parameters on its cadence (strategies/ps_worker.py), or, for EASGD, exchanges elastic differences
 (strategies/easgd.py).
 """
 
@@ -20,7 +20,7 @@ from polyrhythm.strategies.consistency import (
 from polyrhythm.strategies.server_updates import DELAY_COMPENSATED, ELASTIC, MEAN
 from polyrhythm.strategies.spec import EVERY_WORKERS, SOME_WORKERS, StrategySpec, always
 
-PS_WORKER = "polyrhythm.strategies.ps:ParameterServerWorker"
+PS_WORKER = "polyrhythm.strategies.ps_worker:ParameterServerWorker"
 
 
 def _quorum(default: str, derive) -> Param:

@@ -15,7 +15,7 @@ one-way: a rule is not asked again once it has fired.
   workers then costs more than asynchrony would (Sync-Switch's online policy, Li et al.,
   ICDCS 2021).
 
-The `switch` strategy is declared here too; its worker side is strategies/switch.py.
+The `switch` strategy is declared here too; its worker side is strategies/switch_worker.py.
 """
 
 from __future__ import annotations
@@ -167,7 +167,7 @@ SWITCH = StrategySpec(
     "switch", "Strategy-Switch: a collective strategy first, then for good a parameter "
     "server's, when the rule says so", source="the Strategy-Switch thesis, ch. 4; after "
     "Sync-Switch, Li et al., ICDCS 2021", family=SWITCHING,
-    worker="polyrhythm.strategies.switch:SwitchWorker", updates_from=None, params=(
+    worker="polyrhythm.strategies.switch_worker:SwitchWorker", updates_from=None, params=(
         Param("from", str, "the strategy before the switch (a collective one)", "allreduce",
               section="strategy"),
         Param("to", str, "the strategy after the switch (a parameter-server one)", "asp",

@@ -1,7 +1,7 @@
 """`polyrhythm run`: a user's script as a job on this machine. Every rank is the script in a
 process of its own, as `python script.py args` would run it but forked with torch loaded
 (launch/preloaded.py), told its rank, the run's config and record, and
-a file to meet the others at (launch/script.py reads them); worker 0's output is shown, every
+a file to meet the others at (launch/script_rank.py reads them); worker 0's output is shown, every
 rank's is kept in the run's logs. A rank that fails ends the run: every other process is
 stopped, and the run is recorded as failed with the failing rank, its error and the script's
 line (the rank's own report). Only a worker lost during training (killed, or cut off from
@@ -58,7 +58,7 @@ from polyrhythm.launch.failures import (
 from polyrhythm.launch.forkserver import CHILD_ENVIRONMENT
 from polyrhythm.launch.local import GRACE_S, raise_interrupt, signal_handlers
 from polyrhythm.launch.preloaded import ScriptRank
-from polyrhythm.launch.script import (
+from polyrhythm.launch.script_rank import (
     ENV_CONFIG,
     ENV_GIVEN,
     ENV_RENDEZVOUS,

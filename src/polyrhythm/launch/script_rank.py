@@ -1,6 +1,6 @@
 """A user's script joining its job: `polyrhythm.init()`.
 
-Started by `polyrhythm run` (launch/scripts.py) or by torchrun on real nodes, every process
+Started by `polyrhythm run` (launch/script_launcher.py) or by torchrun on real nodes, every process
 of the job runs the script. `init()` reads the job from the environment (the rank as torchrun
 gives it; the run's config from POLYRHYTHM_CONFIG, or POLYRHYTHM_STRATEGY and
 POLYRHYTHM_SERVERS with every other setting at its default), joins the process group and
