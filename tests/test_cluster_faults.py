@@ -170,12 +170,12 @@ def test_a_link_down_for_less_than_the_timeout_costs_time_not_the_run(tmp_path, 
 
 
 def test_a_link_down_past_the_timeout_fails_the_run_naming_the_host(tmp_path, clusters):
-    """The workers' host cut off for good with --timeout 3: the run fails (no hang: how soon
+    """The workers' host cut off for good with --timeout 5: the run fails (no hang: how soon
     is benchmarks/outage.py's figure), naming the host whose link is down, and the run is
     recorded so."""
     out = tmp_path / "runs"
     launcher = _launch(out, strategy="bsp", servers=1, workers=2, epochs=50, hosts=2,
-                       timeout=3)
+                       timeout=5)
     wait_for_checkpoint(out, launcher, 2, 1, epochs=1)
     clusters[2].set_link(1, False)
     _, stderr = finished(launcher, "after its link went down for good")
