@@ -245,42 +245,50 @@ def test_if_the_launcher_cannot_remove_all_the_janitor_does_at_once(tmp_path, mo
     assert leftovers() == before  # the janitor (another process, unpatched) removed the rest
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "polyrhythm.cli", "cluster", *args],
-                          capture_output=True, text=True, timeout=120)
+@pytest.fixture
+def cluster_cli(capsys):
+    """`polyrhythm cluster ARGS` through the command line's own code (polyrhythm.cli.main) in
+    this process, not an interpreter of its own for each of a test's commands: its exit code
+    and what it printed."""
+    def run(*args: str) -> subprocess.CompletedProcess:
+        capsys.readouterr()
+        code = main(["cluster", *args])
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(["cluster", *args], code, out, err)
+    return run
 
 
-def test_cluster_up_status_and_down_from_the_command_line(tmp_path, before):
-    up = _cli("up", "--name", "clitest", "--hosts", "2", "--bandwidth", "100mbit",
+def test_cluster_up_status_and_down_from_the_command_line(tmp_path, before, cluster_cli):
+    up = cluster_cli("up", "--name", "clitest", "--hosts", "2", "--bandwidth", "100mbit",
               "--cpu", "0.5")
     assert up.returncode == 0, up.stderr
     try:
-        status = _cli("status").stdout
+        status = cluster_cli("status").stdout
         assert "cluster clitest:" in status
         assert "host 1: pr-clitest-h1 10.213.0.2  100mbit link, 0.5 cores" in status
         assert _quota(EmulatedCluster.standing("clitest").host_group(1)) == (50_000, 100_000)
-        again = _cli("up", "--name", "clitest", "--hosts", "2")
+        again = cluster_cli("up", "--name", "clitest", "--hosts", "2")
         assert again.returncode == 2
         assert again.stderr.strip() == "polyrhythm: error: cluster 'clitest' is already up"
     finally:
-        down = _cli("down", "--name", "clitest")
+        down = cluster_cli("down", "--name", "clitest")
     assert down.returncode == 0 and "cluster clitest is down" in down.stdout
     assert leftovers() == before
-    assert "clitest" not in _cli("status").stdout
+    assert "clitest" not in cluster_cli("status").stdout
     for bad, message in ((["--hosts", "2", "--bandwidth", "100mbps"], "such as 100mbit"),
                          (["--hosts", "2", "--cpu", "1", "1", "1"], "one per host (2), got 3"),
                          (["--bandwidth", "1gbit"], "needs --hosts")):
-        done = _cli("up", "--name", "clitest", *bad)
+        done = cluster_cli("up", "--name", "clitest", *bad)
         assert done.returncode == 2 and message in done.stderr
         assert len(done.stderr.strip().splitlines()) == 1
     config = tmp_path / "run.toml"
     config.write_text('workers = 4\n[cluster]\nworkers_per_host = 2\nlatency = "5ms"\n'
                       'bandwidth = "1gbit"\n')
-    from_run = _cli("up", "--name", "clitest", "--config", str(config))
+    from_run = cluster_cli("up", "--name", "clitest", "--config", str(config))
     assert from_run.returncode == 0, from_run.stderr  # 2 worker hosts + 1 server's
     assert from_run.stdout.count("1gbit link") == 3
-    _cli("down", "--name", "clitest")
-    gone = _cli("down", "--name", "clitest")  # nothing to remove: said, and no error
+    cluster_cli("down", "--name", "clitest")
+    gone = cluster_cli("down", "--name", "clitest")  # nothing to remove: said, and no error
     assert (gone.returncode, gone.stdout, gone.stderr) == (
         0, "no standing cluster 'clitest': nothing to remove\n", "")
 

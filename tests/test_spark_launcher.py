@@ -30,6 +30,7 @@ from helpers import (
     max_diff,
     stored_parameters,
 )
+from polyrhythm.cli import main
 from polyrhythm.config.spark import check_placeable, master_of, task_slots
 from polyrhythm.context import Topology
 from polyrhythm.errors import ConfigError
@@ -130,9 +131,11 @@ def test_a_killed_rank_fails_the_run_naming_it_and_leaves_nothing(tmp_path):
     assert stray_jvms(before, run_id) == []
 
 
-def test_what_spark_cannot_run_is_one_line_before_any_record(tmp_path):
+def test_what_spark_cannot_run_is_one_line_before_any_record(tmp_path, capsys):
+    """The command line in this process (as test_mapreduce.py's twin): each refusal comes
+    before any process, JVM or record is made."""
     out = tmp_path / "runs"
-    base = ["--launcher", "spark", "--dataset", "digits", "--out", str(out)]
+    base = ["train", "--launcher", "spark", "--dataset", "digits", "--out", str(out)]
     cases = {
         ("--master", "spark://127.0.0.1:1"): "Spark master spark://127.0.0.1:1 is "
                                              "unreachable",
@@ -142,13 +145,10 @@ def test_what_spark_cannot_run_is_one_line_before_any_record(tmp_path):
         ("--on-worker-failure", "continue", "--strategy", "asp"):
             "--launcher spark cannot go on without a lost worker",
     }
-    started = {flags: subprocess.Popen([sys.executable, "-m", "polyrhythm.cli", "train", *base,
-                                        *flags], stdout=subprocess.PIPE,
-                                       stderr=subprocess.PIPE, text=True)
-               for flags in cases}
     for flags, said in cases.items():
-        _, err = finished(started[flags], f"refusing {flags}")
-        assert started[flags].returncode == 2, err
+        code = main([*base, *flags])
+        err = capsys.readouterr().err
+        assert code == 2, err
         assert said in err and err.count("\n") == 1, err
     assert not out.exists() or not list(out.glob("2*"))
 
