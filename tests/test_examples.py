@@ -79,12 +79,19 @@ def untrained_lm_loss() -> float:
     return lm_validation_loss(None)
 
 
-def lm_validation_loss(state: dict[str, torch.Tensor] | None) -> float:
-    """The tiny language model's validation loss with these parameters (None: untrained),
-    from the example's own data, model and measure."""
+@functools.cache
+def tiny_lm_validation() -> tuple[ModuleType, object, object, int]:
+    """The example, its arguments, its validation text and vocabulary size, for TINY_LM."""
     char_lm = example("char_lm")
     args = char_lm.arguments(TINY_LM)
     _, validation, vocabulary = char_lm.datasets(char_lm.corpus(args.chars), args.context)
+    return char_lm, args, validation, vocabulary
+
+
+def lm_validation_loss(state: dict[str, torch.Tensor] | None) -> float:
+    """The tiny language model's validation loss with these parameters (None: untrained),
+    from the example's own data, model and measure."""
+    char_lm, args, validation, vocabulary = tiny_lm_validation()
     model, _, _ = char_lm.build(args, vocabulary)
     if state is not None:
         model.load_state_dict(state)
