@@ -6,20 +6,30 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 
 import pytest
 
+from polyrhythm.cli import main
 from polyrhythm.config import make_config
 from polyrhythm.metrics.store import RunStore
 
 
-def advise(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "polyrhythm.cli", "advise", *args],
-                          capture_output=True, text=True)
+@pytest.fixture
+def advise(capfd):
+    """`advise(*args)`: `polyrhythm advise ARGS...` (the command's main, in this process) as a
+    finished process: its exit code, stdout and stderr."""
+    def run(*args: str) -> subprocess.CompletedProcess:
+        capfd.readouterr()  # what came before is not the command's
+        try:
+            code = main(["advise", *args])
+        except SystemExit as exc:  # argparse's usage errors exit as `python -m` would
+            code = exc.code
+        captured = capfd.readouterr()
+        return subprocess.CompletedProcess(args, code, captured.out, captured.err)
+    return run
 
 
-def test_advise_ranks_options_and_recommends_one(tmp_path):
+def test_advise_ranks_options_and_recommends_one(advise, tmp_path):
     run = advise("--hosts", "8", "--bandwidth", "100mbit", "--cpu", "1,1,1,1,1,1,1,0.5",
                  "--compute-time", "60ms", "--json", "--out", str(tmp_path))
     assert run.returncode == 0, run.stderr
@@ -37,7 +47,7 @@ def test_advise_ranks_options_and_recommends_one(tmp_path):
     assert "expected error ±20 %" in recommendation
 
 
-def test_advise_sizes_the_model_for_the_data_set_given(tmp_path):
+def test_advise_sizes_the_model_for_the_data_set_given(advise, tmp_path):
     run = advise("--hosts", "3", "--dataset", "synthetic", "--synthetic-shape", "3", "16",
                  "16", "--synthetic-classes", "4", "--model", "mlp", "--compute-time",
                  "10ms", "--out", str(tmp_path))
@@ -49,7 +59,7 @@ def test_advise_sizes_the_model_for_the_data_set_given(tmp_path):
         f"model mlp on synthetic (3x16x16, 4 classes): {count:,} parameters")
 
 
-def test_advise_takes_its_lists_with_spaces_or_commas_and_checks_their_length(tmp_path):
+def test_advise_takes_its_lists_with_spaces_or_commas_and_checks_their_length(advise, tmp_path):
     # No compressor: their codecs are timed here, so two rankings with them differ.
     common = ("--hosts", "4", "--compute-time", "20ms", "--compressors", "none", "--json",
               "--out", str(tmp_path))
@@ -79,7 +89,7 @@ def _stored(out, run_id: str, strategy: str, workers: int, accuracy: float,
                                 "wall_s": 1.0}, [])
 
 
-def test_advise_names_the_stored_runs_its_flags_rest_on(tmp_path):
+def test_advise_names_the_stored_runs_its_flags_rest_on(advise, tmp_path):
     """A run judges an option of its strategy with at least the option's workers, against
     the synchronous runs of its workers, epochs and batch: named as used; the others are
     named as not used; runs of another model or data, or of emulated compute, are none."""
@@ -112,7 +122,7 @@ def test_advise_names_the_stored_runs_its_flags_rest_on(tmp_path):
     assert "Recommended: localsgd" in lines[-2]
 
 
-def test_advise_says_when_its_stored_runs_are_too_small_to_judge(tmp_path):
+def test_advise_says_when_its_stored_runs_are_too_small_to_judge(advise, tmp_path):
     _stored(tmp_path, "bsp-2", "bsp", 2, 0.93)
     _stored(tmp_path, "asp-2", "asp", 2, 0.95)
     run = advise("--hosts", "4", "--compute-time", "10ms", "--out", str(tmp_path))
@@ -157,6 +167,6 @@ def test_the_advisor_reads_what_staleness_cost_from_the_stores_real_runs(tmp_pat
     ["--hosts", "4", "--dataset", "synthetic", "--synthetic-shape", "20", "--model",
      "resnet20"],  # images wanted, features given
 ])
-def test_advise_rejects_bad_input_in_one_line(args, tmp_path):
+def test_advise_rejects_bad_input_in_one_line(advise, args, tmp_path):
     run = advise(*args, "--out", str(tmp_path))
     assert run.returncode == 2 and run.stderr.count("\n") == 1, run.stderr

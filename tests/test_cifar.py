@@ -5,23 +5,17 @@ from __future__ import annotations
 
 import os
 import pickle
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 import polyrhythm
 from cifar_files import write_cifar
+from polyrhythm.cli import main
 from polyrhythm.config import make_config
 from polyrhythm.data.datasets import open_source
 from polyrhythm.errors import DataError
 from polyrhythm.metrics.store import RunStore
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "polyrhythm.cli", *args], capture_output=True,
-                          text=True, timeout=300)
 
 
 def source(**fields):
@@ -88,15 +82,17 @@ def _not_a_pickle(tmp_path, folder):
     return copy
 
 
-def test_bad_cifar_paths_are_one_line_errors_and_nothing_they_hold_runs(tmp_path):
+def test_bad_cifar_paths_are_one_line_errors_and_nothing_they_hold_runs(tmp_path, capfd):
     for case, path, message in _bad_archives(tmp_path):
         with pytest.raises(DataError, match=message):
             source(dataset="cifar10", data_path=str(path)).check()
-        run = cli("train", "--dataset", "cifar10", "--data-path", str(path), "--workers", "1",
-                  "--epochs", "1", "--out", str(tmp_path / "runs"))
-        assert run.returncode == 2, (case, run.stderr)
-        assert run.stderr.count("\n") == 1 and "Traceback" not in run.stderr, run.stderr
-        assert message in run.stderr and run.stdout == "", (case, run.stderr)
+        # `polyrhythm train` on it: the command's main, in this process.
+        code = main(["train", "--dataset", "cifar10", "--data-path", str(path), "--workers",
+                     "1", "--epochs", "1", "--out", str(tmp_path / "runs")])
+        stdout, stderr = capfd.readouterr()
+        assert code == 2, (case, stderr)
+        assert stderr.count("\n") == 1 and "Traceback" not in stderr, stderr
+        assert message in stderr and stdout == "", (case, stderr)
     assert not (tmp_path / "ran").exists()  # the command never ran
     assert not (tmp_path / "runs").exists()  # and no run was recorded
 

@@ -1,9 +1,12 @@
 """Bad input: one line naming the problem on stderr, exit code 2, no traceback, no run left behind.
 
-Each case runs the real CLI in a subprocess. Its --out directory is seeded beforehand with a store
+Each case runs the `polyrhythm` command's main (what `python -m polyrhythm.cli` exits with) in this
+process, its output read at the file descriptors; a case that needs a user without root's
+permission override runs the real CLI in a subprocess instead, and so do those about the
+process's own end (a closed output pipe). Its --out directory is seeded beforehand with a store
 holding one earlier (failed) run, so "no run left behind" is checked against a store that exists:
 after the bad command the store must hold exactly that earlier row and no new run directory.
-The subprocess runs in tmp_path, so a run written to a default location would show up there too.
+The command runs in tmp_path, so a run written to a default location would show up there too.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import numpy as np
 import pytest
 
 import polyrhythm
+from polyrhythm.cli import main
 from polyrhythm.config import make_config
 from polyrhythm.metrics.records import STORE_NAME
 from polyrhythm.metrics.store import RunStore
@@ -43,13 +47,28 @@ def out(tmp_path: Path) -> Path:
     return out
 
 
-def run_train(out: Path, *args: str, ordinary_user: bool = False
-              ) -> subprocess.CompletedProcess[str]:
-    """`python -m polyrhythm.cli train --out OUT ARGS...`, run in OUT's parent directory; with
-    `ordinary_user`, under the file permissions a user without privileges has."""
-    command = [sys.executable, "-m", "polyrhythm.cli", "train", "--out", str(out), *args]
-    return subprocess.run(as_ordinary_user(command) if ordinary_user else command,
-                          cwd=out.parent, capture_output=True, text=True, timeout=120)
+@pytest.fixture
+def run_train(capfd, monkeypatch):
+    """`run_train(out, *args, ordinary_user=False)`: `polyrhythm train --out OUT ARGS...` run in
+    OUT's parent directory, as a finished process (its exit code, stdout and stderr). The
+    command's main runs in this process; with `ordinary_user`, the real CLI runs in a
+    subprocess under the file permissions a user without privileges has."""
+    def run(out: Path, *args: str, ordinary_user: bool = False
+            ) -> subprocess.CompletedProcess[str]:
+        argv = ["train", "--out", str(out), *args]
+        if ordinary_user:
+            return subprocess.run(as_ordinary_user([sys.executable, "-m", "polyrhythm.cli",
+                                                    *argv]),
+                                  cwd=out.parent, capture_output=True, text=True, timeout=120)
+        monkeypatch.chdir(out.parent)
+        capfd.readouterr()  # what came before is not the command's
+        try:
+            code = main(argv)
+        except SystemExit as exc:  # argparse's usage errors exit as `python -m` would
+            code = exc.code
+        captured = capfd.readouterr()
+        return subprocess.CompletedProcess(argv, code, captured.out, captured.err)
+    return run
 
 
 def as_ordinary_user(command: list[str]) -> list[str]:
@@ -206,33 +225,33 @@ FLAG_CASES = [
 
 
 @pytest.mark.parametrize(("args", "needles"), FLAG_CASES)
-def test_bad_flag(out: Path, args: list[str], needles: list[str]) -> None:
+def test_bad_flag(run_train, out: Path, args: list[str], needles: list[str]) -> None:
     assert_one_line_error(run_train(out, *args), *needles)
     assert_no_run_left(out)
     assert_no_run_left(out)
 
 
-def test_unknown_strategy_lists_each_valid_name_once(out: Path) -> None:
+def test_unknown_strategy_lists_each_valid_name_once(run_train, out: Path) -> None:
     line = assert_one_line_error(run_train(out, "--strategy", "telepathy"))
     listed = line.split("valid:", 1)[1]
     assert sorted(name.strip() for name in listed.split(",")) == STRATEGY_NAMES
 
 
-def test_missing_data_path(out: Path) -> None:
+def test_missing_data_path(run_train, out: Path) -> None:
     missing = out.parent / "no-such-cifar"
     proc = run_train(out, "--dataset", "cifar10", "--data-path", str(missing))
     assert_one_line_error(proc, str(missing), "does not exist")
     assert_no_run_left(out)
 
 
-def test_data_path_not_an_archive(out: Path) -> None:
+def test_data_path_not_an_archive(run_train, out: Path) -> None:
     junk = write(out.parent / "cifar.tar.gz", b"not a tar archive")
     proc = run_train(out, "--dataset", "cifar10", "--data-path", str(junk))
     assert_one_line_error(proc, str(junk))
     assert_no_run_left(out)
 
 
-def test_image_model_on_an_npz_of_feature_vectors(out: Path) -> None:
+def test_image_model_on_an_npz_of_feature_vectors(run_train, out: Path) -> None:
     """Caught before launch from the file's arrays, as for any data set."""
     data = out.parent / "vectors.npz"
     np.savez(data, x=np.random.default_rng(0).normal(size=(40, 8)).astype(np.float32),
@@ -255,7 +274,8 @@ CSV_CASES = [  # every bad file's own line: test_csv.py
 
 
 @pytest.mark.parametrize(("text", "args", "needles"), CSV_CASES)
-def test_bad_csv_data(out: Path, text: str, args: list[str], needles: list[str]) -> None:
+def test_bad_csv_data(run_train, out: Path, text: str, args: list[str],
+                      needles: list[str]) -> None:
     data = write(out.parent / "table.csv", text)
     proc = run_train(out, "--dataset", "csv", "--data-path", str(data), *args)
     assert_one_line_error(proc, *needles)
@@ -275,20 +295,20 @@ CONFIG_CASES = [
 
 
 @pytest.mark.parametrize(("text", "needles"), CONFIG_CASES)
-def test_bad_config_file(out: Path, text: str, needles: list[str]) -> None:
+def test_bad_config_file(run_train, out: Path, text: str, needles: list[str]) -> None:
     config = write(out.parent / "bad.toml", text)
     assert_one_line_error(run_train(out, "--config", str(config)), *needles)
     assert_no_run_left(out)
 
 
-def test_config_file_that_does_not_exist(out: Path) -> None:
+def test_config_file_that_does_not_exist(run_train, out: Path) -> None:
     missing = out.parent / "nowhere.toml"
     proc = run_train(out, "--config", str(missing))
     assert_one_line_error(proc, "cannot read config file", str(missing), "No such file")
     assert_no_run_left(out)
 
 
-def test_config_path_is_a_directory(out: Path) -> None:
+def test_config_path_is_a_directory(run_train, out: Path) -> None:
     directory = out.parent / "conf.toml"
     directory.mkdir()
     proc = run_train(out, "--config", str(directory))
@@ -296,7 +316,7 @@ def test_config_path_is_a_directory(out: Path) -> None:
     assert_no_run_left(out)
 
 
-def test_config_file_without_read_permission(out: Path) -> None:
+def test_config_file_without_read_permission(run_train, out: Path) -> None:
     config = write(out.parent / "secret.toml", "workers = 2\n")
     config.chmod(0)
     proc = run_train(out, "--config", str(config), ordinary_user=True)
@@ -304,14 +324,14 @@ def test_config_file_without_read_permission(out: Path) -> None:
     assert_no_run_left(out)
 
 
-def test_config_file_not_utf8(out: Path) -> None:
+def test_config_file_not_utf8(run_train, out: Path) -> None:
     config = write(out.parent / "latin1.toml", 'model = "caf\xe9"\n'.encode("latin-1"))
     proc = run_train(out, "--config", str(config))
     assert_one_line_error(proc, str(config))
     assert_no_run_left(out)
 
 
-def test_error_names_the_flag_value_that_overrides_the_config(out: Path) -> None:
+def test_error_names_the_flag_value_that_overrides_the_config(run_train, out: Path) -> None:
     """Flags win over the file: the problem reported is the flags' one, with their numbers."""
     config = write(out.parent / "bad.toml", "workers = 0\nbatch_size = 64\n")
     proc = run_train(out, "--config", str(config), "--workers", "4", "--batch-size", "3")
@@ -335,14 +355,15 @@ def permissions(path: Path, mode: int) -> Iterator[None]:
         path.chmod(own)
 
 
-def test_runs_directory_without_write_permission(out: Path) -> None:
+def test_runs_directory_without_write_permission(run_train, out: Path) -> None:
     with permissions(out, 0o555):
         proc = run_train(out, *QUICK_RUN, ordinary_user=True)
     assert_one_line_error(proc, "cannot write run directory", str(out), "Permission denied")
     assert_no_run_left(out)
 
 
-def test_store_without_write_permission_leaves_no_run_directory(out: Path) -> None:
+def test_store_without_write_permission_leaves_no_run_directory(run_train,
+                                                                out: Path) -> None:
     """The directory takes the run's files, the store refuses its row: the files go too."""
     store = out / STORE_NAME
     with permissions(store, 0o444):
@@ -355,7 +376,8 @@ def test_store_without_write_permission_leaves_no_run_directory(out: Path) -> No
                                               f"{STORE_NAME}-shm"}
 
 
-def test_store_that_is_not_a_database_leaves_no_run_directory(tmp_path: Path) -> None:
+def test_store_that_is_not_a_database_leaves_no_run_directory(run_train,
+                                                              tmp_path: Path) -> None:
     out = tmp_path / "store"
     out.mkdir()
     write(out / STORE_NAME, "this is not sqlite\n")

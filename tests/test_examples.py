@@ -5,10 +5,12 @@ every strategy trains the language-model example and its loss falls."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import math
 import os
 import re
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +22,7 @@ import torch
 
 from helpers import HANG_GUARD_S
 from polyrhythm import api
+from polyrhythm.cli import main
 from polyrhythm.errors import ConfigError, DataError
 from polyrhythm.metrics.records import STORE_NAME, RunRecord
 from polyrhythm.metrics.store import RunStore
@@ -71,12 +74,24 @@ def assert_learned(summary: dict) -> None:
     assert summary["final_evaluated"] and math.isfinite(summary["final_val_loss"])
 
 
-def lm_validation_loss(state: dict[str, torch.Tensor] | None) -> float:
-    """The tiny language model's validation loss with these parameters (None: untrained),
-    from the example's own data, model and measure."""
+@functools.cache
+def untrained_lm_loss() -> float:
+    return lm_validation_loss(None)
+
+
+@functools.cache
+def tiny_lm_validation() -> tuple[ModuleType, object, object, int]:
+    """The example, its arguments, its validation text and vocabulary size, for TINY_LM."""
     char_lm = example("char_lm")
     args = char_lm.arguments(TINY_LM)
     _, validation, vocabulary = char_lm.datasets(char_lm.corpus(args.chars), args.context)
+    return char_lm, args, validation, vocabulary
+
+
+def lm_validation_loss(state: dict[str, torch.Tensor] | None) -> float:
+    """The tiny language model's validation loss with these parameters (None: untrained),
+    from the example's own data, model and measure."""
+    char_lm, args, validation, vocabulary = tiny_lm_validation()
     model, _, _ = char_lm.build(args, vocabulary)
     if state is not None:
         model.load_state_dict(state)
@@ -89,7 +104,7 @@ def assert_lm_trained(summary: dict) -> None:
     a quorum strategy the fastest worker may close every round, and worker 0's model then
     stays as it last pulled it."""
     stored = torch.load(RunRecord(Path(summary["run_dir"]).parent, summary["run_id"]).model_path)
-    assert lm_validation_loss(stored) < 0.85 * lm_validation_loss(None)
+    assert lm_validation_loss(stored) < 0.85 * untrained_lm_loss()
 
 
 def plain_python(tmp_path: Path, *command: str) -> subprocess.CompletedProcess:
@@ -101,23 +116,38 @@ def plain_python(tmp_path: Path, *command: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=HANG_GUARD_S)
 
 
+@pytest.fixture(scope="module")
+def lm_under(tmp_path_factory):
+    """`lm_under(strategy)`: (summary, saved model's path) of the tiny language model run
+    under the strategy with its defaults and --save, made once for the module: the ssp run
+    is both the saving example's and the survey's."""
+    made: dict[str, tuple[dict, Path]] = {}
+
+    def get(strategy: str) -> tuple[dict, Path]:
+        if strategy not in made:
+            folder = tmp_path_factory.mktemp(strategy)
+            saved = folder / "lm.pt"
+            made[strategy] = run(folder, "char_lm", [*TINY_LM, "--save", str(saved)],
+                                 strategy=strategy), saved
+        return made[strategy]
+    return get
+
+
 # -- the language model ------------------------------------------------------------------
 
-def test_char_lm_under_ssp_with_a_server_learns_and_saves_its_model(tmp_path: Path) -> None:
-    saved = tmp_path / "lm.pt"
-    summary = run(tmp_path, "char_lm", [*TINY_LM, "--save", str(saved)], strategy="ssp",
-                  servers=1)
+def test_char_lm_under_ssp_with_a_server_learns_and_saves_its_model(lm_under) -> None:
+    summary, saved = lm_under("ssp")  # a parameter-server strategy: one server by default
     assert_learned(summary)
     assert_lm_trained(summary)
     # The final figures are the example's own evaluation of the stored model.
-    stored_state = torch.load(RunRecord(tmp_path / "runs", summary["run_id"]).model_path)
+    stored_state = torch.load(RunRecord(Path(summary["run_dir"]).parent,
+                                        summary["run_id"]).model_path)
     assert summary["final_val_loss"] == pytest.approx(lm_validation_loss(stored_state), rel=1e-6)
     assert 0 < summary["final_val_accuracy"] < 1
     assert summary["epochs"] == 3 and summary["servers"] == 1
     assert summary["weight_updates"] == 2 * 21  # every push its own update
-    model, stored = torch.load(saved), torch.load(RunRecord(tmp_path / "runs",
-                                                            summary["run_id"]).model_path)
-    assert set(model) == set(stored) == LM_KEYS
+    model = torch.load(saved)
+    assert set(model) == set(stored_state) == LM_KEYS
     vocabulary = model["token.weight"].shape[0]
     assert model["token.weight"].shape == (vocabulary, 16)
     assert model["position.weight"].shape == (16, 16)
@@ -158,12 +188,18 @@ def test_char_lm_ddp_trains_with_the_powersgd_hook(tmp_path: Path) -> None:
     assert re.search(r"^val_loss \d\.\d{4} val_accuracy \d\.\d{4}$", done.stdout, re.M)
 
 
-def test_char_lm_powersgd_without_ddp_is_one_line(tmp_path: Path) -> None:
-    """Under polyrhythm (or alone) the compression is polyrhythm run's, not the script's."""
-    done = plain_python(tmp_path, str(EXAMPLES / "char_lm.py"), "--powersgd", "4")
-    assert done.returncode == 2 and done.stdout == ""
-    assert done.stderr == ("char_lm.py: error: --powersgd R is DDP's PowerSGD hook, for --ddp; "
-                           "under polyrhythm give polyrhythm run --compress powersgd --rank R\n")
+def test_char_lm_powersgd_without_ddp_is_one_line(monkeypatch, capfd) -> None:
+    """Under polyrhythm (or alone) the compression is polyrhythm run's, not the script's.
+    The script as `python examples/char_lm.py --powersgd 4` runs it (as __main__, with that
+    argv and no RANK), in this process: it stops at its arguments."""
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setattr(sys, "argv", [str(EXAMPLES / "char_lm.py"), "--powersgd", "4"])
+    with pytest.raises(SystemExit) as done:
+        runpy.run_path(str(EXAMPLES / "char_lm.py"), run_name="__main__")
+    out, err = capfd.readouterr()
+    assert done.value.code == 2 and out == ""
+    assert err == ("char_lm.py: error: --powersgd R is DDP's PowerSGD hook, for --ddp; "
+                   "under polyrhythm give polyrhythm run --compress powersgd --rank R\n")
 
 
 def test_char_lm_puts_decay_on_weight_matrices_only() -> None:
@@ -236,18 +272,21 @@ def test_tabular_bad_data_is_one_line(tmp_path: Path, content: str | None, model
         tabular.datasets(tabular.arguments(["--model", model, "--data", str(path)]))
 
 
-def test_tabular_bad_data_through_polyrhythm_run_is_one_line_and_fails(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "polyrhythm.cli", "run", "--strategy", "allreduce", "--workers",
-         "2", "--out", str(tmp_path / "runs"), str(EXAMPLES / "tabular.py"), "--",
-         "--data", str(tmp_path / "missing.csv")],
-        cwd=tmp_path, capture_output=True, text=True, timeout=HANG_GUARD_S,
-        env={**os.environ, "PYTHONPATH": str(SOURCE)})
-    assert done.returncode != 0 and "Traceback" not in done.stdout + done.stderr
+def test_tabular_bad_data_through_polyrhythm_run_is_one_line_and_fails(tmp_path: Path,
+                                                                       monkeypatch,
+                                                                       capfd) -> None:
+    """`polyrhythm run ... tabular.py -- --data missing.csv` (the command's main, in this
+    process, run in tmp_path)."""
+    monkeypatch.chdir(tmp_path)
+    code = main(["run", "--strategy", "allreduce", "--workers", "2", "--out",
+                 str(tmp_path / "runs"), str(EXAMPLES / "tabular.py"), "--", "--data",
+                 str(tmp_path / "missing.csv")])
+    stdout, stderr = capfd.readouterr()
+    assert code != 0 and "Traceback" not in stdout + stderr
     # Both workers fail alike; the launcher names the first to end, whose log has its line.
     failed = re.fullmatch(r"polyrhythm: error: run (\S+) failed: rank (\d) \(worker \d\) "
-                          r"failed: exit code 1\n", done.stderr)
-    assert failed, done.stderr
+                          r"failed: exit code 1\n", stderr)
+    assert failed, stderr
     log = RunRecord(tmp_path / "runs", failed[1]).log_path(int(failed[2])).read_text()
     assert log == f"tabular: error: no data file '{tmp_path / 'missing.csv'}'\n"
 
@@ -296,14 +335,14 @@ def test_a_script_on_spark_is_one_line_before_any_record(tmp_path: Path,
 
 
 @pytest.mark.parametrize("strategy", [s for s in STRATEGIES if s != "mapreduce"])
-def test_every_strategy_trains_the_lm(tmp_path: Path, strategy: str) -> None:
+def test_every_strategy_trains_the_lm(lm_under, strategy: str) -> None:
     """Each strategy with its defaults (a parameter-server strategy gets its one server):
     2 workers, 21 steps of the tiny language model, and the loss falls: the stored model's
     on the validation text, and the training loss the workers recorded."""
-    summary = run(tmp_path, "char_lm", TINY_LM, strategy=strategy)
+    summary, _ = lm_under(strategy)
     assert summary["status"] == "completed" and summary["epochs"] == 3
-    assert RunStore(tmp_path / "runs" / STORE_NAME).run(summary["run_id"])["status"] == (
-        "completed")
+    assert RunStore(Path(summary["run_dir"]).parent / STORE_NAME).run(
+        summary["run_id"])["status"] == "completed"
     assert_lm_trained(summary)
     train = recorded(summary, "train_loss")  # the workers' mean: each computed on its model
     assert train[-1] < train[0], train

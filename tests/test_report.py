@@ -157,6 +157,25 @@ def html_report(fabricated, tmp_path_factory):
     return write_report(store_path, ids, out, "Strategies <compared>")
 
 
+@pytest.fixture(scope="module")
+def markdown_report(fabricated, tmp_path_factory):
+    """The fabricated runs' Markdown report, without a target accuracy: (the folder it was
+    asked to go to, the path write_report returned)."""
+    store_path, ids = fabricated
+    folder = tmp_path_factory.mktemp("md")
+    return folder, write_report(store_path, ids, folder, "Strategies", fmt="md")
+
+
+@pytest.fixture(scope="module")
+def plain_report(tmp_path_factory) -> str:
+    """The Markdown report of one plain bsp run of 2 workers: no switch, no emulated
+    cluster."""
+    tmp_path = tmp_path_factory.mktemp("plain")
+    store = RunStore(tmp_path / "runs" / "polyrhythm.db")
+    plain = fabricate_run(store, tmp_path, "bsp", 0, workers=2, index=0)
+    return write_report(store.path, [plain], tmp_path / "md", "Plain", fmt="md").read_text()
+
+
 def _images(html: str) -> list[str]:
     return re.findall(r'<img[^>]*\ssrc="([^"]*)"', html)
 
@@ -202,10 +221,10 @@ def test_groups_are_strategies_and_repeats_share_them(fabricated):
     assert runs[-1].label == "asp" and not runs[-1].completed  # labelled, in no group
 
 
-def test_markdown_report_has_the_tables_and_references_the_pngs(fabricated, tmp_path):
-    store_path, ids = fabricated
-    path = write_report(store_path, ids, tmp_path / "md", "Strategies", fmt="md")
-    assert path == tmp_path / "md" / "report.md"
+def test_markdown_report_has_the_tables_and_references_the_pngs(fabricated, markdown_report):
+    _, ids = fabricated
+    folder, path = markdown_report
+    assert path == folder / "report.md"
     text = path.read_text(encoding="utf-8")
     rows = [line for line in text.splitlines() if line.startswith("| 2026")]
     for run_id in ids:
@@ -220,7 +239,8 @@ def test_markdown_report_has_the_tables_and_references_the_pngs(fabricated, tmp_
     assert len(re.findall(r"!\[", text)) == len(FIGURE_NAMES)
 
 
-def test_a_target_accuracy_adds_each_groups_time_to_it(fabricated, tmp_path, capsys):
+def test_a_target_accuracy_adds_each_groups_time_to_it(fabricated, markdown_report, tmp_path,
+                                                       capsys):
     store_path, ids = fabricated
     store = RunStore(store_path)
     path = write_report(store_path, ids, tmp_path / "md", "Strategies", fmt="md",
@@ -245,8 +265,7 @@ def test_a_target_accuracy_adds_each_groups_time_to_it(fabricated, tmp_path, cap
         if reached:
             assert float(row[3].split(" – ")[0]) == pytest.approx(min(reached), abs=0.05)
             assert float(row[3].split(" – ")[1]) == pytest.approx(max(reached), abs=0.05)
-    assert "## Time to" not in write_report(store_path, ids, tmp_path / "plain", "S",
-                                            fmt="md").read_text(encoding="utf-8")
+    assert "## Time to" not in markdown_report[1].read_text(encoding="utf-8")
     for bad in ("0", "1.5"):
         assert main(["report", "--latest", "--target-accuracy", bad, "--out",
                      str(tmp_path)]) == 2
@@ -462,7 +481,8 @@ def test_tensorboard_format_without_the_package_is_a_one_line_error(fabricated, 
     assert "\n" not in str(excinfo.value)
 
 
-def test_runs_on_an_emulated_cluster_get_a_fidelity_table_naming_starved_hosts(tmp_path):
+def test_runs_on_an_emulated_cluster_get_a_fidelity_table_naming_starved_hosts(tmp_path,
+                                                                               plain_report):
     store = RunStore(tmp_path / "runs" / "polyrhythm.db")
     plain = fabricate_run(store, tmp_path, "bsp", 0, workers=2, index=0)
     emulated = fabricate_run(store, tmp_path, "asp", 1, workers=2, index=1)
@@ -482,8 +502,7 @@ def test_runs_on_an_emulated_cluster_get_a_fidelity_table_naming_starved_hosts(t
     assert "| 0 | 0 | 100mbit | 1.00 | 0.98 | 0.90 | 0.00 | 97.00 | ok |" in rows[0]
     assert "| 1 | 1, 2 | unlimited | 2.00 | 1.10 | 1.50 | 40.00 | 97.00 | EMULATOR-BOUND |" \
         in rows[1]
-    only_plain = write_report(store.path, [plain], tmp_path / "md2", "Plain", fmt="md")
-    assert "Emulated cluster" not in only_plain.read_text()
+    assert "Emulated cluster" not in plain_report
 
 
 def test_fields_that_follow_the_worker_count_stay_out_of_labels_and_curves(tmp_path):
@@ -516,7 +535,7 @@ def test_groups_sort_their_numbers_as_numbers(tmp_path):
         "bsp latency=10ms", "bsp latency=50ms", "bsp latency=100ms"]
 
 
-def test_switch_runs_get_a_table_of_when_and_how_long_they_switched(tmp_path):
+def test_switch_runs_get_a_table_of_when_and_how_long_they_switched(tmp_path, plain_report):
     store = RunStore(tmp_path / "runs" / "polyrhythm.db")
     plain = fabricate_run(store, tmp_path, "bsp", 0, workers=2, index=0)
     switched = [fabricate_run(store, tmp_path, "asp", seed, workers=2, index=1 + seed)
@@ -532,5 +551,4 @@ def test_switch_runs_get_a_table_of_when_and_how_long_they_switched(tmp_path):
     switch_table = text.split("## Strategy-Switch")[1].split("\n## ")[0]
     (row,) = [line for line in switch_table.splitlines() if line.startswith("| asp")]
     assert row.endswith("| empirical | 1, – | 0.020 | allreduce 2.2 ± 1.1 | asp 0.8 ± 1.1 |")
-    only_plain = write_report(store.path, [plain], tmp_path / "md2", "Plain", fmt="md")
-    assert "## Strategy-Switch" not in only_plain.read_text()
+    assert "## Strategy-Switch" not in plain_report

@@ -5,6 +5,7 @@ as such."""
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import shutil
@@ -27,6 +28,7 @@ from helpers import (
     wait_for_checkpoint,
     wait_for_ranks,
 )
+from polyrhythm.cli import main
 from polyrhythm.config import load_config, make_config
 from polyrhythm.errors import DataError, StoreError
 from polyrhythm.launch import runlock
@@ -35,6 +37,60 @@ from polyrhythm.metrics.store import LAUNCHER_GONE, RunStore, process_identity
 from polyrhythm.runtime.checkpoint import complete_epochs, epoch_dir
 
 EPOCHS = 4
+# The bsp run several tests kill and resume (each a copy of one killed run, `killed`). The
+# workers' delay makes every step take a while, so that the kill lands before the end.
+BSP = {"strategy": "bsp", "workers": 2, "servers": 1, "epochs": EPOCHS, "dataset": "digits",
+       "steps_per_epoch": 10, "threads": 1, "worker_delay_s": [0.03, 0.03],
+       "lr_decay_every": 1, "lr_decay": 0.5}
+# Fields that time a run or say how often it checkpoints, and change none of its numbers:
+# an uninterrupted run, the reference a resumed one must end at, leaves them out.
+TIMING_ONLY = ("worker_delay_s", "checkpoint_every")
+
+
+def _key(fields: dict) -> str:
+    return json.dumps(fields, sort_keys=True)
+
+
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory):
+    """`get(fields, tmp_path)`: a run of these fields whose worker was SIGKILLed after
+    epoch 2 (_kill_a_worker_after), copied into tmp_path/runs for the test to resume or
+    damage as it likes; (that folder, the run's id). Each run is killed once for the module:
+    tests that resume a run of the same fields resume copies of the same killed run."""
+    made: dict[str, tuple[Path, str]] = {}
+
+    def get(fields: dict, tmp_path: Path) -> tuple[Path, str]:
+        key = _key(fields)
+        if key not in made:
+            out = tmp_path_factory.mktemp("killed") / "runs"
+            made[key] = out, _kill_a_worker_after(out, fields, epochs_done=2)
+        source, run_id = made[key]
+        out = tmp_path / "runs"
+        # Every process of the run has ended; SQLite rebuilds the store's shared-memory
+        # index from the file and its log when the copy is first opened.
+        shutil.copytree(source, out, ignore=shutil.ignore_patterns("*-shm"))
+        return out, run_id
+    return get
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """`get(fields)`: the summary of an uninterrupted run of these fields, less TIMING_ONLY's,
+    trained once for the module."""
+    made: dict[str, dict] = {}
+
+    def get(fields: dict) -> dict:
+        fields = {k: v for k, v in fields.items() if k not in TIMING_ONLY}
+        key = _key(fields)
+        if key not in made:
+            made[key] = polyrhythm.train({**fields,
+                                          "out": str(tmp_path_factory.mktemp("whole"))})
+        return made[key]
+    return get
+
+
+def _store_of(summary: dict) -> RunStore:
+    return RunStore(Path(summary["run_dir"]).parent / "polyrhythm.db")
 
 
 def _started(out: Path, fields: dict, epochs_done: int) -> tuple[subprocess.Popen, Path,
@@ -92,13 +148,13 @@ def _checkpoint_folders(run_dir: Path) -> list[str]:
     ("bsp", {"compress": "topk", "ratio": 0.05, "compress_replies": True}),
     ("allreduce", {"compress": "powersgd", "rank": 2}),  # residuals and warm-start Qs
 ])
-def test_a_killed_run_resumed_ends_where_an_uninterrupted_one_ends(tmp_path, strategy, extra):
-    fields = {"strategy": strategy, "workers": 2, "epochs": EPOCHS, "dataset": "digits",
-              "steps_per_epoch": 10, "threads": 1, "worker_delay_s": [0.03, 0.03],
-              "lr_decay_every": 1, "lr_decay": 0.5, **extra}
-    out = tmp_path / "runs"
-    run_id = _kill_a_worker_after(out, {**fields, "servers": 1} if strategy == "bsp" else fields,
-                                  epochs_done=2)
+def test_a_killed_run_resumed_ends_where_an_uninterrupted_one_ends(tmp_path, killed,
+                                                                  uninterrupted, strategy,
+                                                                  extra):
+    fields = {**BSP, "strategy": strategy, **extra}
+    if strategy != "bsp":
+        del fields["servers"]
+    out, run_id = killed(fields, tmp_path)
     for later in complete_epochs(out / run_id, 2, 1):  # the kill may have come later
         if later > 2:
             shutil.rmtree(epoch_dir(out / run_id, later))
@@ -107,14 +163,14 @@ def test_a_killed_run_resumed_ends_where_an_uninterrupted_one_ends(tmp_path, str
     assert summary["run_id"] == run_id and summary["status"] == "completed"
     assert said[-1].startswith(f"resuming run {run_id} after epoch 2 of {EPOCHS}")
     assert len(summary["epoch_metrics"]) == EPOCHS
-    whole = polyrhythm.train({**fields, "out": str(tmp_path / "w")})
+    whole = uninterrupted(fields)
     assert max_diff(stored_parameters(summary), stored_parameters(whole)) <= 1e-5
     store = RunStore(out / "polyrhythm.db")
     (row,) = [r for r in store.runs() if r["run_id"] == run_id]
     assert row["status"] == "completed" and len(store.epochs(run_id)) == EPOCHS
     # The records made before the kill survive it, on one time line with those after.
-    _assert_one_time_line(store, run_id, summary, RunStore(tmp_path / "w" / "polyrhythm.db"),
-                          whole["run_id"], servers=strategy == "bsp")
+    _assert_one_time_line(store, run_id, summary, _store_of(whole), whole["run_id"],
+                          servers=strategy == "bsp")
     assert _checkpoint_folders(out / run_id) == [f"epoch-{EPOCHS - 1:04d}",
                                                  f"epoch-{EPOCHS:04d}"]
 
@@ -141,14 +197,11 @@ def _assert_one_time_line(store: RunStore, run_id: str, summary: dict, twin: Run
 
 
 def test_a_run_whose_launcher_was_killed_resumes_at_once_and_ends_as_an_uninterrupted_one(
-        tmp_path):
+        tmp_path, uninterrupted):
     """The launcher itself is SIGKILLed (an OOM kill, a closed terminal): its run is left
     `running` and its ranks leave on their own. `--resume` at once, with no listing in
     between to mark the run failed, waits for them and goes on."""
-    fields = {"strategy": "bsp", "workers": 2, "servers": 1, "epochs": EPOCHS,
-              "dataset": "digits", "steps_per_epoch": 10, "threads": 1,
-              "worker_delay_s": [0.03, 0.03], "lr_decay_every": 1, "lr_decay": 0.5,
-              "checkpoint_every": 1}
+    fields = {**BSP, "checkpoint_every": 1}
     out = tmp_path / "runs"
     launcher, run_dir, _ = _started(out, fields, epochs_done=2)
     family = psutil.Process(launcher.pid).children(recursive=True)
@@ -160,7 +213,7 @@ def test_a_run_whose_launcher_was_killed_resumes_at_once_and_ends_as_an_uninterr
     assert summary["status"] == "completed" and len(summary["epoch_metrics"]) == EPOCHS
     assert said[-1].startswith(f"resuming run {run_dir.name} after epoch ")
     assert not [p for p in family if _alive(p)]  # the resume waited for them to leave
-    whole = polyrhythm.train({**fields, "out": str(tmp_path / "w")})
+    whole = uninterrupted(fields)
     assert max_diff(stored_parameters(summary), stored_parameters(whole)) <= 1e-5
 
 
@@ -212,27 +265,21 @@ def test_resume_waits_for_the_processes_that_still_hold_the_run(tmp_path):
     {},  # the momentum buffer, re-sliced
     {"optimizer": "adam", "lr": 0.003},  # both moments re-sliced, the step count carried
 ])
-def test_resuming_with_two_servers_instead_of_one_matches(tmp_path, optimizer):
-    fields = {"strategy": "bsp", "workers": 2, "servers": 1, "epochs": EPOCHS,
-              "dataset": "digits", "steps_per_epoch": 10, "threads": 1,
-              "worker_delay_s": [0.03, 0.03], "lr_decay_every": 1, "lr_decay": 0.5,
-              **optimizer}
-    out = tmp_path / "runs"
-    run_id = _kill_a_worker_after(out, fields, epochs_done=2)
+def test_resuming_with_two_servers_instead_of_one_matches(tmp_path, killed, uninterrupted,
+                                                         optimizer):
+    fields = {**BSP, **optimizer}
+    out, run_id = killed(fields, tmp_path)
     summary = polyrhythm.resume(run_id, out, say=lambda line: None, servers=2)
     assert summary["servers"] == 2
-    whole = polyrhythm.train({**fields, "out": str(tmp_path / "w")})
+    whole = uninterrupted(fields)
     assert max_diff(stored_parameters(summary), stored_parameters(whole)) <= 1e-5
 
 
-def test_a_checkpoint_with_flipped_bytes_is_passed_over_said_and_set_aside(tmp_path):
+def test_a_checkpoint_with_flipped_bytes_is_passed_over_said_and_set_aside(tmp_path, killed):
     """The newest server file's bytes flipped: it still loads (other numbers), so only its
     digest tells; the resume goes on from the checkpoint before it, and the damaged one is
     set aside, so the epochs redone write a checkpoint of their own."""
-    fields = {"strategy": "bsp", "workers": 2, "servers": 1, "epochs": EPOCHS,
-              "dataset": "digits", "steps_per_epoch": 10, "worker_delay_s": [0.03, 0.03]}
-    out = tmp_path / "runs"
-    run_id = _kill_a_worker_after(out, fields, epochs_done=2)
+    out, run_id = killed(BSP, tmp_path)
     newest = complete_epochs(out / run_id, 2, 1)[-1]
     flip_tensor_bytes(epoch_dir(out / run_id, newest) / "server-0.pt")
     said = []
@@ -248,12 +295,12 @@ def test_a_checkpoint_with_flipped_bytes_is_passed_over_said_and_set_aside(tmp_p
     assert set(model) == {"model", "optimizer"}  # plain PyTorch state_dicts
 
 
-def test_a_diverging_run_stops_with_one_line_naming_epoch_and_step(tmp_path):
-    run = subprocess.run([sys.executable, "-m", "polyrhythm.cli", "train", "--dataset",
-                          "digits", "--lr", "1e6", "--workers", "2", "--epochs", "2",
-                          "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
-    assert run.returncode == 1 and run.stderr.count("\n") == 1, run.stderr
-    assert "diverged at epoch 1, step" in run.stderr and "training loss nan" in run.stderr
+def test_a_diverging_run_stops_with_one_line_naming_epoch_and_step(tmp_path, capfd):
+    code = main(["train", "--dataset", "digits", "--lr", "1e6", "--workers", "2", "--epochs",
+                 "2", "--out", str(tmp_path)])
+    stderr = capfd.readouterr().err
+    assert code == 1 and stderr.count("\n") == 1, stderr
+    assert "diverged at epoch 1, step" in stderr and "training loss nan" in stderr
     (row,) = RunStore(tmp_path / "polyrhythm.db").runs()
     assert row["status"] == "diverged" and row["error"].startswith("diverged at epoch 1")
 

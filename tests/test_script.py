@@ -7,6 +7,7 @@ import contextlib
 import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -302,15 +303,36 @@ def compute_spans(tmp_path: Path, run_id: str) -> dict[tuple[int, int], float]:
     return {(r["worker"], r["step"]): r["compute_s"] for r in rows if r["step"] > 0}
 
 
-def test_emulated_compute_replays_a_scripts_steps_with_its_full_traffic(tmp_path: Path) -> None:
+BSP_JOB = {"strategy": "bsp", "servers": 1, "workers": 2}
+
+
+@pytest.fixture(scope="module")
+def real_bsp(tmp_path_factory) -> tuple[Path, dict]:
+    """A real run of the script under bsp, SGD with momentum and no weight decay, made once
+    for the module: (the folder its runs/ is in, its summary). Tests that change its store
+    change a copy (copied)."""
+    folder = tmp_path_factory.mktemp("real")
+    return folder, run(folder, "--optimizer", "sgd", **BSP_JOB)
+
+
+def copied(real_bsp: tuple[Path, dict], tmp_path: Path) -> Path:
+    """The real run's runs/ folder copied into tmp_path (every process of the run has
+    ended; SQLite rebuilds the store's shared-memory index when the copy is opened)."""
+    shutil.copytree(real_bsp[0] / "runs", tmp_path / "runs",
+                    ignore=shutil.ignore_patterns("*-shm"))
+    return tmp_path / "runs"
+
+
+def test_emulated_compute_replays_a_scripts_steps_with_its_full_traffic(tmp_path: Path,
+                                                                         real_bsp) -> None:
     """bsp, SGD with momentum and no weight decay: the replay of a real run sleeps each of
     its compute times, sends every message the real run sent, byte for byte, and ends with
     the initial parameters (every gradient was zero). The script's own validation loss ran
     on the zero output: the targets' mean square; the training loss is unknown."""
-    job = {"strategy": "bsp", "servers": 1, "workers": 2}
-    real = run(tmp_path, "--optimizer", "sgd", **job)
+    copied(real_bsp, tmp_path)  # the replay is stored beside the run it replays
+    real = real_bsp[1]
     emulated = run(tmp_path, "--optimizer", "sgd", compute="emulated",
-                   compute_from=real["run_id"], **job)
+                   compute_from=real["run_id"], **BSP_JOB)
     for key in ("bytes_sent", "messages_sent"):
         assert ([r[key] for r in emulated["traffic_per_rank"]]
                 == [r[key] for r in real["traffic_per_rank"]])
@@ -346,7 +368,7 @@ def test_replaying_an_unknown_run_is_one_line_before_a_run_is_recorded(tmp_path:
 
 
 def test_calibrating_a_script_run_takes_its_model_batch_and_measured_spans(
-        tmp_path: Path) -> None:
+        tmp_path: Path, real_bsp) -> None:
     """The simulator calibrated from a script's run: the script's flat model, the global
     batch of its workers' loaders (not the config's), each worker's compute spans after
     the warm-up as the engine recorded them, the servers' update time; its prediction
@@ -356,10 +378,10 @@ def test_calibrating_a_script_run_takes_its_model_batch_and_measured_spans(
     from polyrhythm.sim.calibrate import calibrate
     from polyrhythm.sim.study import predict_runs
 
-    summary = run(tmp_path, strategy="bsp", servers=1, workers=2)
-    out, run_id = tmp_path / "runs", summary["run_id"]
+    summary = real_bsp[1]
+    out, run_id = copied(real_bsp, tmp_path), summary["run_id"]
     cal = calibrate(out, run_id)
-    model, _, _ = user_loop.build("adamw")
+    model, _, _ = user_loop.build("sgd")
     assert cal.costs.parameters == sum(p.numel() for p in model.parameters()) == 161
     assert cal.config.batch_size == 2 * user_loop.BATCH != load_config().batch_size
     warmup, steps = summary["warmup_steps"], 5 * EPOCHS

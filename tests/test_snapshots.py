@@ -22,10 +22,13 @@ from polyrhythm.runtime.job import whole_data
 from polyrhythm.runtime.snapshots import EpochSnapshots
 from polyrhythm.runtime.validation import evaluate
 
-EPOCHS, WORKERS = 12, 2
+EPOCHS, WORKERS = 6, 2
+# The resumed run's checkpoints: every 2 epochs, the last two kept (after epochs 4 and 6);
+# it resumes from the older.
+CHECKPOINT_EVERY, RESUMED_AFTER = 2, 4
 # Beyond what a worker holds to train: the model being validated and the final model put
-# aside meanwhile. The old way held every epoch's model (12 here) and, agreeing on them, a
-# stacked copy (12 more).
+# aside meanwhile. The old way held every epoch's model (6 here) and, agreeing on them, a
+# stacked copy (6 more).
 EXTRA_MODELS = 2
 
 
@@ -86,10 +89,10 @@ def _trained(role, build) -> dict:
 
 
 def _resumed(role, build) -> dict:
-    """The whole run with checkpoints every 4 epochs (each epoch's model kept as it ends),
-    left without a report; then a fresh worker resumed from the checkpoint after epoch 8
-    trains the last 4 epochs again and reports. Measures: the fresh worker's, before and
-    after it resumed, and as in _trained."""
+    """The whole run with checkpoints every CHECKPOINT_EVERY epochs (each epoch's model kept
+    as it ends), left without a report; then a fresh worker resumed from the checkpoint after
+    epoch RESUMED_AFTER trains the last epochs again and reports. Measures: the fresh
+    worker's, before and after it resumed, and as in _trained."""
     run = Path(role.ctx.config.out) / "run"
     role.ctx.run_dir = run  # build() makes workers on this context
     first = build()
@@ -102,7 +105,7 @@ def _resumed(role, build) -> dict:
     resumed = build()
     size, held = resumed.flat.data.nbytes, []
     before = models_held(size)
-    resumed.resume(Resume(epoch_dir(run, 8), servers=0))
+    resumed.resume(Resume(epoch_dir(run, RESUMED_AFTER), servers=0))
     held.append(("resumed", models_held(size)))
     _instrument(resumed, held, keep_as=None)
     resumed.run()
@@ -183,7 +186,7 @@ def test_memory_for_the_epochs_models_does_not_grow_and_figures_are_as_before(
 
 
 def test_a_resumed_worker_reads_the_epochs_models_when_validating_not_before(tmp_path):
-    config = config_for(tmp_path, "localsgd", checkpoint_every=4)
+    config = config_for(tmp_path, "localsgd", checkpoint_every=CHECKPOINT_EVERY)
     got = play_ranks(tmp_path, config, _resumed)
     first = got[0][1]
     # Each epoch's model went to its checkpoint file as the epoch ended, every worker's,
@@ -191,12 +194,12 @@ def test_a_resumed_worker_reads_the_epochs_models_when_validating_not_before(tmp
     assert first["written"] == sorted(f"worker-{w}-epoch-{e:04d}.pt{digest}"
                                       for w in range(WORKERS) for e in range(EPOCHS)
                                       for digest in ("", ".sha256"))
-    assert first["done"] == [8, 12]
+    assert first["done"] == [RESUMED_AFTER, EPOCHS]
     for _, result in got.values():
         (when, resumed), *held = result["held"]
         assert when == "resumed" and resumed == result["before"]  # nothing read yet
         check_bounded(held, base=result["before"])
-    # The first 8 epochs validated on the files, the last 4 trained again: the figures of
+    # The first 4 epochs validated on the files, the last 2 trained again: the figures of
     # the whole run's models (local SGD resumes exactly).
     assert validated(first["epochs"]) == reference_figures(config, str(tmp_path / "kept"),
                                                            consensus=True)

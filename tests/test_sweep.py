@@ -14,7 +14,7 @@ import numpy as np
 import psutil
 import pytest
 
-from helpers import HANG_GUARD_S, finished, give_up, rank_processes
+from helpers import HANG_GUARD_S, give_up, rank_processes
 from polyrhythm.cli import main
 from polyrhythm.errors import ConfigError, RunFailed
 from polyrhythm.metrics.records import STORE_NAME
@@ -291,7 +291,7 @@ def completed_rows(out: Path, sweep_id: str) -> list[dict]:
     return [r for r in rows if r["status"] == "completed"]
 
 
-def test_a_killed_sweep_restarts_with_only_the_missing_runs(tmp_path):
+def test_a_killed_sweep_restarts_with_only_the_missing_runs(tmp_path, capsys):
     # Each run trains for 1.2 s (3 steps of 0.4 s emulated compute): long enough to be
     # killed in, since a rank starts in milliseconds.
     slow = {**QUICK, "worker_delay_s": [0.4]}
@@ -315,9 +315,10 @@ def test_a_killed_sweep_restarts_with_only_the_missing_runs(tmp_path):
     earlier = len(completed_rows(out, "resume"))
     assert earlier in (2, 3)
 
-    second = cli("sweep", str(path), "--out", str(out), "--json")
-    stdout, stderr = finished(second, "restarted")
-    assert second.returncode == 0, stderr
+    # Restarted by the command's main, in this process.
+    code = main(["sweep", str(path), "--out", str(out), "--json"])
+    stdout, stderr = capsys.readouterr()
+    assert code == 0, stderr
     result = json.loads(stdout.splitlines()[-1])
     assert (result["earlier"], result["ran"], result["completed"]) == (earlier, 4 - earlier, 4)
     completed = {r["run_id"] for r in RunStore(out / STORE_NAME).runs()
@@ -338,7 +339,7 @@ def fake_cifar10(directory: Path, per_batch: int = 8) -> Path:
     return directory
 
 
-def test_a_point_that_fails_at_run_time_leaves_the_others_and_exits_1(tmp_path):
+def test_a_point_that_fails_at_run_time_leaves_the_others_and_exits_1(tmp_path, capfd):
     good = fake_cifar10(tmp_path / "cifar")
     bad = tmp_path / "not-an-archive.tar.gz"
     bad.write_text("no archive here")
@@ -348,9 +349,9 @@ def test_a_point_that_fails_at_run_time_leaves_the_others_and_exits_1(tmp_path):
         f"data_path = [{json.dumps(str(bad))}, "
         f"{json.dumps(str(good))}]", ""]))
     out = tmp_path / "runs"
-    proc = cli("sweep", str(path), "--out", str(out))
-    stdout, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 1, stderr
+    code = main(["sweep", str(path), "--out", str(out)])  # the command, in this process
+    stdout, stderr = capfd.readouterr()
+    assert code == 1, stderr
     assert "Traceback" not in stdout + stderr
     assert "2 runs, 1 completed (0 earlier), 1 failed" in stdout
     assert "neither a complete tar archive nor a directory" in stdout.split("failed:\n", 1)[1]
@@ -362,10 +363,10 @@ def test_a_point_that_fails_at_run_time_leaves_the_others_and_exits_1(tmp_path):
 def test_compare_writes_a_report_and_report_rewrites_it(tmp_path, capsys):
     out = tmp_path / "runs"
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in QUICK.items()]
-    proc = cli("compare", "--strategies", "allreduce,localsgd", "--id", "cmp", *flags,
-               "--out", str(out), "--json")
-    stdout, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 0, stderr
+    code = main(["compare", "--strategies", "allreduce,localsgd", "--id", "cmp", *flags,
+                 "--out", str(out), "--json"])
+    stdout, stderr = capsys.readouterr()
+    assert code == 0, stderr
     result = json.loads(stdout.splitlines()[-1])
     assert result["sweep_id"] == "cmp" and result["completed"] == 2
     assert (out / "sweeps" / "cmp" / "sweep.toml").exists()
