@@ -1,6 +1,7 @@
 """Set-up for the whole suite."""
 
 import signal
+import subprocess
 
 import pytest
 import torch
@@ -28,3 +29,20 @@ def torch_threads_unchanged():
     assert after == before, (f"the test left torch's thread count at {after} (it was "
                              f"{before}): set it with helpers.torch_threads")
 
+
+
+@pytest.fixture
+def advise(capfd):
+    """`advise(*args)`: `polyrhythm advise ARGS...` (the command's main, in this process) as a
+    finished process: its exit code, stdout and stderr (test_advise, test_sim_compression)."""
+    from polyrhythm.cli import main
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        capfd.readouterr()  # what came before is not the command's
+        try:
+            code = main(["advise", *args])
+        except SystemExit as exc:  # argparse's usage errors exit as `python -m` would
+            code = exc.code
+        captured = capfd.readouterr()
+        return subprocess.CompletedProcess(args, code, captured.out, captured.err)
+    return run

@@ -5,28 +5,11 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 
 import pytest
 
-from polyrhythm.cli import main
 from polyrhythm.config import make_config
 from polyrhythm.metrics.store import RunStore
-
-
-@pytest.fixture
-def advise(capfd):
-    """`advise(*args)`: `polyrhythm advise ARGS...` (the command's main, in this process) as a
-    finished process: its exit code, stdout and stderr."""
-    def run(*args: str) -> subprocess.CompletedProcess:
-        capfd.readouterr()  # what came before is not the command's
-        try:
-            code = main(["advise", *args])
-        except SystemExit as exc:  # argparse's usage errors exit as `python -m` would
-            code = exc.code
-        captured = capfd.readouterr()
-        return subprocess.CompletedProcess(args, code, captured.out, captured.err)
-    return run
 
 
 def test_advise_ranks_options_and_recommends_one(advise, tmp_path):

@@ -27,7 +27,7 @@ from polyrhythm.sim import Costs, simulate
 from polyrhythm.sim.calibrate import calibrate
 from polyrhythm.sim.compressed import HEADER, REPLY_HEADER, codec_key, settings_key
 from polyrhythm.sim.setup import setup, simulation_config
-from test_advise import _stored, advise
+from test_advise import _stored
 from test_compression_runs import CNN_SHAPES
 
 STEPS = 20  # small_config's 2 epochs of 10
@@ -39,7 +39,7 @@ def on_hosts(cal):
     return simulation_config(cal.config.to_dict(), {"bandwidth": ["1gbit"]})
 
 
-def test_a_simulated_bsp_top_k_run_sends_the_real_runs_pushes_and_replies(tmp_path):
+def test_a_simulated_bsp_top_k_run_sends_the_real_runs_pushes_and_replies(advise, tmp_path):
     summary = polyrhythm.train(small_config(tmp_path, strategy="bsp", workers=2,
                                             compress="topk", ratio=0.01))
     cal = calibrate(tmp_path / "runs", summary["run_id"])
@@ -175,7 +175,7 @@ def test_a_compressors_label_reads_alike_from_settings_and_stored_fields():
     assert codec_key("none", {"ratio": 0.5}) == "none"
 
 
-def test_advise_ranks_every_strategy_with_every_compressor(tmp_path):
+def test_advise_ranks_every_strategy_with_every_compressor(advise, tmp_path):
     run = advise("--hosts", "4", "--compute-time", "10ms", "--compressors", "none,fp16",
                  "topk", "--json", "--out", str(tmp_path))
     assert run.returncode == 0, run.stderr
@@ -193,7 +193,7 @@ def test_advise_ranks_every_strategy_with_every_compressor(tmp_path):
         assert o["caution"] or o["compress"] == "none"
 
 
-def test_advise_flags_a_compressor_whose_stored_runs_lost_accuracy(tmp_path):
+def test_advise_flags_a_compressor_whose_stored_runs_lost_accuracy(advise, tmp_path):
     _stored(tmp_path, "bsp-8", "bsp", 8, 0.93)
     _stored(tmp_path, "bsp-8-topk", "bsp", 8, 0.90, compress="topk")  # lost 3 points
     _stored(tmp_path, "bsp-8-fp16", "bsp", 8, 0.928, compress="fp16")  # lost 0.2
@@ -227,7 +227,7 @@ def test_advise_flags_a_compressor_whose_stored_runs_lost_accuracy(tmp_path):
     assert math.isfinite(topk["samples_per_s"])
 
 
-def test_advise_rejects_an_unknown_compressor_in_one_line(tmp_path):
+def test_advise_rejects_an_unknown_compressor_in_one_line(advise, tmp_path):
     run = advise("--hosts", "4", "--compute-time", "1s", "--compressors", "zip",
                  "--out", str(tmp_path))
     assert run.returncode == 2 and run.stderr.count("\n") == 1, run.stderr
