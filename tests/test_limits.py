@@ -24,6 +24,7 @@ from polyrhythm.compression.wire import Extent
 from polyrhythm.config import CLUSTER, COMPONENTS, GENERAL, OPTIMIZER, RunConfig, make_config
 from polyrhythm.data.plan import hold_out
 from polyrhythm.errors import ConfigError
+from polyrhythm.launch import launchers
 from polyrhythm.launch.cgroups import quota_files
 from polyrhythm.limits import (
     MAX_CLASSES,
@@ -214,7 +215,7 @@ def test_resuming_to_fewer_epochs_than_done_is_refused_and_the_run_left_as_it_wa
         path = epoch_dir(record.dir, 2) / f"worker-{worker}.pt"
         path.parent.mkdir(parents=True, exist_ok=True)
         torch.save({}, path)
-    monkeypatch.setattr(polyrhythm.api, "launch_local", _recorded)
+    monkeypatch.setattr(launchers, "launch_local", _recorded)  # the local launcher's start
     with pytest.raises(ConfigError, match=f"^run {record.run_id} has done 2 epochs: --epochs 1 "
                                           "would end it before them; give at least 2$"):
         polyrhythm.api.resume(record.run_id, out, say=lambda line: None, epochs=1)
