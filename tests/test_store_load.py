@@ -1,7 +1,7 @@
-"""The run store under load and faults: several processes training on one store while this
-process lists and reports on it lose nothing; a run whose launcher died (SIGKILL) reads
-`failed (launcher gone)` the next time the runs are listed, and a run whose launcher lives is
-never marked; a schema-3 store opens and gains the launcher column."""
+"""The run store under load and faults: several processes training, listing and reporting on
+one store at once lose nothing; a run whose launcher died (SIGKILL) reads `failed (launcher
+gone)` the next time the runs are listed, and a run whose launcher lives is never marked; a
+schema-3 store opens and gains the launcher column."""
 
 from __future__ import annotations
 
@@ -14,9 +14,7 @@ import time
 from pathlib import Path
 
 import psutil
-import pytest
 
-from polyrhythm.cli import main
 from polyrhythm.config import make_config
 from polyrhythm.metrics.records import STORE_NAME
 from polyrhythm.metrics.store import (
@@ -38,19 +36,11 @@ def polyrhythm(*args: str) -> list[str]:
     return [sys.executable, "-m", "polyrhythm.cli", *args]
 
 
-@pytest.fixture
-def cli(capsys):
-    """`cli(*args)`: `polyrhythm ARGS...` as the command runs it (its main, in this process:
-    a reader of the store beside the processes that train) as a finished process."""
-    def run(*args: str) -> subprocess.CompletedProcess[str]:
-        capsys.readouterr()  # what came before is not the command's
-        code = main(list(args))
-        stdout, stderr = capsys.readouterr()
-        return subprocess.CompletedProcess(args, code, stdout, stderr)
-    return run
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(polyrhythm(*args), capture_output=True, text=True, timeout=300)
 
 
-def listed(cli, out: Path) -> dict[str, dict]:
+def listed(out: Path) -> dict[str, dict]:
     """`polyrhythm runs --json`, by run id."""
     done = cli("runs", "--out", str(out), "--json")
     assert done.returncode == 0 and LOCKED not in done.stderr, done.stderr
@@ -70,7 +60,7 @@ def seed_run(out: Path) -> str:
     return run_id
 
 
-def test_four_trains_and_reports_on_one_store_lose_nothing(tmp_path, cli):
+def test_four_trains_and_reports_on_one_store_lose_nothing(tmp_path):
     out = tmp_path / "runs"
     # A new store: the trains (and this process) make it at once.
     trains = [subprocess.Popen(polyrhythm("train", *QUICK, "--out", str(out), "--json"),
@@ -79,7 +69,7 @@ def test_four_trains_and_reports_on_one_store_lose_nothing(tmp_path, cli):
     seeded = seed_run(out)
     readers = 0
     while any(t.poll() is None for t in trains):  # list and report while they train
-        listed(cli, out)
+        listed(out)
         report = cli("report", "--out", str(out), "--format", "md", seeded)
         assert report.returncode == 0 and LOCKED not in report.stderr, report.stderr
         readers += 2
@@ -89,7 +79,7 @@ def test_four_trains_and_reports_on_one_store_lose_nothing(tmp_path, cli):
         assert train.returncode == 0 and LOCKED not in stderr, stderr
         ids.append(json.loads(stdout.splitlines()[-1])["run_id"])
     assert readers >= 2 and len(set(ids)) == 4
-    runs = listed(cli, out)
+    runs = listed(out)
     assert set(runs) == {seeded, *ids}
     store = RunStore(out / STORE_NAME)
     for run_id in ids:
@@ -141,8 +131,7 @@ def _rows(out: Path) -> dict[str, str]:
         return {}
 
 
-def test_a_killed_launchers_run_reads_failed_and_a_live_one_is_left_running(tmp_path,
-                                                                              cli):
+def test_a_killed_launchers_run_reads_failed_and_a_live_one_is_left_running(tmp_path):
     out = tmp_path / "runs"
     victim, killed, family = running_launcher(out)
     live, running, _ = running_launcher(out)
@@ -151,7 +140,7 @@ def test_a_killed_launchers_run_reads_failed_and_a_live_one_is_left_running(tmp_
     _, alive = psutil.wait_procs(family, timeout=30)  # its ranks leave with it
     assert not alive, alive
     try:
-        runs = listed(cli, out)
+        runs = listed(out)
         assert runs[killed]["status"] == "failed" and runs[killed]["error"] == LAUNCHER_GONE
         assert runs[running]["status"] == "running" and runs[running]["error"] is None
         table = cli("runs", "--out", str(out))
@@ -283,7 +272,7 @@ PRAGMA user_version = 3;
 """
 
 
-def test_a_schema_3_store_opens_and_gains_the_launcher_column(tmp_path, cli):
+def test_a_schema_3_store_opens_and_gains_the_launcher_column(tmp_path):
     out = tmp_path / "runs"
     out.mkdir()
     path = out / STORE_NAME
@@ -303,7 +292,7 @@ def test_a_schema_3_store_opens_and_gains_the_launcher_column(tmp_path, cli):
         columns = [r[1] for r in conn.execute("PRAGMA table_info(runs)")]
     conn.close()
     assert columns[-1] == "launcher"
-    runs = listed(cli, out)
+    runs = listed(out)
     assert runs["old-done"]["status"] == "completed" and runs["old-done"]["launcher"] is None
     # Nobody knows who ran the old running row: it is left as it is.
     assert runs["old-running"]["status"] == "running"
@@ -313,4 +302,4 @@ def test_a_schema_3_store_opens_and_gains_the_launcher_column(tmp_path, cli):
     config = make_config({"workers": 1, "dataset": "digits", "out": str(out)})
     RunStore(path).add_run("new", "2026-01-02T00:00:00+00:00", config.columns(),
                            config.to_toml())
-    assert listed(cli, out)["new"]["launcher"] == process_identity()
+    assert listed(out)["new"]["launcher"] == process_identity()
