@@ -2,8 +2,8 @@
 
 It shows an ordinary PyTorch training loop (AdamW with two param groups, a warm-up then
 cosine schedule, gradient clipping, a held-out validation loss and next-character accuracy)
-made distributed by five polyrhythm lines: `pr.init()`, `job.wrap(model, opt)`, `job.epochs`,
-`job.loader` and `job.finish()`. The text ships with Python: the help texts of
+made distributed by six polyrhythm lines: `pr.init()`, `job.wrap(model, opt)`, `job.epochs`,
+`job.loader`, `job.backward(loss)` and `job.finish()`. The text ships with Python: the help texts of
 `pydoc_data.topics` (what `help("topics")` shows), about 460 KB, so nothing is downloaded.
 
     python examples/char_lm.py --steps 100                  # alone, as a plain script
@@ -18,7 +18,8 @@ on the very batches polyrhythm's all-reduce takes, to compare the two: both end 
 parameters, clipped or not. Under polyrhythm the clip is `job.clip_grad_norm_`, which clips
 what the step applies (under all-reduce the workers' mean gradient, as DDP's clip after its
 backward does); `torch.nn.utils.clip_grad_norm_` would clip each worker's own before the
-exchange.
+exchange. A clipped step's loss goes to `job.backward(loss, exchange=False)`: the gradients
+leave at the step, once clipped; unclipped, they leave as backward makes them.
 
 `--ddp --powersgd R` registers PyTorch's own PowerSGD communication hook (rank R, error
 feedback and warm start, matrices compressed where the factors take under half of them) to
@@ -256,15 +257,16 @@ def validation_line(loss: float, accuracy: float) -> str:
 
 
 def train(args, model, opt, schedule, batches, epochs, windows, log, talk: bool,
-          clock: StepClock, clip) -> None:
+          clock: StepClock, backward, clip) -> None:
     """The loop, as a single-process script has it: stops after `args.steps` steps.
-    `clip(max_norm)` clips the gradient the step applies."""
+    `backward(loss)` runs the step's backward; `clip(max_norm)` clips the gradient the step
+    applies."""
     step = 0
     for _ in epochs:
         clock.new_epoch()
         for x, y in batches:
             loss = next_char_loss(model(x), y)
-            loss.backward()
+            backward(loss)
             if args.clip:
                 clip(args.clip)
             opt.step()
@@ -296,7 +298,7 @@ def main(args: argparse.Namespace) -> None:
 
     clock = StepClock(args.measure_after or 0, args.batch * job.workers)
     train(args, model, opt, schedule, batches, epochs, validation, log, job.worker == 0, clock,
-          job.clip_grad_norm_)
+          lambda loss: job.backward(loss, exchange=not args.clip), job.clip_grad_norm_)
     # The run's final model, evaluated once: the record's final figures are this model's.
     job.finish(evaluate=lambda final: dict(zip(("val_loss", "val_accuracy"),
                                                evaluate(final, validation), strict=True)))
@@ -335,6 +337,7 @@ def ddp(args: argparse.Namespace) -> None:
         wrapped = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=ONE_BUCKET_MB)
         powersgd_hook(wrapped, args.powersgd)
     train(args, wrapped, opt, schedule, batches, epochs, validation, log, rank == 0, clock,
+          torch.Tensor.backward,
           lambda max_norm: nn.utils.clip_grad_norm_(model.parameters(), max_norm))
     if args.save and rank == 0:
         torch.save(model.state_dict(), args.save)

@@ -80,7 +80,7 @@ def main(args: argparse.Namespace) -> None:
     model, opt = job.wrap(model, opt)
     for epoch in job.epochs(args.epochs):
         for images, labels in job.loader(train_set, batch_size=args.batch):
-            F.cross_entropy(model(images), labels).backward()
+            job.backward(F.cross_entropy(model(images), labels))
             opt.step()
             opt.zero_grad()
         figures = validate(model, validation)

@@ -168,7 +168,7 @@ def main(args: argparse.Namespace) -> None:
     batches = job.loader(train_set, batch_size=args.batch)
     for epoch in job.epochs(args.epochs):
         for x, y in batches:
-            loss_of(args.model, model(x), y).backward()
+            job.backward(loss_of(args.model, model(x), y))
             opt.step()
             opt.zero_grad()
         figures = validate(args.model, model, validation, target_scale)

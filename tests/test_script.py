@@ -22,6 +22,7 @@ from polyrhythm import api
 from polyrhythm.cli.train import format_summary
 from polyrhythm.errors import PolyrhythmError, RunFailed
 from polyrhythm.launch.local import process_name
+from polyrhythm.layout import BucketLayout
 from polyrhythm.metrics.records import RunRecord
 from polyrhythm.metrics.store import RunStore
 from script_reference import (
@@ -120,6 +121,41 @@ def test_plain_python_runs_the_script_alone(tmp_path: Path) -> None:
              cwd=tmp_path, env={k: v for k, v in os.environ.items() if k != "RANK"})
     assert farthest(torch.load(tmp_path / "alone.pt"), one_process(workers=1)) <= 1e-6
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_scripts_buckets_leave_while_its_backward_runs(tmp_path: Path) -> None:
+    """Under bsp with buckets of 4 KiB, the deep model's buckets that hold only its later
+    layers are pushed, given job.backward(loss), before backward has computed the first
+    layer's gradient, at every step (order of events: the messages sent by then); given
+    loss.backward(), none before the step. Both train the same model, bit for bit."""
+    first_layer = 8 * 64 + 64  # its weight and bias lead the flat model
+    numel = sum(p.numel() for p in user_loop.build("sgd", deep=True)[0].parameters())
+    later = sum(a >= first_layer for _, a, _ in BucketLayout(numel, 1, 4).buckets)
+    assert later >= 3
+    models, seen = [], {}
+    for backward in ([], ["--plain-backward"]):
+        probe = tmp_path / f"probe{len(backward)}"
+        summary = run(tmp_path, "--deep", "--optimizer", "sgd", "--epochs", "2", "--probe",
+                      str(probe), *backward, strategy="bsp", servers=1, workers=1, bucket_kb=4)
+        seen[bool(backward)] = [int(n) for n in probe.read_text().split()]
+        models.append(torch.load(RunRecord(tmp_path / "runs", summary["run_id"]).model_path))
+    steps = 2 * user_loop.EXAMPLES // user_loop.BATCH
+    assert seen == {False: [later] * steps, True: [0] * steps}
+    assert models[0].keys() == models[1].keys()
+    assert all(torch.equal(models[0][k], models[1][k]) for k in models[0])
+
+
+@pytest.mark.parametrize(("fault", "says"), [
+    ("clip-after-send", "ConfigError: the gradients changed between job.backward(loss) and "
+                        "opt.step() (a clip? another backward?), after job.backward sent them"),
+    ("backward-twice", "ConfigError: job.backward(loss) came twice before opt.step(): the "
+                       "first sent the step's gradients"),
+])
+def test_gradients_changed_after_job_backward_sent_them_are_one_line(
+        tmp_path: Path, fault: str, says: str) -> None:
+    with pytest.raises(RunFailed) as failed:
+        run(tmp_path, "--fault", fault, strategy="bsp", servers=1, workers=1)
+    assert says in str(failed.value) and "\n" not in str(failed.value)
 
 
 @pytest.mark.parametrize(("fault", "config", "says"), [

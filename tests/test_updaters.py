@@ -252,7 +252,7 @@ def test_a_users_optimizers_flat_state_is_what_the_servers_take_over():
     net, user = grouped_user_optimizer()
     flat = FlatParameters(net)
     spec = optimizer_spec(user, flat, "switch")
-    mine = UserOptimizer(user, flat)
+    mine = UserOptimizer(user, flat, user.step)
     assert mine.flat_state() == {} and mine.state_keys == spec.state_keys()
     grads = gradients(20, SIZE)
     steps([mine], [0, SIZE], grads[:10])
@@ -271,7 +271,7 @@ def test_a_users_optimizers_flat_state_is_what_the_servers_take_over():
 def test_a_users_optimizer_with_a_per_tensor_state_has_no_flat_state():
     net = model()
     adafactor = torch.optim.Adafactor(net.parameters(), lr=0.01)
-    mine = UserOptimizer(adafactor, FlatParameters(net))
+    mine = UserOptimizer(adafactor, FlatParameters(net), adafactor.step)
     steps([mine], [0, SIZE], gradients(1, SIZE))
     with pytest.raises(ConfigError, match="^Adafactor keeps its state per whole tensor, "
                                           "which has no flat form$"):

@@ -296,7 +296,7 @@ def kept_state(cls: type, hyper: dict) -> StateKeys:
     carried too."""
     probe = torch.nn.Parameter(torch.zeros(2))
     optimizer = cls([probe], **hyper)
-    optimizer.polyrhythm_internal = True  # ours, not a user's (runtime/script_hooks.py)
+    optimizer.polyrhythm_internal = True  # ours, not a user's (runtime/job_optimizer.py)
     probe.grad = torch.ones(2)
     optimizer.step()
     state = optimizer.state[probe]

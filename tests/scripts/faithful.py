@@ -81,7 +81,7 @@ def main(args) -> None:
         own = 0.0
         for x, y in job.loader(train, batch_size=BATCH):
             loss = F.cross_entropy(model(x), y)
-            loss.backward()
+            job.backward(loss, exchange=not args.clip)
             if args.clip:
                 job.clip_grad_norm_(args.clip)
             opt.step()

@@ -5,7 +5,11 @@ DistributedDataParallel instead (torchrun), `--fault` breaks it one way. The fin
 parameters are saved by worker 0 to --save. `--keep FILE` keeps the schedule and a tally of
 the steps in the checkpoints (job.keep) and writes the tally there at the end;
 `--fail-once MARKER` fails worker 1 after its first step of epoch 3 unless MARKER exists,
-which it then makes, so the run resumed goes on (tests/test_script_resume.py)."""
+which it then makes, so the run resumed goes on (tests/test_script_resume.py).
+Each step's loss goes to `job.backward(loss)`, or with `--plain-backward` to `loss.backward()`;
+`--deep` trains a model of three layers, and `--probe FILE` has worker 0 write, for each
+step, how many messages it had sent when its first layer's gradient was computed (the last
+of the step's backward)."""
 
 import argparse
 import os
@@ -27,7 +31,11 @@ parser.add_argument("--plain-epochs", action="store_true",
                     help="range(epochs), not job.epochs: each pass of the loader is an epoch")
 parser.add_argument("--fault", choices=["wrap-twice", "unwrapped", "seed", "raise", "exit",
                                         "no-val-loss", "uneven-val-loss", "counted-output",
-                                        "log-of-output", "killed-after-finish"])
+                                        "log-of-output", "killed-after-finish", "given-stepped",
+                                        "clip-after-send", "backward-twice"])
+parser.add_argument("--plain-backward", action="store_true")
+parser.add_argument("--deep", action="store_true")
+parser.add_argument("--probe", metavar="FILE")
 parser.add_argument("--keep", metavar="FILE")
 parser.add_argument("--fail-once", metavar="MARKER")
 parser.add_argument("--kill", nargs=2, type=int, metavar=("WORKER", "STEP"),
@@ -49,10 +57,14 @@ class Tally:
         self.steps = state["steps"]
 
 
-def build(optimizer: str, seed: int = 0):
+def build(optimizer: str, seed: int = 0, deep: bool = False):
     """The model, its optimizer and its schedule."""
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    if deep:
+        model = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.Tanh(),
+                                    torch.nn.Linear(64, 64), torch.nn.Tanh(),
+                                    torch.nn.Linear(64, 1))
     opt = make_optimizer(model, optimizer)
     return model, opt, torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=16)
 
@@ -124,10 +136,15 @@ def die_at(args, job, taken: int) -> None:
 def main(args) -> None:
     job = pr.init()
     die_at(args, job, 0)
-    model, opt, sched = build(args.optimizer, seed=job.worker if args.fault == "seed" else 0)
+    model, opt, sched = build(args.optimizer, seed=job.worker if args.fault == "seed" else 0,
+                              deep=args.deep)
     if args.fault == "counted-output":
         model = Counted(model)
+    given = opt
     model, opt = job.wrap(model, opt)
+    if args.fault == "given-stepped":
+        opt = given
+    probe = Probe(job, model, args.probe)
     if args.fault == "wrap-twice":
         job.wrap(model, opt)
     tally = Tally()
@@ -136,16 +153,24 @@ def main(args) -> None:
         job.keep("tally", tally)
     for epoch in range(args.epochs) if args.plain_epochs else job.epochs(args.epochs):
         for step, (x, y) in enumerate(job.loader(data(), batch_size=BATCH)):
+            die_at(args, job, tally.steps)  # before its backward, which may push already
+            probe.begin()
             output = model(x)
             loss = F.mse_loss(output["prediction"] if isinstance(output, dict) else output, y)
             if args.fault == "log-of-output":  # finite on a real output, infinite on zeros
                 loss = loss - output.abs().log().mean()
-            loss.backward()
+            if args.plain_backward:
+                loss.backward()
+            else:
+                job.backward(loss)
+            if args.fault == "clip-after-send":
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            if args.fault == "backward-twice":
+                job.backward(F.mse_loss(model(x), y))
             if args.fault == "raise" and job.worker == 1 and epoch == 1:
                 raise ValueError("the user's own bug")
             if args.fault == "unwrapped":
                 torch.optim.SGD(model.parameters(), lr=0.1).step()
-            die_at(args, job, tally.steps)
             opt.step()
             opt.zero_grad()
             sched.step()
@@ -164,9 +189,34 @@ def main(args) -> None:
     if args.keep and job.worker == 0:
         with open(args.keep, "w") as file:
             file.write(str(tally.steps))
+    probe.write()
     job.finish()
     if args.fault == "killed-after-finish" and job.worker == 1:  # the run is recorded by now
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+class Probe:
+    """--probe: on worker 0, the messages it sent in each step from its forward until
+    the gradient of the model's first layer was computed (a tensor hook runs then), written
+    to `path` one step a line."""
+
+    def __init__(self, job, model: torch.nn.Module, path: str | None) -> None:
+        self.path, self.seen = path if job.worker == 0 else None, []
+        if self.path is not None:
+            self.counters = job.ctx.transport.counters
+            model[0].weight.register_hook(self.computed)
+
+    def begin(self) -> None:
+        if self.path is not None:
+            self.sent = self.counters.messages_sent
+
+    def computed(self, grad: torch.Tensor) -> None:
+        self.seen.append(self.counters.messages_sent - self.sent)
+
+    def write(self) -> None:
+        if self.path is not None:
+            with open(self.path, "w") as file:
+                file.write("\n".join(map(str, self.seen)))
 
 
 def fail_once(marker: str) -> None:

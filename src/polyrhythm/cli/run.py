@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
         if args.script or args.script_args:
             raise ConfigError("--resume starts the run's own script with its own arguments: "
                               "drop SCRIPT and what follows it")
-        start_forkserver()
+        start_forkserver(scripts=True)
         from polyrhythm.api import resume_script
 
         return resumed(args, resume_script)
@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("polyrhythm run needs SCRIPT (or --resume RUN_ID)")
     config = load_config(args.config, **config_flags(args))  # bad input fails before torch
     if not config.cluster.hosts:
-        start_forkserver()
+        start_forkserver(scripts=True)
     from polyrhythm.api import run_script
 
     script_args = args.script_args[1:] if args.script_args[:1] == ["--"] else args.script_args

@@ -39,12 +39,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def start_forkserver() -> None:
-    """A local run's ranks' forkserver, started before this process imports torch, to import
-    it at the same time (launch/forkserver.py)."""
+def start_forkserver(scripts: bool = False) -> None:
+    """A local run's ranks' forkserver (for a script's ranks, or polyrhythm train's),
+    started before this process imports torch, to import it at the same time
+    (launch/forkserver.py)."""
     from polyrhythm.launch import forkserver
 
-    forkserver.start()
+    forkserver.start(scripts)
 
 
 def resumed(args: argparse.Namespace, resume, **options) -> int:

@@ -20,26 +20,33 @@ from multiprocessing import forkserver
 
 # Imported once by the forkserver; every rank is forked with them loaded: a built-in job's
 # (local, rank) and a script's (preloaded, and script: what polyrhythm.init() imports).
-# torch._dynamo: the first torch.optim optimizer a process creates imports it (1.2-2.3 s of
-# CPU here), so without it every script rank paid that on its own; preloaded, the ranks share
-# its pages (about 70 MB each, mostly shared) and a script run starts seconds sooner.
 PRELOAD = ["polyrhythm.launch.local", "polyrhythm.launch.rank", "polyrhythm.launch.preloaded",
-           "polyrhythm.launch.script_rank", "torch._dynamo"]
+           "polyrhythm.launch.script_rank"]
+# torch._dynamo: the first torch.optim optimizer a process makes imports it (1.2-2.3 s of CPU
+# here), so without it every rank of a script paid that on its own; preloaded, the ranks share
+# its pages (about 70 MB each, mostly shared) and a script run starts seconds sooner.
+# polyrhythm train's job makes none, and its command starts a forkserver of its own for its
+# one run: importing it there would delay that run's ranks (0.8 s of each run's start here).
+FOR_SCRIPTS = [*PRELOAD, "torch._dynamo"]
+_preload = FOR_SCRIPTS  # what this process's forkserver imports (start chooses)
 CHILD_ENVIRONMENT = {"GOMP_SPINCOUNT": "10000", "GLOO_SOCKET_IFNAME": "lo"}
 
 
 def context():
     """The forkserver context, with the runtime to preload."""
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(PRELOAD)
+    ctx.set_forkserver_preload(_preload)
     return ctx
 
 
-def start() -> None:
-    """Start the forkserver now, in the ranks' environment. It keeps running for this
-    process's later runs and ends when this process does: told to at exit, since one still
-    importing torch would notice this process gone only once it has (a launcher that
-    refuses its data or model after this ends at once)."""
+def start(scripts: bool = True) -> None:
+    """Start the forkserver now, in the ranks' environment, for a script's ranks or
+    (`scripts` False) polyrhythm train's. It keeps running for this process's later runs and
+    ends when this process does: told to at exit, since one still importing torch would
+    notice this process gone only once it has (a launcher that refuses its data or model
+    after this ends at once)."""
+    global _preload
+    _preload = FOR_SCRIPTS if scripts else PRELOAD
     context()
     with child_environment():
         forkserver.ensure_running()

@@ -30,7 +30,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from polyrhythm.comm.transport import Transport
 from polyrhythm.config import COMPONENTS, RunConfig, given_to_a_script, load_config
@@ -54,7 +53,6 @@ from polyrhythm.metrics.records import RunRecord
 from polyrhythm.runtime.checkpoint import Resume
 from polyrhythm.runtime.job import play, server_shard
 from polyrhythm.runtime.script import Job, lasting
-from polyrhythm.runtime.script_hooks import recording_backward, stepping_unwrapped
 from polyrhythm.runtime.summary import combine
 from polyrhythm.runtime.survivors import agree_on_lost
 from polyrhythm.strategies import STRATEGIES
@@ -116,8 +114,6 @@ def init() -> Job:
     transport.open(rank, world, topology.worker_ranks, latency(config, rank), config.timeout)
     ctx = RankContext(config, rank, topology, transport, run_dir=run_dir,
                       resume=_resume_point(), progress=_marking_training(run_dir))
-    register_optimizer_step_pre_hook(stepping_unwrapped)
-    torch.Tensor.backward = recording_backward(torch.Tensor.backward)
     _JOINED.append(ctx)
     if topology.role(rank) == "server":
         torch.set_num_threads(1)  # servers mostly wait

@@ -7,7 +7,6 @@ the checkpoint due; the state a checkpoint keeps; the report rank 0 gathers.
 from __future__ import annotations
 
 import gc
-import hashlib
 import math
 import time
 
@@ -19,6 +18,7 @@ from polyrhythm.errors import ConfigError, Diverged
 from polyrhythm.flat import FlatParameters
 from polyrhythm.metrics.recorder import SPAN_NAMES
 from polyrhythm.runtime import checkpoint
+from polyrhythm.runtime.agreement import check_agreement
 from polyrhythm.strategies.base import EpochEnd
 
 PROGRESS_INTERVAL_S = 0.25
@@ -42,6 +42,7 @@ class WorkerEngine:
         self._describe_servers = describe_servers
         self.model: nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None  # None: the run's own steps
+        self.step_optimizer = None  # a script's optimizer's own step (JobOptimizer.step_own)
         self.flat: FlatParameters | None = None
         self.strategy = None
         self.validation = None  # the built-in job's epoch validation (epoch_validation.py)
@@ -61,6 +62,10 @@ class WorkerEngine:
         # Seconds of this step's exchange made before its step (a script's clip of the mean
         # gradient): not compute.
         self.exchanged_early = 0.0
+        self.armed = False  # the strategy takes this step's gradients as backward makes them
+        # The versions of the gradients job.backward(loss) sent as backward made them (None:
+        # none sent before the step): the step checks that nothing changed them since.
+        self.sent: list[int | None] | None = None
         self._taken, self._started, self._begun = 0, False, None
         self.resumed = False  # its state is a checkpoint's (ctx.resume), loaded
         # Resumed: the job's clock at the checkpoint's end of epoch, where it goes on from,
@@ -104,12 +109,35 @@ class WorkerEngine:
         self._last = self._epoch_began = time.perf_counter()
 
     def begin_step(self) -> None:
-        """The step's compute begins now: a strategy may send gradients as backward makes
-        them (polyrhythm train's job calls it before each forward). A script that changes
-        its gradients between backward and step must not call it."""
+        """The step's compute begins now (polyrhythm train's job calls it before each
+        forward), and the strategy takes its gradients as backward makes them."""
         self.start()
         self._begun = time.perf_counter()
+        self.arm()
+
+    def arm(self) -> None:
+        """From now until the step, the strategy takes this step's gradients as backward
+        makes them (where it pushes bucket by bucket, each leaves once complete), at the
+        settings the script's optimizer has now."""
+        self.start()
+        self._read_settings()
         self.strategy.begin_step(self.epoch)
+        self.armed = True
+
+    def _read_settings(self) -> None:
+        """A script's optimizer's settings as its scheduler left them: each parameter's
+        rate (Downpour's local steps read them) and what the pushes carry."""
+        if self.optimizer is None:
+            return
+        groups = self.optimizer.param_groups
+        self.strategy.rates = [float(groups[g]["lr"]) for g in self.group_of or ()]
+        if self.hyper is not None:
+            self.strategy.hyper = self.hyper.values()
+
+    def gradient_versions(self) -> list[int | None]:
+        """Each trained parameter's gradient's version (torch counts every in-place change
+        of a tensor: a clip, an accumulation), None where it has none."""
+        return [None if p.grad is None else p.grad._version for p in self.flat.params]
 
     def step(self, loss: float | None = None) -> None:
         """The step (a wrapped optimizer's `step()`): this worker's gradients through the
@@ -117,9 +145,10 @@ class WorkerEngine:
         computed = time.perf_counter()
         loss = self._step_loss() if loss is None else loss
         if self.ctx is None:
-            type(self.optimizer).step(self.optimizer)
+            self.step_optimizer()
         elif not self.stopped:
             self._exchange(computed, loss)
+        self.armed, self.sent = False, None
         self._taken += 1
         self._steps += 1
         if loss is not None and not math.isnan(loss):
@@ -132,12 +161,10 @@ class WorkerEngine:
                            f"training loss {loss}")
         self.start()
         began = self._begun if self._begun is not None else self._last
-        if self.optimizer is not None:  # before begin_step, which reads them
-            groups = self.optimizer.param_groups
-            self.strategy.rates = [float(groups[g]["lr"]) for g in self.group_of or ()]
-            if self.hyper is not None:
-                self.strategy.hyper = self.hyper.values()
-        if self._begun is None:  # a script: its gradients are final only now
+        if self.sent is not None:
+            self._check_sent()
+        if not self.armed:  # a script's loss.backward(): its gradients are final only now
+            self._read_settings()
             self.strategy.begin_step(self.epoch)
             self.strategy.gradients_ready()
         self._begun = None
@@ -163,6 +190,20 @@ class WorkerEngine:
                                     *(spans.get(name, 0.0) for name in SPAN_NAMES),
                                     ended - began))
         self._progress(loss, ended)
+
+    def _check_sent(self) -> None:
+        """The gradients and settings job.backward(loss) sent are still the script's at
+        its step: one line where the script changed them since, which the exchange would
+        leave out (a clip after the push, a scheduler stepped in between)."""
+        if self.gradient_versions() != self.sent:
+            raise ConfigError("the gradients changed between job.backward(loss) and "
+                              "opt.step() (a clip? another backward?), after job.backward "
+                              "sent them: where the script changes its gradients before the "
+                              "step, give the loss with job.backward(loss, exchange=False)")
+        if self.hyper is not None and self.hyper.values() != self.strategy.hyper:
+            raise ConfigError("the optimizer's settings changed between job.backward(loss) "
+                              "and opt.step() (a scheduler stepped in between?), after the "
+                              "step's pushes carried them: step the scheduler after opt.step()")
 
     def _step_loss(self) -> float | None:
         """The sum of the losses backward ran on since the last step (a script that
@@ -234,7 +275,7 @@ class WorkerEngine:
             if not torch.isfinite(self.flat.data).all():
                 raise Diverged(f"diverged at epoch {self.epoch + 1}, step {self._steps}: "
                                "non-finite parameters")
-            self._check_agreement()
+            check_agreement(self)
             logged = dict(self.logged)
             validate = self.validation.now if self.validation else lambda: logged
             record |= self.strategy.end_epoch(EpochEnd(self.epoch + 1, self._waited,
@@ -245,37 +286,6 @@ class WorkerEngine:
         self.epochs_done.append(record)
         self._checkpoint(len(self.epochs_done))
         self._reset_epoch()
-
-    def _check_agreement(self) -> None:
-        """Where the workers must hold the same parameters (the all-reduce family), check
-        that they do: a digest of their bits and their optimizer's settings, compared
-        exactly (one line naming the likely cause if they differ)."""
-        if self.workers < 2 or not self.strategy.workers_agree:
-            return
-        digest = hashlib.blake2b(self.flat.data.numpy().tobytes(), digest_size=6).digest()
-        settings = agreed_settings(self.optimizer)
-        with self.ctx.transport.uncounted():  # bookkeeping, not the training's traffic
-            rows = self.ctx.transport.rows_of_members(torch.tensor(
-                [float(int.from_bytes(digest, "little")), *(v for _, v in settings)],
-                dtype=torch.float64))
-        other = next((w for w in range(1, len(rows)) if not torch.equal(rows[w], rows[0])),
-                     None)
-        if other is None:
-            return
-        name = self.ctx.config.strategy.name
-        where = (f"workers 0 and {other} hold different parameters after epoch "
-                 f"{self.epoch + 1}, though under {name} every worker steps the same "
-                 "gradient")
-        differs = [(key, float(rows[0, i + 1]), float(rows[other, i + 1]))
-                   for i, (key, _) in enumerate(settings) if rows[0, i + 1] != rows[other, i + 1]]
-        if differs:
-            key, mine, theirs = differs[0]
-            raise ConfigError(f"{where}: their optimizers' {key} differ ({mine:g} on worker 0, "
-                              f"{theirs:g} on worker {other}): a scheduler stepped on each "
-                              "worker's own figure (ReduceLROnPlateau on its own validation "
-                              "loss?); step it on job.mean(value), which every worker shares")
-        raise ConfigError(f"{where}: something changed one worker's model or optimizer on its "
-                          "own (a step or an edit outside opt.step()?)")
 
     # -- state -------------------------------------------------------------------------
 
@@ -384,14 +394,3 @@ class WorkerEngine:
             report["statistics"] = statistics
         return report
 
-
-def agreed_settings(optimizer: torch.optim.Optimizer | None) -> list[tuple[str, float]]:
-    """A script's optimizer's numeric settings per param group (`group 1 lr`, ...): what
-    workers that must agree must agree on too (none for the run's own optimizer)."""
-    if optimizer is None:
-        return []
-    return [(f"param group {g}'s {k}" if len(optimizer.param_groups) > 1 else k, float(x))
-            for g, group in enumerate(optimizer.param_groups)
-            for k, v in sorted(group.items()) if k != "params"
-            for x in (v if isinstance(v, tuple | list) else [v])
-            if isinstance(x, int | float) and not isinstance(x, bool)]

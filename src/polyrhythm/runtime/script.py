@@ -6,12 +6,16 @@ happens on server ranks is launch/script_rank.py's. polyrhythm train's built-in 
 this class too (runtime/builtin.py): there is one worker loop.
 
 The script's loop stays the script's: its forward, its loss, its backward, gradient clipping
-or accumulation, its scheduler. At `opt.step()` the gradients in the model are this worker's
-(after whatever the script did to them); the strategy sends them or all-reduces them, and the
-model holds the next parameters when the call returns. Where the workers step an optimizer
-themselves (all-reduce, local SGD, ...), it is the script's; where servers do, they rebuild
-it on their slices (runtime/user_optimizer.py) and step at the rate each push carries: the
-script's group 0 rate as its scheduler left it (the other groups keep their ratio to it).
+or accumulation, its scheduler. `job.wrap` returns the script's optimizer as a JobOptimizer
+(runtime/job_optimizer.py) whose `step()` is the job's. At that step the gradients in the
+model are this worker's (after whatever the script did to them); the strategy sends them or
+all-reduces them, and the model holds the next parameters when the call returns. Given by
+`job.backward(loss)` instead, the loss is recorded and the gradients leave as backward makes
+them, where the strategy pushes bucket by bucket (the parameter-server strategies): the
+communication overlaps the backward pass, as in polyrhythm train's job. Where the workers
+step an optimizer themselves (all-reduce, local SGD, ...), it is the script's; where servers
+do, they rebuild it on their slices (runtime/user_optimizer.py) and step each group at the
+settings each push carries, as the script's scheduler left them.
 A script may also leave the optimizer to the run (`job.wrap(model)`, then `job.step()`): the
 [optimizer] settings and schedule, as polyrhythm train's job does. Under emulated compute
 the wrapped model sleeps for each step's compute time instead of computing, and returns
@@ -22,12 +26,12 @@ from __future__ import annotations
 
 import inspect
 import time
-import types
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 
 import torch
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from polyrhythm.comm.transport import WORKERS
 from polyrhythm.config import OPTIMIZER, RunConfig
@@ -35,10 +39,11 @@ from polyrhythm.config.emulation import compute_times
 from polyrhythm.context import RankContext
 from polyrhythm.errors import ConfigError
 from polyrhythm.flat import FlatParameters, RunningStatistics
+from polyrhythm.runtime.agreement import check_same_start
 from polyrhythm.runtime.compute import EmulatedForward
 from polyrhythm.runtime.engine import OWN_STATE, WorkerEngine
-from polyrhythm.runtime.script_data import ShardSampler, shard_loader
-from polyrhythm.runtime.script_hooks import _ACTIVE, EpochOfBatches, wrapped_step
+from polyrhythm.runtime.job_optimizer import JobOptimizer, guard_steps
+from polyrhythm.runtime.script_data import EpochOfBatches, ShardSampler, shard_loader
 from polyrhythm.runtime.user_optimizer import (
     Hyperparameters,
     UserOptimizer,
@@ -84,18 +89,23 @@ class Job(WorkerEngine):
         self._evaluate = None  # the script's evaluation of the final model (job.finish)
         self._share = 1.0  # this worker's share of each global batch
         self._samplers: weakref.WeakSet[ShardSampler] = weakref.WeakSet()
+        self.wrapped: JobOptimizer | None = None  # what job.wrap returned of the optimizer
+        # In a job, stepping any optimizer but the job's is one line (job_optimizer.py).
+        self._guard = None if ctx is None else register_optimizer_step_pre_hook(
+            guard_steps(lambda: self.wrapped))
 
     # -- the script's calls ------------------------------------------------------------
 
     def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
              batch_share: float | None = None) -> tuple[nn.Module, torch.optim.Optimizer | None]:
-        """The model and optimizer as this job trains them (the same objects): from now on
-        `optimizer.step()` makes the strategy's exchange. No optimizer: the run's own steps
-        (its [optimizer] settings and schedule) at each `job.step()`. Every worker must
-        build the same initial model (seed it): one line says which does not.
+        """The model as this job trains it (the same object) and the optimizer to step: a
+        JobOptimizer (runtime/job_optimizer.py) whose groups and state are `optimizer`'s and
+        whose `step()` makes the strategy's exchange. No optimizer: the run's own steps (its
+        [optimizer] settings and schedule) at each `job.step()`. Every worker must build the
+        same initial model (seed it): one line says which does not.
         `batch_share`: this worker's share of each global batch, where the workers' batches
         differ in size (1/workers by default)."""
-        if self.model is not None or getattr(optimizer, "_polyrhythm_job", None) is not None:
+        if self.model is not None or isinstance(optimizer, JobOptimizer):
             raise ConfigError("job.wrap was called twice: wrap the model and optimizer once")
         if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
             raise ConfigError(f"job.wrap takes a torch.optim optimizer, not "
@@ -107,11 +117,14 @@ class Job(WorkerEngine):
                               "re-evaluates the loss, which no strategy can share: wrap an "
                               "optimizer that steps once per gradient (SGD, Adam, ...)")
         self.model, self.optimizer = model, optimizer
+        if optimizer is not None:
+            self.wrapped = JobOptimizer(optimizer, self.step)
+            self.step_optimizer = self.wrapped.step_own
         if self.ctx is None:
-            return model, optimizer
+            return model, self.wrapped
         self.flat = FlatParameters(model)
         if self.scripted:  # the built-in job builds every worker's from the run's seed
-            self._check_same_start()
+            check_same_start(self.ctx.transport, self.flat)
         ctx, config = self.ctx, self.ctx.config
         spec = STRATEGIES[config.strategy.name]
         if optimizer is not None:
@@ -121,9 +134,7 @@ class Job(WorkerEngine):
                 self.hyper = Hyperparameters(optimizer)
                 ctx.push_hyper_words = self.servers_spec.push_words
             self.group_of = trained_parameters(optimizer, self.flat)
-            ctx.user_optimizer = UserOptimizer(optimizer, self.flat)
-            optimizer._polyrhythm_job = self
-            optimizer.step = types.MethodType(wrapped_step, optimizer)
+            ctx.user_optimizer = UserOptimizer(optimizer, self.flat, self.wrapped.step_own)
         share = self._share = 1.0 / self.workers if batch_share is None else batch_share
         self.strategy = spec.build_worker(ctx, self.flat, share, config.strategy)
         if optimizer is not None and self.strategy.local_sgd \
@@ -133,8 +144,35 @@ class Job(WorkerEngine):
                               f"group's lr), not {type(optimizer).__name__}: wrap a "
                               "torch.optim.SGD, or fetch every step")
         self._emulate_compute(model)
-        _ACTIVE[:] = [self]
-        return model, optimizer
+        return model, self.wrapped
+
+    def backward(self, loss: torch.Tensor, *, exchange: bool = True) -> None:
+        """`loss.backward()`, the job told the loss: a step's training loss is the sum of
+        the losses given since the last step (accumulating over k batches with
+        job.backward(loss / k) records their mean). Where the strategy sends gradients as
+        backward makes them (the parameter-server strategies, bucket by bucket from the last
+        layer back), this step's leave while backward runs. `exchange=False`: not yet, the
+        exchange is made at `opt.step()` from the gradients as they are then: for each
+        backward of an accumulation but the step's last, or where the script changes its
+        gradients before stepping (a clip). After job.backward(loss) they must stay as they
+        are until `opt.step()` (one line otherwise). A plain `loss.backward()` trains alike,
+        with no overlap and the step's loss unknown (NaN in the records)."""
+        if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+            raise ConfigError("job.backward takes the step's loss, a scalar tensor, not "
+                              f"{type(loss).__name__}"
+                              f"{'' if not isinstance(loss, torch.Tensor) else tuple(loss.shape)}")
+        if self.sent is not None:
+            raise ConfigError("job.backward(loss) came twice before opt.step(): the first "
+                              "sent the step's gradients; accumulate with "
+                              "job.backward(loss, exchange=False), and give the last without")
+        self.losses.append(loss.detach())
+        overlap = exchange and self.ctx is not None and self.strategy is not None \
+            and not self.stopped
+        if overlap:
+            self.arm()
+        loss.backward()
+        if overlap:
+            self.sent = self.gradient_versions()
 
     def epochs(self, n: int) -> Iterator[int]:
         """The epochs to train, from the first not done (a resumed run's); each ends when
@@ -210,6 +248,11 @@ class Job(WorkerEngine):
         worker's gradient (asp, ssp, downpour, the averaging strategies' local steps) or a
         quorum's that only the servers gather (kbsp, kasp, backup, softsync), this worker's
         own: every gradient the servers take is then clipped."""
+        if self.sent is not None:
+            raise ConfigError("job.clip_grad_norm_ came after job.backward(loss), which sent "
+                              "the step's gradients as backward made them: give that loss "
+                              "with job.backward(loss, exchange=False) to clip before the "
+                              "exchange")
         params = self.flat.params if self.flat is not None else list(self.model.parameters())
         # One worker's gradient is the mean already: nothing to make (no collective a step).
         if self.ctx is not None and self.workers > 1 \
@@ -255,6 +298,8 @@ class Job(WorkerEngine):
         are unknown, NaN: what a worker logged last was of its own model)."""
         if self.finished:
             raise ConfigError("job.finish() was called twice: call it once, after training")
+        if self._guard is not None:  # training is over: the script's optimizers are its own
+            self._guard.remove()
         self.close_pass()
         self._evaluate = evaluate
         if self.ctx is not None and self.strategy is not None:
@@ -342,17 +387,3 @@ class Job(WorkerEngine):
             raise ConfigError("a resumed run loads its model at job.epochs(n): call "
                               "job.wrap(model, opt) before it")
         self.resume(self.ctx.resume)
-
-    def _check_same_start(self) -> None:
-        """Every worker's initial parameters are worker 0's (one line naming the first that
-        differs): a digest each, gathered, compared exactly."""
-        weights = torch.rand(len(self.flat), generator=torch.Generator().manual_seed(7),
-                             dtype=torch.float64)
-        digest = torch.stack([(self.flat.data.double() * weights).sum(),
-                              self.flat.data.double().abs().sum()])
-        rows = self.ctx.transport.rows_of_members(digest)
-        differ = [w for w in range(1, len(rows)) if not torch.equal(rows[w], rows[0])]
-        if differ:
-            raise ConfigError(f"worker {differ[0]}'s initial parameters differ from worker "
-                              "0's: build the model the same way on every worker (call "
-                              "torch.manual_seed with the same seed before building it)")

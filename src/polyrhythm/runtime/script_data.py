@@ -1,6 +1,7 @@
 """This worker's shard of a script's data set, for torch's DataLoader: every worker holds as
 many examples (the extra few of an uneven split are left out, as every synchronous strategy
-needs the workers to take as many steps), reshuffled each epoch the same way anywhere."""
+needs the workers to take as many steps), reshuffled each epoch the same way anywhere; and
+the loader's passes as epochs, where a script does not count them (job.loader)."""
 
 from __future__ import annotations
 
@@ -40,3 +41,22 @@ def shard_loader(sampler: ShardSampler, dataset, batch_size: int,
         raise ValueError(f"batch_size must be at least 1, not {batch_size}")
     return torch.utils.data.DataLoader(dataset, batch_size=batch_size, sampler=sampler,
                                        **kwargs)
+
+
+class EpochOfBatches:
+    """A worker's DataLoader over its shard. Where the script does not count its epochs
+    with job.epochs, going through it once is an epoch: it ends when the next pass begins
+    (or the job finishes), so what the script logs after a pass is that epoch's."""
+
+    def __init__(self, job, loader: torch.utils.data.DataLoader) -> None:
+        self.job, self.loader = job, loader
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator:
+        job = self.job
+        if job.close_pass():  # what the script logged after the last pass is that epoch's
+            job.begin_epoch(job.epoch + 1)
+        yield from self.loader
+        job.ended_pass = job.total_epochs is None

@@ -6,6 +6,7 @@ slices of the flat model.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 
 import torch
 
@@ -20,12 +21,13 @@ _NOT_HYPER = {"params", "initial_lr", "name"}
 
 class UserOptimizer:
     """The user's optimizer as an optim.Updater on the flat model: `step` hands it the
-    update as its parameters' gradients and runs its own step (its class's, not the job's
-    wrapper), at its own rates (its scheduler's): the `lr` argument is the run's schedule,
-    which a user's optimizer does not follow."""
+    update as its parameters' gradients and runs its own step (`step_own`: the job's
+    JobOptimizer.step_own), at its own rates (its scheduler's): the `lr` argument is the
+    run's schedule, which a user's optimizer does not follow."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, flat: FlatParameters) -> None:
-        self.optimizer, self.flat = optimizer, flat
+    def __init__(self, optimizer: torch.optim.Optimizer, flat: FlatParameters,
+                 step_own: Callable[[], None]) -> None:
+        self.optimizer, self.flat, self.step_own = optimizer, flat, step_own
         self.weights = flat.data
         self.linear = type(optimizer) is torch.optim.SGD
 
@@ -33,7 +35,7 @@ class UserOptimizer:
     def step(self, grad: torch.Tensor, lr: float) -> None:
         for p, (a, b) in zip(self.flat.params, self.flat.ranges, strict=True):
             p.grad = grad[a:b].view_as(p)
-        type(self.optimizer).step(self.optimizer)
+        self.step_own()
 
     @property
     def state_keys(self) -> StateKeys:
