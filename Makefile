@@ -20,7 +20,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	@sh scripts/install-chromium
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q
+	$(BIN)/python scripts/suite
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks examples
