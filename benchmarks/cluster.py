@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     t_w = MODEL_PARAMETERS * 4 * 8 / BANDWIDTH
     with tempfile.TemporaryDirectory() as out:
         from polyrhythm.errors import ClusterError
-        from polyrhythm.launch.cluster import can_emulate
+        from polyrhythm.launch.cluster.hosts import can_emulate
 
         try:
             can_emulate()

@@ -5,9 +5,9 @@ a 100 mbit link each and a worker on each, side by side:
 
 - polyrhythm: `polyrhythm run --hosts 2 --workers 2 --bandwidth 100mbit --strategy allreduce
   --compress powersgd --rank R`, which makes its own cluster;
-- DDP: a cluster this script makes (launch/cluster.py's EmulatedCluster, as polyrhythm's
+- DDP: a cluster this script makes (launch/cluster/hosts.py's EmulatedCluster, as polyrhythm's
   launcher makes one) with each host's `torchrun --nnodes 2 --node-rank h --nproc-per-node 1`
-  started in its namespace, as launch/emulated.py starts a host's, running the script's
+  started in its namespace, as launch/launchers/emulated.py starts a host's, running the script's
   `--ddp --powersgd R` (DistributedDataParallel with torch's powerSGD_hook at rank R, error
   feedback and warm start).
 
@@ -62,7 +62,7 @@ from pathlib import Path
 
 from machine_load import OtherLoad, shared_warning  # benchmarks/, this script's folder
 from polyrhythm.errors import ClusterError
-from polyrhythm.launch.cluster import ClusterShape, EmulatedCluster, can_emulate
+from polyrhythm.launch.cluster.hosts import ClusterShape, EmulatedCluster, can_emulate
 from script import ERROR, MEASURED, SCRIPT, end_session, parse_paired  # benchmarks/script.py
 
 HOSTS, BANDWIDTH = 2, "100mbit"

@@ -1,5 +1,5 @@
 """What the run's secret costs (`benchmarks/overhead.py --gate`): the same job's ranks joining
-through rank 0's gate (launch/gate.py: the store on loopback, each rank proving the secret
+through rank 0's gate (launch/rank/gate.py: the store on loopback, each rank proving the secret
 through its relay) and through torch's own store (env://, what the ranks did before), side by
 side.
 
@@ -31,9 +31,9 @@ import torch.distributed as dist
 
 from baselines import free_port, run_spawned  # benchmarks/
 from polyrhythm.config import make_config
-from polyrhythm.launch.gate import SECRET_VARIABLE, new_secret
-from polyrhythm.launch.rendezvous import join_group
-from polyrhythm.launch.torchrun import run_node
+from polyrhythm.launch.rank.gate import SECRET_VARIABLE, new_secret
+from polyrhythm.launch.rank.rendezvous import join_group
+from polyrhythm.launch.rank.torchrun import run_node
 
 SIDES = ("torch's store", "the gate")
 WORLD = 2

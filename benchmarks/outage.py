@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from polyrhythm.errors import ClusterError
-from polyrhythm.launch.cluster import ClusterShape, EmulatedCluster, can_emulate, leftovers
+from polyrhythm.launch.cluster.hosts import ClusterShape, EmulatedCluster, can_emulate, leftovers
 from polyrhythm.runtime.checkpoint import complete_epochs
 
 RUN = ["--dataset", "digits", "--workers", "2", "--hosts", "2", "--steps-per-epoch", "20",

@@ -41,7 +41,7 @@ import psutil
 import torch
 
 from polyrhythm.errors import ClusterError
-from polyrhythm.launch.cluster import ClusterShape, EmulatedCluster, can_emulate, leftovers
+from polyrhythm.launch.cluster.hosts import ClusterShape, EmulatedCluster, can_emulate, leftovers
 from polyrhythm.metrics.store import RunStore
 from polyrhythm.runtime import checkpoint, digests
 from polyrhythm.runtime.intact import SET_ASIDE

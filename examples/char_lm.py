@@ -311,7 +311,7 @@ def ddp(args: argparse.Namespace) -> None:
     loader gives each worker (its ShardSampler with the job's default seed, 0)."""
     import torch.distributed as dist
 
-    from polyrhythm.runtime.script_data import ShardSampler
+    from polyrhythm.runtime.worker.script_data import ShardSampler
 
     train_set, validation, vocabulary = datasets(corpus(args.chars), args.context)
     dist.init_process_group("gloo")

@@ -24,8 +24,8 @@ from polyrhythm.context import RankContext, Topology
 from polyrhythm.data.sharding import batch_slice, epoch_order, steps_per_epoch, worker_batch_sizes
 from polyrhythm.errors import ClusterError
 from polyrhythm.flat import RunningStatistics
-from polyrhythm.launch import forkserver
-from polyrhythm.launch.cluster import can_emulate
+from polyrhythm.launch.cluster.hosts import can_emulate
+from polyrhythm.launch.process import forkserver
 from polyrhythm.losses import LOSSES, Loss
 from polyrhythm.models.build import build_model
 from polyrhythm.optim import TORCH_OPTIMIZERS, lr_at, optimizer_name

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from polyrhythm.runtime.script_data import ShardSampler
+from polyrhythm.runtime.worker.script_data import ShardSampler
 
 SCRIPT = Path(__file__).parent / "scripts" / "user_loop.py"
 _spec = importlib.util.spec_from_file_location("user_loop", SCRIPT)

@@ -14,7 +14,7 @@ import pytest
 
 from helpers import needs_emulated_cluster
 from polyrhythm.errors import ClusterError
-from polyrhythm.launch.cluster import leftovers
+from polyrhythm.launch.cluster.hosts import leftovers
 from polyrhythm.layout import ALGORITHMS
 
 BENCHMARKS = Path(__file__).parent.parent / "benchmarks"

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from polyrhythm.errors import ClusterError
-from polyrhythm.launch import cgroups
-from polyrhythm.launch.cgroups import CpuGroup, hierarchy, quota_files
+from polyrhythm.launch.cluster import cgroups
+from polyrhythm.launch.cluster.cgroups import CpuGroup, hierarchy, quota_files
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from polyrhythm import api
 from polyrhythm.cli import main
 from polyrhythm.cli.train import cluster_line
 from polyrhythm.errors import ClusterError, RunFailed
-from polyrhythm.launch.cluster import ClusterShape, EmulatedCluster, leftovers
+from polyrhythm.launch.cluster.hosts import ClusterShape, EmulatedCluster, leftovers
 from polyrhythm.metrics.records import RunRecord
 from polyrhythm.metrics.store import RunStore
 from script_reference import SCRIPT, farthest, one_process
@@ -230,7 +230,7 @@ def test_without_root_or_tools_a_cluster_run_is_one_clear_line_and_no_record(
 
 def test_if_the_launcher_cannot_remove_all_the_janitor_does_at_once(tmp_path, monkeypatch,
                                                                     before):
-    from polyrhythm.launch.cgroups import CpuGroup
+    from polyrhythm.launch.cluster.cgroups import CpuGroup
 
     calls = []
 

@@ -25,7 +25,7 @@ from helpers import (
 )
 from polyrhythm import api
 from polyrhythm.errors import RunFailed
-from polyrhythm.launch.cluster import ClusterShape, EmulatedCluster, leftovers
+from polyrhythm.launch.cluster.hosts import ClusterShape, EmulatedCluster, leftovers
 from polyrhythm.metrics.store import RunStore
 from polyrhythm.runtime.checkpoint import complete_epochs, epoch_dir
 from script_reference import SCRIPT

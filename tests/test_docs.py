@@ -12,7 +12,7 @@ from pathlib import Path
 from polyrhythm.compression import COMPRESSORS
 from polyrhythm.config import COMPONENTS, flat_keys, load_config
 from polyrhythm.data import DATASETS
-from polyrhythm.launch.torchrun import host_of_this_rank
+from polyrhythm.launch.rank.torchrun import host_of_this_rank
 from polyrhythm.models import MODELS
 from polyrhythm.strategies import STRATEGIES
 

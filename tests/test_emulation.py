@@ -19,10 +19,10 @@ from polyrhythm.comm.delay import DelayLine
 from polyrhythm.config import make_config
 from polyrhythm.config.emulation import host_ranks
 from polyrhythm.errors import ConfigError
-from polyrhythm.launch.fidelity import FidelityGuard
+from polyrhythm.launch.cluster.fidelity import FidelityGuard
 from polyrhythm.metrics.store import RunStore
 from polyrhythm.models.build import build_model
-from polyrhythm.runtime.compute import EmulatedForward, emulated_step
+from polyrhythm.runtime.worker.compute import EmulatedForward, emulated_step
 from polyrhythm.units import Delay, duration, rate
 
 

@@ -18,10 +18,10 @@ import torch.nn.functional as F
 
 from polyrhythm import api
 from polyrhythm.errors import ConfigError, RunFailed
-from polyrhythm.launch.script_rank import job_config
+from polyrhythm.launch.rank.script_rank import job_config
 from polyrhythm.metrics.records import RunRecord
-from polyrhythm.runtime.script import Job
-from polyrhythm.runtime.script_data import ShardSampler
+from polyrhythm.runtime.worker.script import Job
+from polyrhythm.runtime.worker.script_data import ShardSampler
 
 SCRIPT = Path(__file__).parent / "scripts" / "faithful.py"
 USER_LOOP = Path(__file__).parent / "scripts" / "user_loop.py"

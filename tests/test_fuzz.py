@@ -80,8 +80,8 @@ from polyrhythm.data.csvfile import read_table
 from polyrhythm.data.datasets import NpzSource, load_cifar100
 from polyrhythm.data.pickles import restricted_loads
 from polyrhythm.errors import ConfigError, DataError, PolyrhythmError
-from polyrhythm.launch.cgroups import PERIOD_US
-from polyrhythm.launch.script_launcher import ScriptCall
+from polyrhythm.launch.cluster.cgroups import PERIOD_US
+from polyrhythm.launch.launchers.script_launcher import ScriptCall
 from polyrhythm.metrics.records import flatten, measured_compute
 from polyrhythm.settings import Param
 from polyrhythm.sweep import parse_sweep

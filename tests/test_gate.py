@@ -1,5 +1,5 @@
-"""Rank 0's gate in front of the job's store (launch/gate.py) and the store put behind it
-(launch/rendezvous.py): a peer with the run's secret reaches a real TCPStore through its
+"""Rank 0's gate in front of the job's store (launch/rank/gate.py) and the store put behind it
+(launch/rank/rendezvous.py): a peer with the run's secret reaches a real TCPStore through its
 relay; a wrong secret, a stranger that says nothing, a torch client of its own and an
 impostor gate are each refused in one line, while the store serves the job's ranks on; and
 rank 0 listens on the job's address and loopback only."""
@@ -18,8 +18,9 @@ import torch.distributed as dist
 
 from helpers import HANG_GUARD_S
 from polyrhythm.errors import ConfigError
-from polyrhythm.launch import gate as gate_module
-from polyrhythm.launch.gate import (
+from polyrhythm.launch.launchers.spark_task import rendezvous_host
+from polyrhythm.launch.rank import gate as gate_module
+from polyrhythm.launch.rank.gate import (
     GREETING,
     NONCE,
     SECRET_FILE_VARIABLE,
@@ -28,8 +29,7 @@ from polyrhythm.launch.gate import (
     Relay,
     job_secret,
 )
-from polyrhythm.launch.rendezvous import gated_store, interface_address, job_address
-from polyrhythm.launch.spark_task import rendezvous_host
+from polyrhythm.launch.rank.rendezvous import gated_store, interface_address, job_address
 
 SECRET = b"the run's secret"
 SHORT_S = 0.5  # a stranger's bound here: the tests wait for its end, never time it

@@ -1,4 +1,4 @@
-"""The optimizer job.wrap returns (runtime/job_optimizer.py): a thin torch Optimizer over the
+"""The optimizer job.wrap returns (runtime/worker/job_optimizer.py): a thin torch Optimizer over the
 script's own, whose step is the job's; torch's schedulers, hooks and state work through it
 with nothing patched, and an optimizer stepped around it is one line."""
 
@@ -11,8 +11,8 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from polyrhythm.errors import ConfigError
-from polyrhythm.runtime.job_optimizer import JobOptimizer, guard_steps
-from polyrhythm.runtime.script import Job
+from polyrhythm.runtime.worker.job_optimizer import JobOptimizer, guard_steps
+from polyrhythm.runtime.worker.script import Job
 
 
 def build():
@@ -105,3 +105,5 @@ def test_an_optimizer_stepped_around_the_job_is_one_line():
         handle.remove()
     with pytest.raises(ConfigError, match="takes no closure"):
         wrapped.step(lambda: 0.0)
+    torch.optim.SGD(model.parameters(), lr=0.1).step()  # the guard went with its handle
+    guard_steps(lambda: False)(opt, (), {})  # nor does a job let go of guard any more

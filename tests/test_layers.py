@@ -49,8 +49,12 @@ def add_import(module: Path, line: str) -> None:
      "polyrhythm.strategies.allreduce -> torch.distributed"),
     ("sim/__init__.py", "from polyrhythm.comm.transport import Transport",
      "polyrhythm.sim -> polyrhythm.comm.transport"),
-    ("strategies/cadence.py", "from polyrhythm.runtime import builtin",
-     "polyrhythm.strategies.cadence -> polyrhythm.runtime.builtin"),
+    ("strategies/cadence.py", "from polyrhythm.runtime.worker import builtin",
+     "polyrhythm.strategies.cadence -> polyrhythm.runtime.worker.builtin"),
+    ("launch/process/failures.py", "from polyrhythm.launch.rank import gate",
+     "polyrhythm.launch.process.failures -> polyrhythm.launch.rank.gate"),
+    ("runtime/server/bucket.py", "from polyrhythm.runtime.worker import engine",
+     "polyrhythm.runtime.server.bucket -> polyrhythm.runtime.worker.engine"),
 ])
 def test_the_contracts_break_when_a_module_crosses_a_layer(tree, module, line, broken):
     add_import(tree / "src" / "polyrhythm" / module, line)

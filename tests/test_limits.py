@@ -24,8 +24,8 @@ from polyrhythm.compression.wire import Extent
 from polyrhythm.config import CLUSTER, COMPONENTS, GENERAL, OPTIMIZER, RunConfig, make_config
 from polyrhythm.data.plan import hold_out
 from polyrhythm.errors import ConfigError
-from polyrhythm.launch import launchers
-from polyrhythm.launch.cgroups import quota_files
+from polyrhythm.launch.cluster.cgroups import quota_files
+from polyrhythm.launch.launchers import registry as launchers
 from polyrhythm.limits import (
     MAX_CLASSES,
     MAX_CPU,

@@ -17,8 +17,9 @@ import torch
 from helpers import HANG_GUARD_S, finished, wait_for_checkpoint, wait_for_ranks
 from polyrhythm.config import load_config
 from polyrhythm.errors import ConfigError
-from polyrhythm.launch import forkserver, local
-from polyrhythm.launch.events import RankEvents, send
+from polyrhythm.launch.process import forkserver
+from polyrhythm.launch.process.events import RankEvents, send
+from polyrhythm.launch.rank import forked
 from polyrhythm.metrics.store import RunStore
 from polyrhythm.report import write_report
 from polyrhythm.runtime.checkpoint import complete_epochs
@@ -153,7 +154,7 @@ def _tells_and_leaves(sender, after) -> None:
     """A rank that, once `after` is set, sends an event and exits as the launcher's ranks do."""
     after.wait()
     send(sender, {"rank": 1, "step": 1})
-    local._exit(0)
+    forked._exit(0)
 
 
 def test_a_rank_killed_mid_event_holds_up_neither_the_others_nor_the_launcher():

@@ -27,7 +27,7 @@ from helpers import (
 from polyrhythm.cli import main
 from polyrhythm.config.spark import check_placeable, check_spark_settings, task_slots
 from polyrhythm.errors import ConfigError
-from polyrhythm.launch.spark import partitions_fit, processes_of
+from polyrhythm.launch.launchers.spark import partitions_fit, processes_of
 from polyrhythm.metrics.records import STORE_NAME
 from polyrhythm.metrics.store import RunStore
 from polyrhythm.runtime.mapreduce import DriverModel, ExecutorModel, Partition, Step, shares

@@ -13,7 +13,7 @@ from polyrhythm.config import RunConfig, make_config
 from polyrhythm.config.declared import OPTIMIZERS
 from polyrhythm.errors import ConfigError
 from polyrhythm.optim import TORCH_OPTIMIZERS, state_keys, state_of, state_pieces, updater
-from polyrhythm.runtime.server import Bucket, run_updater
+from polyrhythm.runtime.server.server import Bucket, run_updater
 from polyrhythm.strategies.consistency import AsynchronousPolicy, SoftSynchronousPolicy
 from polyrhythm.strategies.server_updates.mean import GradientMean
 from polyrhythm.strategies.server_updates.sum import GradientSum

@@ -1,4 +1,4 @@
-"""A script's rank forked with torch loaded (launch/preloaded.py) runs the script as
+"""A script's rank forked with torch loaded (launch/rank/preloaded.py) runs the script as
 `python script.py args` would: argv, folder, environment, `__main__`, output, exit status,
 tracebacks, threads and atexit, and a fresh state where the fork copied one."""
 
@@ -9,8 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from helpers import HANG_GUARD_S
-from polyrhythm.launch import forkserver
-from polyrhythm.launch.preloaded import ScriptRank
+from polyrhythm.launch.process import forkserver
+from polyrhythm.launch.rank.preloaded import ScriptRank
 
 SCRIPT = """\
 import atexit, multiprocessing, os, sys, threading

@@ -17,8 +17,9 @@ from polyrhythm.comm.faults import PeerLost, PeerSilent
 from polyrhythm.config import load_config
 from polyrhythm.context import Topology
 from polyrhythm.errors import ConfigError, Diverged, RunFailed
-from polyrhythm.launch import emulated, local, torchrun
-from polyrhythm.launch.failures import (
+from polyrhythm.launch.launchers import emulated, local
+from polyrhythm.launch.launchers.progress import ProgressBoard
+from polyrhythm.launch.process.failures import (
     Kind,
     RankFailure,
     cause,
@@ -27,7 +28,7 @@ from polyrhythm.launch.failures import (
     read_reports,
     write_report,
 )
-from polyrhythm.launch.progress import ProgressBoard
+from polyrhythm.launch.rank import torchrun
 from polyrhythm.metrics.records import RunRecord
 from polyrhythm.metrics.store import RunStore
 

@@ -31,7 +31,7 @@ from helpers import (
 from polyrhythm.cli import main
 from polyrhythm.config import load_config, make_config
 from polyrhythm.errors import DataError, StoreError
-from polyrhythm.launch import runlock
+from polyrhythm.launch.process import runlock
 from polyrhythm.metrics.records import RunRecord, start_run
 from polyrhythm.metrics.store import LAUNCHER_GONE, RunStore, process_identity
 from polyrhythm.runtime.checkpoint import complete_epochs, epoch_dir

@@ -1,5 +1,6 @@
-"""A user's own training script as a polyrhythm job (runtime/script.py, launch/script_rank.py):
-what it trains equals what DDP and one process train, and each misuse is one line."""
+"""A user's own training script as a polyrhythm job (runtime/worker/script.py,
+launch/rank/script_rank.py): what it trains equals what DDP and one process train, and each
+misuse is one line."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from helpers import HANG_GUARD_S
 from polyrhythm import api
 from polyrhythm.cli.train import format_summary
 from polyrhythm.errors import PolyrhythmError, RunFailed
-from polyrhythm.launch.local import process_name
+from polyrhythm.launch.rank.forked import process_name
 from polyrhythm.layout import BucketLayout
 from polyrhythm.metrics.records import RunRecord
 from polyrhythm.metrics.store import RunStore

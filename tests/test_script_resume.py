@@ -13,7 +13,7 @@ from polyrhythm import api
 from polyrhythm.cli import main
 from polyrhythm.config import make_config
 from polyrhythm.errors import ConfigError, RunFailed
-from polyrhythm.launch.script_launcher import ScriptCall
+from polyrhythm.launch.launchers.script_launcher import ScriptCall
 from polyrhythm.metrics.records import RunRecord, fail_run, start_run
 from polyrhythm.metrics.store import RunStore
 
@@ -147,7 +147,7 @@ def test_misuse_of_resume_is_one_line_and_leaves_the_run_as_it_was(tmp_path, cap
 
 
 def test_a_kept_name_the_checkpoint_uses_is_refused():
-    from polyrhythm.runtime.script import Job
+    from polyrhythm.runtime.worker.script import Job
 
     with pytest.raises(ConfigError, match="job.keep cannot take the name 'model'"):
         Job(None).keep("model", torch.nn.Linear(1, 1))

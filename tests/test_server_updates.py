@@ -12,7 +12,7 @@ import torch
 import polyrhythm
 from helpers import max_diff, stored_parameters
 from polyrhythm.config import RunConfig
-from polyrhythm.runtime.bucket import Bucket, run_updater
+from polyrhythm.runtime.server.bucket import Bucket, run_updater
 from polyrhythm.strategies import STRATEGIES
 from polyrhythm.strategies.consistency import AsynchronousPolicy, QuorumSynchronousPolicy
 from polyrhythm.strategies.server_updates.dcasgd import compensated

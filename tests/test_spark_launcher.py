@@ -34,10 +34,10 @@ from polyrhythm.cli import main
 from polyrhythm.config.spark import check_placeable, master_of, task_slots
 from polyrhythm.context import Topology
 from polyrhythm.errors import ConfigError
-from polyrhythm.launch.failures import TRAINING_MARK, Kind, RankFailure
-from polyrhythm.launch.spark import RUN_VARIABLE, processes_of
-from polyrhythm.launch.spark_ranks import explained, ranks_failure, task_failure
-from polyrhythm.launch.spark_task import host_of
+from polyrhythm.launch.launchers.spark import RUN_VARIABLE, processes_of
+from polyrhythm.launch.launchers.spark_ranks import explained, ranks_failure, task_failure
+from polyrhythm.launch.launchers.spark_task import host_of
+from polyrhythm.launch.process.failures import TRAINING_MARK, Kind, RankFailure
 from polyrhythm.metrics.records import STORE_NAME, RunRecord
 from polyrhythm.metrics.store import RunStore
 
@@ -231,7 +231,7 @@ def test_a_spark_ranks_store_listens_on_the_job_address_and_refuses_a_stranger(t
     every interface; a stranger with the wrong secret is refused, named in rank 0's log, and
     the run completes. Rank 1 starts only after the stranger has tried: rank 0's store is
     up the while."""
-    from polyrhythm.launch.spark_task import RankTask, free_port
+    from polyrhythm.launch.launchers.spark_task import RankTask, free_port
     from polyrhythm.metrics.records import start_run
 
     config = equivalence_config(tmp_path, strategy="allreduce", workers=2, epochs=1,
@@ -256,7 +256,7 @@ def test_a_spark_ranks_store_listens_on_the_job_address_and_refuses_a_stranger(t
     assert all(host == "127.0.0.1" for host, _ in heard), heard  # not 0.0.0.0 nor ::
     with pytest.raises((RuntimeError, dist.DistError)):  # a torch client of its own
         dist.TCPStore("127.0.0.1", port, None, False, timedelta(seconds=2)).set("in", "1")
-    from polyrhythm.launch.gate import Relay
+    from polyrhythm.launch.rank.gate import Relay
 
     with pytest.raises(ConfigError, match="refused this rank's proof of the run's secret"):
         Relay(b"a stranger's guess", ("127.0.0.1", port), HANG_GUARD_S)

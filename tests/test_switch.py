@@ -15,7 +15,7 @@ from polyrhythm.comm.messages import REPLY_HEADER
 from polyrhythm.config import make_config
 from polyrhythm.errors import ConfigError
 from polyrhythm.metrics.store import RunStore
-from polyrhythm.runtime.server import ParameterServerShard
+from polyrhythm.runtime.server.server import ParameterServerShard
 from polyrhythm.strategies.switching import loss_change
 
 STEPS = 5

@@ -49,7 +49,7 @@ def test_torchrun_with_the_wrong_process_count_is_one_clear_error(tmp_path):
 def test_nodes_run_the_job_ranks_their_placement_gives_them(monkeypatch):
     from polyrhythm.config import make_config
     from polyrhythm.errors import ConfigError
-    from polyrhythm.launch.torchrun import host_of_this_rank
+    from polyrhythm.launch.rank.torchrun import host_of_this_rank
 
     config = make_config({"strategy": "bsp", "workers": 4, "hosts": 2,
                           "placement": "collocated"})  # 2 servers, one beside each half

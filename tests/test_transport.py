@@ -19,7 +19,7 @@ import torch.distributed as dist
 from polyrhythm.comm.faults import PeerLost, PeerSilent, translated
 from polyrhythm.comm.network_threads import LOOP_THREAD, LOWEST
 from polyrhythm.comm.transport import WORKERS, WORLD, Transport
-from polyrhythm.launch import forkserver
+from polyrhythm.launch.process import forkserver
 from polyrhythm.metrics.sampler import ResourceSampler
 
 GO, DATA, BEFORE, WINDOW, AFTER = 1, 2, 3, 4, 5  # tags
@@ -391,7 +391,7 @@ def test_a_bug_in_a_receive_keeps_its_type_and_is_no_lost_peer(tmp_path):
 def test_a_message_longer_than_its_receive_aborts_the_receiver_whose_peer_sees_it_gone(
         tmp_path):
     # Gloo raises nothing for a size mismatch: it aborts the receiving process (a crash, not
-    # a lost peer: launch/failures.py), and its peers then see a closed connection.
+    # a lost peer: launch/process/failures.py), and its peers then see a closed connection.
     (dead, got), codes = pair(tmp_path, "longer")
     assert codes == [-signal.SIGABRT, 0] and dead is None
     assert got["raised"] == "PeerLost" and got["rank"] == 0, got

@@ -11,7 +11,7 @@ import torch
 from polyrhythm.errors import ConfigError
 from polyrhythm.flat import FlatParameters
 from polyrhythm.optim import ELEMENTWISE, FlatSGD, TorchUpdater, cut, joined, slice_groups
-from polyrhythm.runtime.user_optimizer import Hyperparameters, UserOptimizer, optimizer_spec
+from polyrhythm.runtime.worker.user_optimizer import Hyperparameters, UserOptimizer, optimizer_spec
 
 HYPER = {  # away from the defaults, so each hyperparameter is exercised
     "SGD": {"momentum": 0.9, "weight_decay": 1e-2},

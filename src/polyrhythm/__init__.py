@@ -1,7 +1,7 @@
 """polyrhythm: distributed data-parallel training with every consistency strategy.
 
-`polyrhythm.init()` joins a user's script to its job (launch/script_rank.py); `polyrhythm.train`
-loads the launcher and runtime (and torch), and `polyrhythm.RunConfig` the
+`polyrhythm.init()` joins a user's script to its job (launch/rank/script_rank.py);
+`polyrhythm.train` loads the launcher and runtime (and torch), and `polyrhythm.RunConfig` the
 declarations, when first used: importing the package, or a part of it such as the run store,
 stays light.
 """
@@ -25,7 +25,7 @@ __all__ = ["ConfigError", "DataError", "Diverged", "PolyrhythmError", "RunConfig
 
 def __getattr__(name: str) -> Any:
     if name == "init":  # a user's script joining its job
-        from polyrhythm.launch.script_rank import init
+        from polyrhythm.launch.rank.script_rank import init
 
         return init
     if name in ("train", "resume"):

@@ -12,9 +12,9 @@ from polyrhythm.data.datasets import open_source
 from polyrhythm.data.plan import check_split
 from polyrhythm.data.splitters import splitter
 from polyrhythm.errors import ConfigError
-from polyrhythm.launch import runlock
-from polyrhythm.launch.launchers import launcher_of
-from polyrhythm.launch.script_launcher import ScriptCall
+from polyrhythm.launch.launchers.registry import launcher_of
+from polyrhythm.launch.launchers.script_launcher import ScriptCall
+from polyrhythm.launch.process import runlock
 from polyrhythm.losses import LOSSES
 from polyrhythm.metrics.records import (
     RunRecord,

@@ -64,7 +64,7 @@ class RankContext:
     run_dir: Any = None  # the run record's folder (Path): checkpoints go there; None: none
     resume: Any = None  # a checkpoint to start from (runtime/checkpoint.py Resume)
     # In a user's script: its own optimizer, as the optim.Updater the workers step where
-    # they step one themselves (runtime/script.py); None: the run's [optimizer].
+    # they step one themselves (runtime/worker/script.py); None: the run's [optimizer].
     user_optimizer: Any = None
     # The words of a script's optimizer's settings in each push's header, between the
     # header's fields and the values (optim.OptimizerSpec.push_words; 0: none ride).

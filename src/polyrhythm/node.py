@@ -2,14 +2,14 @@
 
     torchrun --nnodes 2 --nproc-per-node 3 --rdzv-endpoint HOST:PORT -m polyrhythm.node run.toml
 
-(launch/torchrun.py does the work.)
+(launch/rank/torchrun.py does the work.)
 """
 
 import atexit
 import os
 import sys
 
-from polyrhythm.launch.torchrun import main
+from polyrhythm.launch.rank.torchrun import main
 
 
 def exit_now(code: int) -> None:

@@ -38,7 +38,7 @@ class Updater(Protocol):
 
     def state_dict(self) -> dict:
         """Its state as a checkpoint keeps it: copies, not views of its own tensors (ours:
-        the flat state; a user's optimizer: torch's own form, runtime/user_optimizer.py)."""
+        the flat state; a user's optimizer: torch's own form, runtime/worker/user_optimizer.py)."""
         ...
 
     def load_state_dict(self, state: dict) -> None: ...
@@ -206,7 +206,7 @@ class TorchUpdater:
         return self.state_dict()  # flat already
 
 
-# The settings of a param group that ride on each push (runtime/user_optimizer.py
+# The settings of a param group that ride on each push (runtime/worker/user_optimizer.py
 # Hyperparameters): (key, how many numbers), in order.
 Riding = tuple[tuple[str, int], ...]
 
@@ -215,7 +215,7 @@ class OptimizerSpec(NamedTuple):
     """A user's torch.optim optimizer as servers rebuild it on their slices of the flat
     model: its class's name (an ELEMENTWISE one), its defaults, its param groups as
     (a, b, overrides) spans of the whole flat model with each span's group (`owners`), and
-    the settings every push carries for each group (`riding`; runtime/user_optimizer.py)."""
+    the settings every push carries for each group (`riding`; runtime/worker/user_optimizer.py)."""
 
     name: str
     hyper: dict
@@ -296,7 +296,7 @@ def kept_state(cls: type, hyper: dict) -> StateKeys:
     carried too."""
     probe = torch.nn.Parameter(torch.zeros(2))
     optimizer = cls([probe], **hyper)
-    optimizer.polyrhythm_internal = True  # ours, not a user's (runtime/job_optimizer.py)
+    optimizer.polyrhythm_internal = True  # ours, not a user's (runtime/worker/job_optimizer.py)
     probe.grad = torch.ones(2)
     optimizer.step()
     state = optimizer.state[probe]

@@ -104,7 +104,7 @@ def data() -> torch.utils.data.TensorDataset:
 def ddp(args) -> None:
     import torch.distributed as dist
 
-    from polyrhythm.runtime.script_data import ShardSampler
+    from polyrhythm.runtime.worker.script_data import ShardSampler
 
     dist.init_process_group("gloo")
     model, opt, sched = build(args.optimizer)

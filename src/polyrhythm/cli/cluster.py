@@ -34,7 +34,7 @@ def add_parser(commands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from polyrhythm.launch.cluster import (
+    from polyrhythm.launch.cluster.hosts import (
         ClusterShape,
         EmulatedCluster,
         can_emulate,

@@ -42,8 +42,8 @@ def run(args: argparse.Namespace) -> int:
 def start_forkserver(scripts: bool = False) -> None:
     """A local run's ranks' forkserver (for a script's ranks, or polyrhythm train's),
     started before this process imports torch, to import it at the same time
-    (launch/forkserver.py)."""
-    from polyrhythm.launch import forkserver
+    (launch/process/forkserver.py)."""
+    from polyrhythm.launch.process import forkserver
 
     forkserver.start(scripts)
 

@@ -4,9 +4,9 @@
           worker -> server, tag 0; padded to the server's largest bucket, so one receive
           buffer per worker fits every push of that worker; `settings`, only in a script
           that wraps its optimizer, are every number of every param group of it now (its
-          scheduler's rates among them, each a float64 in two words: runtime/user_optimizer.py
-          Hyperparameters), which the servers step at; without them the servers follow the
-          run's own [optimizer] schedule
+          scheduler's rates among them, each a float64 in two words:
+          runtime/worker/user_optimizer.py Hyperparameters), which the servers step at;
+          without them the servers follow the run's own [optimizer] schedule
   reply = [version, over, progress, parameter slice ...]
           server -> worker, tag = bucket id, so replies may arrive in any order; `over` is
           1 once the server has ended training (k-BSP and backup workers: the run's rounds

@@ -7,7 +7,7 @@ import no torch, so listing them, checking a config and simulating a run load no
 codecs that encode and decode (codecs.py, powersgd.py) and the error feedback around them
 (feedback.py) are loaded when a run builds them. Which messages they compress, and how an
 all-reduce carries them, is for the transport's users: strategies/ps_worker.py and
-runtime/server.py (pushes and replies), comm/compressed.py (all-reduce),
+runtime/server/server.py (pushes and replies), comm/compressed.py (all-reduce),
 strategies/averaging.py (model exchanges).
 """
 

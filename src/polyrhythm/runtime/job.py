@@ -1,6 +1,6 @@
 """What every process of a job does once it has joined the job, whoever launched it: build its
 role (worker or server shard), run it, and gather every rank's report to rank 0, which turns
-them into the run's result. Joining and leaving the job is launch/rank.py's.
+them into the run's result. Joining and leaving the job is launch/rank/life.py's.
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from polyrhythm.layout import BucketLayout
 from polyrhythm.metrics.sampler import ResourceSampler
 from polyrhythm.models.build import build_model
 from polyrhythm.optim import StateKeys
-from polyrhythm.runtime.bucket import MakeUpdater
-from polyrhythm.runtime.builtin import BuiltinWorker
-from polyrhythm.runtime.server import ParameterServerShard
+from polyrhythm.runtime.server.bucket import MakeUpdater
+from polyrhythm.runtime.server.server import ParameterServerShard
 from polyrhythm.runtime.summary import RunResult, summarise
 from polyrhythm.runtime.survivors import agree_on_lost
+from polyrhythm.runtime.worker.builtin import BuiltinWorker
 from polyrhythm.strategies import STRATEGIES
 from polyrhythm.strategies.spec import SWITCHING
 

@@ -1,5 +1,5 @@
-"""The mapreduce strategy's arithmetic, without Spark (launch/mapreduce.py runs it as Spark
-jobs): what a cached partition holds, the gradient of a partition's share of a mini-batch
+"""The mapreduce strategy's arithmetic, without Spark (launch/launchers/mapreduce.py runs it
+as Spark jobs): what a cached partition holds, the gradient of a partition's share of a mini-batch
 (in an executor), and the driver's model, its optimizer step and the run's result.
 
 A partition is a worker's shard of the run's data plan, and its share of each mini-batch is
@@ -29,9 +29,9 @@ from polyrhythm.losses import LOSSES
 from polyrhythm.metrics.recorder import SPAN_NAMES
 from polyrhythm.models.build import build_model
 from polyrhythm.optim import lr_at, updater
-from polyrhythm.runtime.builtin import batch_generator
 from polyrhythm.runtime.summary import RunResult, combine
 from polyrhythm.runtime.validation import evaluate
+from polyrhythm.runtime.worker.builtin import batch_generator
 
 
 @dataclass

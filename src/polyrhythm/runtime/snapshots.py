@@ -1,9 +1,10 @@
 """Each epoch end's model, kept for validation after training: on disk, not in memory.
 
-A worker that validates the epochs after training (runtime/epoch_validation.py) needs every epoch
-end's model then. Held in memory they would grow with the epochs (ResNet-50 for 90 epochs:
-about 9 GB a worker), so each goes to disk as its epoch ends and comes back one at a time:
-a worker holds at most the one being written or read, whatever the number of epochs.
+A worker that validates the epochs after training (runtime/worker/epoch_validation.py) needs
+every epoch end's model then. Held in memory they would grow with the epochs (ResNet-50 for
+90 epochs: about 9 GB a worker), so each goes to disk as its epoch ends and comes back one
+at a time: a worker holds at most the one being written or read, whatever the number of
+epochs.
 
 Where the worker writes the checkpoint's snapshot files (checkpoint.snapshot_file: worker
 0's, or every worker's where the workers hold different models), those files are the

@@ -1,6 +1,6 @@
 """Who is left after training, with on_worker_failure = continue.
 
-A server sees a worker die when its connection breaks mid-run (runtime/server.py), but a
+A server sees a worker die when its connection breaks mid-run (runtime/server/server.py), but a
 worker that dies after its last message is seen by nobody, until a collective waits for it.
 So before the end-of-run collectives (running statistics, reports), rank 0, which is server
 0 whenever a run may continue, calls the roll: it asks each worker not known to be lost and

@@ -16,7 +16,7 @@ decoded (their compress seconds over the pushes they took, a bucket's push a sha
 
 An emulated run's hosts share this machine's cores: it trains no faster than those cores
 allow (cores_bound, samples/s), the machine's cores over the CPU seconds its hosts' threads
-ran per sample trained (the fidelity guard's used cores, launch/fidelity.py). The simulator
+ran per sample trained (the fidelity guard's used cores, launch/cluster/fidelity.py). The simulator
 models hosts of their own; where a run was emulator-bound, the bound is what it could reach
 here (study.Prediction).
 """

@@ -50,7 +50,7 @@ def simulate_ps(setup: Setup, name: str, make_policy, settings, *, net: Network 
 
 
 class SimulatedBucket:
-    """A simulated bucket: what the real one (runtime/server.py Bucket) counts, without its
+    """A simulated bucket: what the real one (runtime/server/server.py Bucket) counts, without its
     values."""
 
     __slots__ = ("policy", "version", "progress", "pending_weight", "over")
@@ -58,7 +58,7 @@ class SimulatedBucket:
     def __init__(self, policy: ConsistencyPolicy, version: int = 0) -> None:
         self.policy = policy
         # Updates applied, and global batches' worth of gradient: after a Strategy-Switch's
-        # first phase, its steps (runtime/server.py Bucket.take_over).
+        # first phase, its steps (runtime/server/server.py Bucket.take_over).
         self.version = version
         self.progress = float(version)
         self.pending_weight = 0.0
@@ -207,7 +207,7 @@ class _ParameterServers:
                         for w, arrives in zip(to, arrivals, strict=True):
                             reply(w, k, arrives, version, over)
                 # The server's loop waits for its replies to be sent before it takes the
-                # next push (runtime/server.py _answer).
+                # next push (runtime/server/server.py _answer).
                 if out_free[host] > busy[server]:
                     busy[server] = out_free[host]
             elif kind == READY:

@@ -43,7 +43,7 @@ class Strategy(ABC):
     # Steps each worker's replica with plain SGD between exchanges (Downpour between
     # fetches): a script's optimizer must then be SGD, whose groups' rates it follows.
     local_sgd = False
-    # A script's optimizer's settings now (runtime/user_optimizer.py Hyperparameters.values),
+    # A script's optimizer's settings now (runtime/worker/user_optimizer.py Hyperparameters.values),
     # which pushes carry to servers; None where none ride.
     hyper: list[float] | None = None
     # Whose gradients one update applies (strategies/spec.py EVERY_WORKERS, ...), as the
@@ -84,7 +84,7 @@ class Strategy(ABC):
     def workers_agree(self) -> bool:
         """Every worker steps the same gradient with a copy of the same optimizer, so all
         hold the same parameters after each step (the all-reduce family): a difference is a
-        worker's own doing, checked at epoch ends (runtime/engine.py)."""
+        worker's own doing, checked at epoch ends (runtime/worker/engine.py)."""
         return False
 
     @abstractmethod

@@ -3,7 +3,7 @@ partitioned Spark dataset (a partition per worker's shard); each mini-batch is o
 whose tasks compute the gradient of their partition's share of the batch in the executors,
 tree-aggregated to the driver, which steps the optimizer and broadcasts the new parameters
 to the next job. Synchronous by construction: the driver steps once every task has answered.
-It runs on Spark only (launch/mapreduce.py); a batch as large as the training set is
+It runs on Spark only (launch/launchers/mapreduce.py); a batch as large as the training set is
 full-batch gradient descent, as MLlib's GD."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What a parameter server does with one message: pure, no I/O, no tensors.
 
-The real server (runtime/server.py) and the simulator (sim/ps.py) both call `serve` (the
+The real server (runtime/server/server.py) and the simulator (sim/ps.py) both call `serve` (the
 simulator its plain-tuple form, `decide`) for every message a bucket gets, so they make the
 same decisions: which policy hook to ask, what staleness a gradient had, whether the pending
 update is applied now, and whether that update ends the run. Each then acts on the answer in
@@ -29,7 +29,7 @@ TOLERANCE = 1e-6
 
 
 class BucketState(Protocol):
-    """What `serve` reads of a bucket (the real one, runtime/server.py Bucket, or the
+    """What `serve` reads of a bucket (the real one, runtime/server/server.py Bucket, or the
     simulator's): its policy and its counts. An update adds 1 to `version` and the pending
     batch weight to `progress`."""
 

@@ -9,9 +9,9 @@ every epoch but the last, on figures every worker holds alike (worker 0's valida
 which a script logs, or the idleness, through one exact all-reduce), so all workers decide
 the same. At the switch worker 0 hands each server its slices of the parameters and of the
 optimizer's flat state (SGD's momentum buffer, Adam's moments and step count; a script's own
-optimizer's as runtime/user_optimizer.py flattens it), and the global step count, which the
+optimizer's as runtime/worker/user_optimizer.py flattens it), and the global step count, which the
 servers' versions and learning-rate schedule carry on from (comm/messages.py,
-runtime/server.py). From a script, the pushes after the switch carry its scheduler's rate, as
+runtime/server/server.py). From a script, the pushes after the switch carry its scheduler's rate, as
 any parameter server's do. Buffers (BatchNorm statistics) stay in each worker's model, as in
 every parameter-server strategy. Sync-Switch (Li et al., ICDCS 2021) switches instead by
 checkpointing and relaunching the cluster.

@@ -39,7 +39,7 @@ def run_sweep(sweep: Sweep, *, train: Callable[..., dict] | None = None,
     """Run the sweep's missing runs one after another. A failing run does not stop the
     others; Ctrl-C or SIGTERM stops the sweep (KeyboardInterrupt) with the run in progress
     recorded as failed, to be run again when the sweep is."""
-    from polyrhythm.launch.local import signal_handlers
+    from polyrhythm.launch.process.signals import signal_handlers
 
     if train is None:
         from polyrhythm import api

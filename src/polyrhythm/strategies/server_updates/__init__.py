@@ -5,7 +5,7 @@ A strategy declares its server update (StrategySpec.server_update) by one of the
 its policy (strategies/consistency.py) only decides when pushes are gathered, applied and
 answered. A new server update is a module here, a name below and the strategy that
 declares it. The names are strings, so that declaring and checking a strategy imports no
-torch; the server loads the class when it builds its buckets (runtime/bucket.py).
+torch; the server loads the class when it builds its buckets (runtime/server/bucket.py).
 
 - SUM: the pushes' batch-weighted sum, stepped by the run's optimizer (bsp, asp, ssp, ...).
 - MEAN: their mean, for policies whose update holds a varying number of pushes (k-BSP,

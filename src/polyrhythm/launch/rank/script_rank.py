@@ -1,0 +1,374 @@
+"""A user's script joining its job: `polyrhythm.init()`.
+
+Started by `polyrhythm run` (launch/launchers/script_launcher.py) or by torchrun on real
+nodes, every process of the job runs the script. `init()` reads the job from the environment
+(the rank as torchrun gives it; the run's config from POLYRHYTHM_CONFIG, or
+POLYRHYTHM_STRATEGY and POLYRHYTHM_SERVERS with every other setting at its default), joins
+the process group and takes the role its rank has: a worker gets its Job (runtime/worker/script.py)
+and the script goes on; a server never returns to the script: it waits for worker 0 to say
+what it serves (the flat model and the script's optimizer, at the first step), serves, hands
+in its report and ends the process. Started without a launcher (`python script.py`), the
+script is one worker with nothing to exchange and nothing recorded: it runs as it would
+without polyrhythm.
+
+Rank 0 records the run (under the config's `out`, or completes POLYRHYTHM_RUN_ID there) as
+`polyrhythm train` does: the store, `report` and `compare` read it alike. A resumed run's
+ranks (`polyrhythm run --resume`) find the checkpoint to go on from in POLYRHYTHM_RESUME: a
+server loads its slices there (re-sliced if the servers changed), a worker its state when the
+script's `job.epochs(n)` begins (runtime/worker/script.py).
+"""
+
+from __future__ import annotations
+
+import atexit
+import math
+import os
+import sys
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from polyrhythm.comm.transport import Transport
+from polyrhythm.config import COMPONENTS, RunConfig, given_to_a_script, load_config
+from polyrhythm.context import ProgressSink, RankContext, Topology, no_progress
+from polyrhythm.errors import ConfigError, PolyrhythmError, RunFailed
+from polyrhythm.launch.process.failures import (
+    RankFailure,
+    lost_a_peer,
+    mark_joined,
+    mark_left,
+    mark_training,
+    rank_ended,
+    rank_failed,
+    read_reports,
+    recorded_failure,
+)
+from polyrhythm.launch.rank.life import latency, leave_together
+from polyrhythm.launch.rank.rendezvous import join_group
+from polyrhythm.launch.rank.torchrun import env_int, job_rank, job_record, shared_run_dir
+from polyrhythm.metrics.records import RunRecord
+from polyrhythm.runtime.checkpoint import Resume
+from polyrhythm.runtime.job import play, server_shard
+from polyrhythm.runtime.summary import combine
+from polyrhythm.runtime.survivors import agree_on_lost
+from polyrhythm.runtime.worker.script import Job, lasting
+from polyrhythm.strategies import STRATEGIES
+
+ENV_CONFIG, ENV_RUN_ID = "POLYRHYTHM_CONFIG", "POLYRHYTHM_RUN_ID"
+ENV_RENDEZVOUS = "POLYRHYTHM_RENDEZVOUS"  # a file store (polyrhythm run); else env:// (torchrun)
+# A resumed run's checkpoint folder, and how many servers wrote it (the model is re-sliced
+# where the run now has another number).
+ENV_RESUME, ENV_RESUME_SERVERS = "POLYRHYTHM_RESUME", "POLYRHYTHM_RESUME_SERVERS"
+# The settings polyrhythm run's user set that only some scripts read (config
+# given_to_a_script), comma-separated: the config file the ranks read holds every setting.
+ENV_GIVEN = "POLYRHYTHM_GIVEN"
+# Servers learn the length of an epoch from the script's loader; without one, an epoch is
+# this many steps for them (what only fixed-round strategies read: those need a loader).
+UNKNOWN_STEPS = 10**9
+_JOINED: list = []
+# The script's exit status, where its launcher knows it before the exit handlers run (a rank
+# of polyrhythm run: launch/rank/preloaded.py): a job left unfinished is finished only after 0.
+EXIT_STATUS: list[int] = []
+
+
+def joined() -> bool:
+    """Whether this process has joined its job (polyrhythm.init())."""
+    return bool(_JOINED)
+
+
+def init() -> Job:
+    """Join the job this process is part of (module docstring); a worker's Job."""
+    if _JOINED:
+        raise ConfigError("polyrhythm.init() was called twice: call it once, first")
+    if "RANK" not in os.environ:
+        _JOINED.append(None)
+        return Job(None)
+    config = job_config()
+    rank, world = job_rank(config, START), _env_int("WORLD_SIZE")
+    if world != config.world_size:
+        raise ConfigError(f"the launcher started {world} processes but the run needs "
+                          f"{config.world_size} ({config.servers} servers + {config.workers} "
+                          "workers)")
+    # job_record holds the run until this process ends: a resume waits for it (runlock.py).
+    record, run_dir = job_record(config, rank, os.environ.get(ENV_RUN_ID), script=sys.argv[0])
+    if run_dir is not None:
+        mark_joined(run_dir, rank)
+    rendezvous = os.environ.get(ENV_RENDEZVOUS)
+    # Under polyrhythm run (its file store) the launcher, which sees every rank end, records
+    # a failure: rank 0 may only have lost a peer that explains it (a server, when a worker
+    # dies). Under torchrun, rank 0 records it.
+    sys.excepthook = _failing(rank, config, None if rendezvous else record, run_dir)
+    if rendezvous:
+        dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank,
+                                world_size=world, timeout=timedelta(seconds=config.timeout))
+    else:
+        join_group(rank, world, timedelta(seconds=config.timeout))
+    if os.environ.get(ENV_RUN_ID) is None:  # rank 0 made the run: all learn where it is
+        run_dir = shared_run_dir(config, record)
+        sys.excepthook = _failing(rank, config, None if rendezvous else record, run_dir)
+    topology = Topology(config.servers, config.workers)
+    transport = Transport()
+    transport.open(rank, world, topology.worker_ranks, latency(config, rank), config.timeout)
+    ctx = RankContext(config, rank, topology, transport, run_dir=run_dir,
+                      resume=_resume_point(), progress=_marking_training(run_dir))
+    _JOINED.append(ctx)
+    if topology.role(rank) == "server":
+        torch.set_num_threads(1)  # servers mostly wait
+        _finish(ctx, _serve(ctx), record)
+        _leave(0, ctx)
+    job = Job(ctx, describe_servers=_describe if topology.servers else None,
+              finish=lambda job: _finish_worker(job, record), given=_given(config))
+    atexit.register(_finish_at_exit, job)
+    return job
+
+
+def _finish_at_exit(job: Job) -> None:
+    """A script that trained and ended without job.finish() (and without an error: that
+    ends the process through its excepthook) is finished as it exits, with a notice."""
+    if job.finished or job.strategy is None or (EXIT_STATUS and EXIT_STATUS[-1] != 0):
+        return
+    print(f"polyrhythm: worker {job.worker}'s script ended without job.finish(): finished "
+          "it as the script exits (call job.finish() after training)", file=sys.stderr)
+    job.finish()
+    _leave(0, job.ctx)  # the exit handlers running now would not run the one finish adds
+
+
+def job_config() -> RunConfig:
+    """The run's config: POLYRHYTHM_CONFIG's file, else the strategy and servers the
+    environment names, with as many workers as the launcher started beside the servers."""
+    path = os.environ.get(ENV_CONFIG)
+    if path:
+        return load_config(path)
+    # polyrhythm run's defaults: its strategy, and one server where it has servers.
+    strategy = os.environ.get("POLYRHYTHM_STRATEGY") or COMPONENTS["strategy"].default
+    named = os.environ.get("POLYRHYTHM_SERVERS", "")
+    if not named:
+        spec = STRATEGIES.get(strategy)
+        named = "1" if spec is not None and spec.uses_servers else "0"
+    if not named.isdigit():
+        raise ConfigError(f"POLYRHYTHM_SERVERS={named!r}: give a number of servers")
+    servers = int(named)
+    return RunConfig(strategy=strategy, servers=servers,
+                     workers=_env_int("WORLD_SIZE") - servers)
+
+
+def _given(config: RunConfig) -> frozenset[str] | None:
+    """The settings the run was given that only some scripts read (polyrhythm run's, or
+    those of torchrun's config file); None where unknown: a resumed run, checked when it
+    first started."""
+    if ENV_GIVEN in os.environ:
+        return frozenset(filter(None, os.environ[ENV_GIVEN].split(",")))
+    return None if os.environ.get(ENV_RESUME) else given_to_a_script(config)
+
+
+def _resume_point() -> Resume | None:
+    """The checkpoint a resumed run goes on from (None: a run from the start)."""
+    folder = os.environ.get(ENV_RESUME)
+    return Resume(Path(folder), _env_int(ENV_RESUME_SERVERS)) if folder else None
+
+
+def _marking_training(run_dir: Path | None) -> ProgressSink:
+    """A worker's progress sink: its first step's event marks that training has begun, for
+    the launcher (launch/process/failures.py's mark_training); the rest are dropped (a script's run
+    draws no progress board)."""
+    if run_dir is None:
+        return no_progress
+    marked: list[bool] = []
+
+    def mark(event: dict) -> None:
+        if not marked:
+            mark_training(run_dir)
+            marked.append(True)
+    return mark
+
+
+START = "start the script with polyrhythm run or torchrun"
+
+
+def _env_int(name: str) -> int:
+    return env_int(name, START)
+
+
+def _failing(rank: int, config, record: RunRecord | None, run_dir: Path | None):
+    """An excepthook: the error in one line with the script's line it came from, for the
+    launcher (a report in the run's logs) and the record (rank 0's, where it is given), then
+    the traceback, and the process ends."""
+    def hook(kind, exc, trace) -> None:
+        failure = RankFailure.of(rank, exc)
+        script = os.path.abspath(sys.argv[0])
+        lines = [f for f in traceback.extract_tb(trace) if os.path.abspath(f.filename) == script]
+        if lines:
+            failure = RankFailure(rank, failure.kind,
+                                  f"{failure.error} ({Path(script).name}, line "
+                                  f"{lines[-1].lineno})")
+        rank_ended(rank, failure, failure.error, Topology(config.servers, config.workers), run_dir,
+                   record)
+        # To the process's own stderr: torch's process group wraps this hook in one that
+        # holds what it prints in a buffer until it returns, which it never does. A misuse
+        # polyrhythm names (a PolyrhythmError) is its one line, which polyrhythm run's
+        # launcher (it names the run) says itself; a bug, its traceback.
+        if isinstance(exc, PolyrhythmError):
+            if os.environ.get(ENV_RUN_ID) is None:
+                print(f"polyrhythm: error: {failure.error}", file=sys.__stderr__)
+        else:
+            traceback.print_exception(kind, exc, trace, file=sys.__stderr__)
+        # Out now: tearing down a process group whose peers are failing too can abort
+        # (SIGABRT), which would read as a crash rather than the error reported.
+        _leave(1)
+    return hook
+
+
+def _describe(job: Job) -> None:
+    """Worker side of what the servers serve (every worker calls it at its first step)."""
+    ctx = job.ctx
+    ctx.transport.broadcast_object(
+        {"initial": job.flat.data.clone(), "shapes": job.flat.shapes,
+         "optimizer": job.servers_spec,
+         "steps_per_epoch": job.steps_per_epoch, "epochs": job.total_epochs},
+        src=ctx.topology.worker_ranks[0])
+
+
+def _serve(ctx: RankContext) -> dict:
+    """A server's life: learn what it serves, serve, and its report."""
+    config, topology = ctx.config, ctx.topology
+    described = ctx.transport.broadcast_object(None, src=topology.worker_ranks[0])
+    initial = described["initial"]
+    steps = described["steps_per_epoch"] or config.steps_per_epoch or UNKNOWN_STEPS
+    if described["epochs"]:
+        config = ctx.config = lasting(config, described["epochs"])
+    optimizer = described["optimizer"]
+    ctx.push_hyper_words = optimizer.push_words if optimizer is not None else 0
+    shard = server_shard(ctx, initial, steps, described["shapes"],
+                         make_updater=lambda weights, a, b, concurrency:
+                         optimizer.updater(weights, a, b),
+                         handover_keys=optimizer.state_keys())
+    if ctx.resume is not None:
+        shard.resume(ctx.resume)
+    ctx.transport.barrier()  # the workers' first step starts the clock
+    ctx.started = time.perf_counter() - shard.resumed_s
+    return play(ctx, shard)
+
+
+def _finish_worker(job: Job, record: RunRecord | None) -> None:
+    """`job.finish()`, once this worker has left its servers or peers: agree on the final
+    model's buffers, hand in the report, take the final model, and leave the job."""
+    lost = agree_on_lost(job.ctx, set())
+    job.agree_on_statistics()
+    _finish(job.ctx, job.report(lost), record, job)
+
+
+def _finish(ctx: RankContext, report: dict, record: RunRecord | None,
+            job: Job | None = None) -> None:
+    """Gather every rank's report to rank 0, which makes the final model's parameters and
+    sends them to every rank: each worker (`job`) takes them, and the first worker left
+    runs the script's evaluation of it. Rank 0 records the run; all leave together."""
+    reports = ctx.transport.gather_object(report, dst=0)
+    final = None
+    if reports is not None:
+        first = next(r for r in reports if "model" in r)
+        final = (_final_parameters(reports), first["rank"])
+    flat, first_rank = ctx.transport.broadcast_object(final, src=0)
+    figures = None
+    if job is not None:
+        job.take_final(flat, first_rank)
+        if ctx.rank == first_rank:
+            figures = job.final_figures()
+    figures = ctx.transport.broadcast_object(figures, src=first_rank)
+    result = None
+    if reports is not None and record is not None:
+        failed = _failed_on_its_own(ctx, reports, record)
+        if failed is None:
+            result = _result(ctx, reports, flat, figures)
+        else:
+            recorded_failure(record, failed, ctx.config, script=True)
+    leave_together(ctx, result, record)
+    # The rest of the script runs on; when it ends, the process leaves without C++'s static
+    # destructors, which abort now and then ("terminate called without an active
+    # exception", SIGABRT) while Gloo's threads wind down: a completed run would read as a
+    # crash. Handlers registered before this one are skipped: stdio is flushed here.
+    atexit.register(_leave, 0, ctx)
+
+
+def _final_parameters(reports: list[dict]) -> torch.Tensor:
+    """The run's final flat parameters: the servers' shards, or where no server holds the
+    model the first worker's (the workers' consensus, where they average)."""
+    return torch.cat([values for _, _, values in sorted(r["shard"] for r in reports
+                                                        if "shard" in r)])
+
+
+def _failed_on_its_own(ctx: RankContext, reports: list[dict],
+                       record: RunRecord) -> RunFailed | None:
+    """The failure of a worker the servers went on without (on_worker_failure = continue)
+    that was no loss: it failed on an error of its own, as its report in the run's logs says
+    (written before its connection broke, so here by now). The run failed for it, whatever
+    the others did; None if every worker gone was lost."""
+    if ctx.run_dir is None:
+        return None
+    gone = sorted({entry["rank"] for r in reports if r["role"] == "server"
+                   for entry in r["lost"]})
+    failures = read_reports(ctx.run_dir)
+    for rank in gone:
+        if rank in failures and not lost_a_peer(failures[rank]):
+            return rank_failed(rank, None, failures[rank], record.log_path(rank), ctx.topology)
+    return None
+
+
+def _leave(code: int, ctx: RankContext | None = None) -> None:
+    """End the process now, stdio flushed (see _finish); a rank of a job (`ctx`) that has
+    done its part leaves the mark that it has (failures.py)."""
+    if ctx is not None and ctx.run_dir is not None:
+        mark_left(ctx.run_dir, ctx.rank)
+    for stream in (sys.stdout, sys.stderr, sys.__stderr__):
+        stream.flush()
+    os._exit(code)
+
+
+def _result(ctx: RankContext, reports: list[dict], flat: torch.Tensor,
+            figures: dict[str, float] | None):
+    """The run's result: the final model (the first worker's state, its buffers the
+    workers' mean, its trained parameters `flat`, ties kept: tied entries are one tensor),
+    and the script's evaluation of that model as its final figures (`figures`; None: not
+    evaluated, and the final figures unknown)."""
+    first = next(r for r in reports if "model" in r)
+    state = first["model"]
+    shapes = first["shapes"]
+    bounds = [0]
+    for shape in shapes:
+        bounds.append(bounds[-1] + math.prod(shape))
+    pieces: dict[int, torch.Tensor] = {}
+    for name, i in first["aliases"].items():
+        if name in state:
+            if i not in pieces:
+                pieces[i] = flat[bounds[i]:bounds[i + 1]].view(shapes[i]).clone()
+            state[name] = pieces[i]
+    figures = figures or {}
+    final = {k: figures[k] for k in ("val_loss", "val_accuracy") if k in figures}
+    logged_accuracy = "val_accuracy" in figures or any("val_accuracy" in e
+                                                         for e in first["epochs"])
+    result = combine(ctx.config, reports, state, final, len(flat), ctx.now(), logged_accuracy)
+    summary = result.summary
+    summary["script"] = os.path.abspath(sys.argv[0])
+    summary["epochs"] = len(first["epochs"])  # the script's, whatever the config says
+    # final_val_* are the script's evaluation of model.pt, or unknown; what worker 0 logged
+    # last (of its own model, which may not be the final one) is kept apart, named so.
+    summary["final_evaluated"] = bool(figures)
+    if figures:
+        summary["final_figures"] = figures
+    last = first["epochs"][-1] if first["epochs"] else {}
+    logged = {k: last[k] for k in ("val_loss", "val_accuracy") if k in last}
+    if logged:
+        summary["last_logged"] = {**logged, "worker": first["worker"]}
+    # The global batch is the workers' loaders', not the config's (the simulator's
+    # calibration sizes a run's steps by it), and each worker's.
+    batches = [r["batch_size"] for r in sorted(reports, key=lambda r: r["rank"])
+               if "batch_size" in r]
+    summary["batch_size"], summary["worker_batch_size"] = sum(batches), batches
+    # From the clock's start (the workers' first step) until now, in the machine's time: the
+    # window an emulated cluster's fidelity guard judges, as for polyrhythm train's job.
+    now = time.time()
+    summary["training_window"] = [now - ctx.now(), now]
+    return result
