@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from contextlib import nullcontext
 from functools import partial
 
 import torch
@@ -198,11 +199,9 @@ class ParameterServerShard:
         """Send the replies the decision releases; checkpoint after an update."""
         ranks = {w: r for w, r in ((w, self.ctx.topology.worker_ranks[w])
                                    for w in served.decision.release) if r not in self.lost}
-        if bucket.replies is None:  # the outbox as it is, to every worker
+        # Encoding compressed replies is the compress span's; the outbox as it is, nothing's.
+        with self.ctx.spans("compress") if bucket.replies is not None else nullcontext():
             replies = {w: bucket.reply(w) for w in ranks}
-        else:
-            with self.ctx.spans("compress"):
-                replies = {w: bucket.reply(w) for w in ranks}
         for work in [self._send(replies[w], r, key) for w, r in ranks.items()]:
             try:
                 if work is not None:  # going on without a silent worker: never Gloo's timeout
