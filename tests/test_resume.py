@@ -248,7 +248,7 @@ def test_resume_waits_for_the_processes_that_still_hold_the_run(tmp_path):
     """A rank of the run (here a stand-in that takes the ranks' hold) keeps a resume
     waiting; once it is gone the wait ends."""
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from polyrhythm.launch import runlock; "
+        [sys.executable, "-c", "import sys; from polyrhythm.launch.process import runlock; "
          f"runlock.hold({str(tmp_path)!r}); print('held', flush=True); sys.stdin.read()"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
