@@ -13,8 +13,8 @@ import torch
 from polyrhythm.comm.messages import PUSH_HEADER
 from polyrhythm.config import make_config
 from polyrhythm.context import RankContext, Topology
-from polyrhythm.runtime.server.server import ParameterServerShard
 from polyrhythm.runtime.server import server as real_server
+from polyrhythm.runtime.server.server import ParameterServerShard
 from polyrhythm.sim.ps import SimulatedBucket
 from polyrhythm.strategies import STRATEGIES
 from polyrhythm.strategies.serving import DONE, FETCH, GRADIENT, PUSH, Course
