@@ -28,6 +28,7 @@ from polyrhythm.launch.process.failures import (
     read_reports,
     write_report,
 )
+from polyrhythm.launch.process.supervisor import Forked
 from polyrhythm.launch.rank import torchrun
 from polyrhythm.metrics.records import RunRecord
 from polyrhythm.metrics.store import RunStore
@@ -115,7 +116,7 @@ def test_a_bug_in_the_launcher_leaves_its_traceback_in_the_runs_logs(tmp_path, m
     def supervise(*args, **kwargs):
         raise ValueError("a bug in the launcher")
 
-    monkeypatch.setattr(local, "_supervise", supervise)
+    monkeypatch.setattr(local.LocalSupervisor, "run", supervise)
     config = small_config(tmp_path, workers=1, epochs=1, dataset="digits")
     with pytest.raises(RunFailed) as failed:
         polyrhythm.train(config)
@@ -251,14 +252,22 @@ class _Rank:
         os.write(self._end, b"x")
         self.exitcode = self._code
 
+    pid = None
+
     def is_alive(self) -> bool:
         if self._late and self.exitcode is None:
             self._reaped()  # seen next time
             return True
         return self.exitcode is None
 
-    def join(self) -> None:
+    def join(self, timeout: float | None = None) -> None:
         pass
+
+    def terminate(self) -> None:
+        self._code, self._late = -signal.SIGTERM, False
+        self._reaped()
+
+    kill = terminate
 
 
 class _Events:
@@ -277,8 +286,9 @@ def test_the_local_launcher_names_a_killed_worker_reaped_after_the_server_it_fai
     procs = [_Rank(1), _Rank(None), _Rank(None), _Rank(-signal.SIGKILL, reaped_late=True)]
     events = _Events(RankFailure(0, Kind.LOST, "PeerLost: rank 3 is gone: ..."))
     with pytest.raises(RunFailed) as failed:
-        local._supervise(procs, events, ProgressBoard(3, enabled=False), Topology(1, 3),
-                         RunRecord(tmp_path, "r"))
+        local.LocalSupervisor([Forked(p, (r,)) for r, p in enumerate(procs)], events,
+                              ProgressBoard(3, enabled=False), Topology(1, 3),
+                              RunRecord(tmp_path, "r")).run()
     assert str(failed.value) == "rank 3 (worker 2) was killed by SIGKILL"
 
 

@@ -17,13 +17,11 @@ verdict is added to the run's summary (`cluster`).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,19 +39,17 @@ from polyrhythm.launch.process.failures import (
     cause,
     clear_reports,
     completed_summary,
-    goes_on_without,
     have_left,
     how,
     left_behind,
-    lost_a_peer,
     never_joined,
     rank_failed,
     read_reports,
     recorded_failure,
-    training_began,
 )
 from polyrhythm.launch.process.forkserver import CHILD_ENVIRONMENT
-from polyrhythm.launch.process.signals import GRACE_S, raise_interrupt, signal_handlers
+from polyrhythm.launch.process.signals import raise_interrupt, signal_handlers
+from polyrhythm.launch.process.supervisor import Popened, Supervisor, stop
 from polyrhythm.launch.rank.gate import SECRET_VARIABLE, new_secret
 from polyrhythm.metrics.records import RunRecord, amend_run, read_summary
 from polyrhythm.runtime.checkpoint import Resume, resumed_config
@@ -110,7 +106,7 @@ def launch_emulated(config, record: RunRecord, show_progress: bool = False,
     layout = host_ranks(config.cluster, config.servers, config.workers)
     own: EmulatedCluster | None = None
     janitor: Janitor | None = None
-    hosts: list[subprocess.Popen] = []
+    hosts: list[Popened] = []
     groups: list[CpuGroup] = []
     guard: FidelityGuard | None = None
     try:
@@ -128,13 +124,12 @@ def launch_emulated(config, record: RunRecord, show_progress: bool = False,
             port = PORT if own is not None else random.randint(20000, 60000)
             secret = new_secret()  # the ranks' proof at rank 0's gate (launch/rank/gate.py)
             for host, ranks in enumerate(layout):
-                hosts.append(_start(cluster, host, len(ranks), port, record, groups[host],
-                                    program, secret))
+                hosts.append(Popened(_start(cluster, host, len(ranks), port, record,
+                                            groups[host], program, secret), tuple(ranks)))
             guard = FidelityGuard([g.threads for g in groups], list(shape.cpu)).start()
             topology = Topology(config.servers, config.workers)
-            _supervise(hosts, layout, topology, record,
-                       program.show if show_progress else None, cluster,
-                       carry_on=config.on_worker_failure == CONTINUE)
+            EmulatedSupervisor(hosts, topology, record, program.show if show_progress else None,
+                               cluster, carry_on=config.on_worker_failure == CONTINUE).run()
             if program.script and completed_summary(record) is None:
                 # A script that never joined its job ran alone in every rank and ended well.
                 for rank in range(topology.world_size):
@@ -156,7 +151,7 @@ def launch_emulated(config, record: RunRecord, show_progress: bool = False,
             _tear_down(hosts, groups, own, guard, janitor)
 
 
-def _tear_down(hosts: list[subprocess.Popen], groups: list[CpuGroup],
+def _tear_down(hosts: list[Popened], groups: list[CpuGroup],
                own: EmulatedCluster | None, guard: FidelityGuard | None,
                janitor: Janitor | None) -> None:
     """Stop the hosts, remove the run's groups and (if the run made it) the cluster, each
@@ -164,7 +159,7 @@ def _tear_down(hosts: list[subprocess.Popen], groups: list[CpuGroup],
     launcher had been killed; if it cannot either, one ClusterError says what to run."""
     if guard is not None:
         guard.stop()
-    steps = [lambda: _stop(hosts), *(group.remove for group in groups)]
+    steps = [lambda: stop(hosts), *(group.remove for group in groups)]
     if own is not None:
         steps.append(own.down)
     failed = []
@@ -208,70 +203,66 @@ def _start(cluster: EmulatedCluster, host: int, ranks: int, port: int, record: R
                                 stdin=subprocess.DEVNULL)
 
 
-def _supervise(hosts: list[subprocess.Popen], layout: list[list[int]], topology: Topology,
-               record: RunRecord, show: Callable[[int, str], None] | None,
-               cluster: EmulatedCluster, carry_on: bool) -> None:
-    """Wait for every host's torchrun; raise RunFailed when one fails, unless the run may
-    `carry_on` (on_worker_failure = continue) without the host: every rank there a worker
-    lost (killed, or cut off from its peers), as the local launcher goes on without a lost
-    worker (failures.py's goes_on_without). torchrun ends a host's every rank when one
-    dies, so a lost worker is a lost host."""
-    shown = [0] * len(hosts)
-    gone: set[int] = set()  # hosts the run goes on without
-    while True:
-        codes = [p.poll() for p in hosts]
-        if show is not None:  # after the poll: a host that has ended has written its all
-            _show_progress(record, shown, show)
-        for h in (h for h, code in enumerate(codes) if code not in (None, 0) and h not in gone):
-            if not (carry_on and _goes_on_without(h, hosts, layout, topology, record, gone)):
-                raise _failure(h, layout, topology, record, hosts, cluster)
-            gone.add(h)
-            _say_lost(h, layout, topology, _why(h, hosts, layout, record, cluster),
-                      "the others go on")
-        left = [h for h in range(len(hosts)) if h not in gone]
-        if all(codes[h] == 0 for h in left):
-            return
-        # A worker the completed run went on without may still run (frozen, cut off), and
-        # the others' torchruns wait for a lost host's at their end (torchrun's exit
-        # barrier, five minutes): once every rank but those has done its part, it is done.
-        behind = left_behind(record)
-        if (gone or behind) and have_left(record.dir, [r for h in left for r in layout[h]
-                                                       if r not in behind]):
-            for h in (h for h in left if set(layout[h]) <= behind):  # not ended by itself
-                _say_lost(h, layout, topology, "its link is down" if h in cluster.links_down()
-                          else "it fell silent", "the run went on without it")
-            return
-        time.sleep(POLL_S)
+class EmulatedSupervisor(Supervisor):
+    """The supervisor of the hosts' torchruns (launch/process/supervisor.py), each running
+    its host's ranks: torchrun ends a host's every rank when one dies, so a lost worker is
+    a lost host, and the run goes on without it only where every rank there was a worker
+    lost (on_worker_failure = continue). The hosts' logs are shown as they grow (`show`);
+    a failure is explained by a rank's own error, else a host whose link is down, else a
+    host killed (`_failure`)."""
+
+    poll_s = POLL_S
+
+    def __init__(self, hosts: list[Popened], topology: Topology, record: RunRecord,
+                 show: Callable[[int, str], None] | None, cluster: EmulatedCluster,
+                 carry_on: bool) -> None:
+        super().__init__(hosts, topology, record, carry_on)
+        self.show, self.cluster, self.shown = show, cluster, [0] * len(hosts)
+
+    def look(self) -> None:
+        if self.show is not None:  # after the poll: a host that has ended has written its all
+            _show_progress(self.record, self.shown, self.show)
+
+    def log_of(self, rank: int) -> Path:
+        return _host_log(self.record, self._host(rank))
+
+    def say_lost(self, ranks: list[int], line: str) -> None:
+        host = self._host(ranks[0])
+        self._say_lost(host, _why(host, self.procs, [list(p.ranks) for p in self.procs],
+                                  self.record, self.cluster), "the others go on")
+
+    def done(self) -> bool:
+        """A worker the completed run went on without may still run (frozen, cut off), and
+        the others' torchruns wait for a lost host's at their end (torchrun's exit barrier,
+        five minutes): once every rank but those has done its part, the run is done."""
+        if not self.carry_on:
+            return False  # no worker is gone without ending the run
+        behind = left_behind(self.record)
+        left = [h for h, p in enumerate(self.procs) if not set(p.ranks) <= self.lost]
+        if not (self.lost or behind) or not have_left(
+                self.record.dir, [r for h in left for r in self.procs[h].ranks
+                                  if r not in behind]):
+            return False
+        for h in (h for h in left if set(self.procs[h].ranks) <= behind):  # not ended itself
+            self._say_lost(h, "its link is down" if h in self.cluster.links_down()
+                           else "it fell silent", "the run went on without it")
+        return True
+
+    def explain(self, proc: Popened) -> RunFailed:
+        return _failure(self.procs.index(proc), [list(p.ranks) for p in self.procs],
+                        self.topology, self.record, self.procs, self.cluster)
+
+    def _host(self, rank: int) -> int:
+        return next(h for h, p in enumerate(self.procs) if rank in p.ranks)
+
+    def _say_lost(self, host: int, why: str, then: str) -> None:
+        names = ", ".join(map(self.topology.describe, self.procs[host].ranks))
+        print(f"polyrhythm: host {host} ({names}) lost: {why}; {then}", file=sys.stderr,
+              flush=True)
 
 
-def _say_lost(host: int, layout: list[list[int]], topology: Topology, why: str,
-              then: str) -> None:
-    print(f"polyrhythm: host {host} ({', '.join(map(topology.describe, layout[host]))}) lost: "
-          f"{why}; {then}", file=sys.stderr, flush=True)
-
-
-def _goes_on_without(host: int, hosts: list[subprocess.Popen], layout: list[list[int]],
-                     topology: Topology, record: RunRecord, gone: set[int]) -> bool:
-    """Whether the run goes on without `host` (whose torchrun failed) and its ranks, once
-    training has begun: a rank there that reported nothing was killed (from outside, or by
-    its torchrun as a peer there died); one that reported an error is lost only if it lost
-    a peer."""
-    if not training_began(record.dir):
-        return False
-    reports = read_reports(record.dir)
-    where = {r: h for h, ranks in enumerate(layout) for r in ranks}
-
-    def exit_code(rank: int) -> int | None:
-        if where[rank] == host:
-            return 1 if rank in reports else -signal.SIGKILL
-        return hosts[where[rank]].poll()
-
-    lost = {r for h in gone for r in layout[h]}
-    return goes_on_without(layout[host], exit_code, reports, topology, lost)
-
-
-def _why(host: int, hosts: list[subprocess.Popen], layout: list[list[int]],
-         record: RunRecord, cluster: EmulatedCluster) -> str:
+def _why(host: int, hosts: list, layout: list[list[int]], record: RunRecord,
+         cluster: EmulatedCluster) -> str:
     """How host `host` was lost, for a line that starts with it."""
     if host in cluster.links_down():
         return "its link is down"
@@ -304,13 +295,12 @@ def _show_progress(record: RunRecord, shown: list[int], show: Callable[[int, str
 
 
 def _failure(host: int, layout: list[list[int]], topology: Topology, record: RunRecord,
-             hosts: list[subprocess.Popen], cluster: EmulatedCluster) -> RunFailed:
+             hosts: list, cluster: EmulatedCluster) -> RunFailed:
     """What ended the run, from the reports the ranks left (launch/process/failures.py): a rank that
     diverged or raised an error of its own, wherever it ran; else a host cut off (its link
     down), whose peers heard nothing from it; else a host killed (its peers only lost it),
     or the host whose torchrun failed (`host`), with what its ranks reported (a rank killed
     by a signal reports nothing: its torchrun's log says which)."""
-    _await_a_cause(hosts, record)
     failures = read_reports(record.dir)
     own = [r for r, f in failures.items() if f.kind in (Kind.DIVERGED, Kind.BUG, Kind.USER)]
     if own:
@@ -328,33 +318,3 @@ def _failure(host: int, layout: list[list[int]], topology: Topology, record: Run
     code = hosts[host].poll()
     why = (said or [how(code, None, "") if code < 0 else f"failed: torchrun exit code {code}"])
     return RunFailed(f"host {host} (ranks {ranks}) {why[0]} (log: {_host_log(record, host)})")
-
-
-def _await_a_cause(hosts: list[subprocess.Popen], record: RunRecord) -> None:
-    """Give the hosts GRACE_S for the one that explains a failure to show it (an error of
-    its own reported, or its torchrun killed), when every rank that reported so far only
-    lost a peer: a killed host's peers can see its connections break first."""
-    deadline = time.monotonic() + GRACE_S
-    while time.monotonic() < deadline:
-        reports = read_reports(record.dir).values()
-        if (any(not lost_a_peer(f) for f in reports)
-                or any((p.poll() or 0) < 0 for p in hosts)
-                or all(p.poll() is not None for p in hosts)):
-            return
-        time.sleep(POLL_S)
-
-
-def _stop(hosts: list[subprocess.Popen]) -> None:
-    """SIGTERM each host's torchrun (it stops its ranks), then SIGKILL what is left (the
-    caller then empties the CPU groups)."""
-    for p in hosts:
-        if p.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                p.terminate()
-    deadline = time.monotonic() + GRACE_S
-    for p in hosts:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            p.wait(max(0.0, deadline - time.monotonic()))
-        if p.poll() is None:
-            p.kill()
-            p.wait()

@@ -8,16 +8,14 @@ copied.
 
 The ranks meet through a file store in the run's folder: no port race, and nothing listens
 beyond loopback (Gloo binds 127.0.0.1; a TCP store would listen on every interface). Any rank
-failing, Ctrl-C or SIGTERM ends every process; ranks also leave the moment the launcher is
-gone (they watch a pipe only the launcher holds), and then the forkserver exits too, so no
-process outlives the run.
+failing, Ctrl-C or SIGTERM ends every process (launch/process/supervisor.py watches them);
+ranks also leave the moment the launcher is gone (they watch a pipe only the launcher
+holds), and then the forkserver exits too, so no process outlives the run.
 """
 
 from __future__ import annotations
 
 import signal
-import time
-from multiprocessing.connection import wait
 
 from polyrhythm.config.servers import CONTINUE
 from polyrhythm.context import Topology
@@ -25,20 +23,9 @@ from polyrhythm.errors import RunFailed
 from polyrhythm.launch.launchers.progress import ProgressBoard
 from polyrhythm.launch.process import forkserver
 from polyrhythm.launch.process.events import RankEvents
-from polyrhythm.launch.process.failures import (
-    Kind,
-    RankFailure,
-    cause,
-    completed_summary,
-    goes_on_without,
-    going_on_without,
-    how,
-    left_behind,
-    lost_a_peer,
-    rank_failed,
-    recorded_failure,
-)
-from polyrhythm.launch.process.signals import GRACE_S, raise_interrupt, signal_handlers
+from polyrhythm.launch.process.failures import RankFailure, completed_summary, recorded_failure
+from polyrhythm.launch.process.signals import raise_interrupt, signal_handlers
+from polyrhythm.launch.process.supervisor import Forked, Supervisor, stop
 from polyrhythm.launch.rank.forked import process_name, rank_main
 from polyrhythm.metrics.records import RunRecord, read_summary
 from polyrhythm.runtime.checkpoint import Resume, tidy
@@ -74,8 +61,8 @@ def launch_local(config, record: RunRecord, progress: ProgressBoard | None = Non
                      for rank in range(topology.world_size)]
             with forkserver.child_environment():
                 events.start(procs)
-            _supervise(procs, events, board, topology, record,
-                       carry_on=config.on_worker_failure == CONTINUE)
+            LocalSupervisor(_held(procs), events, board, topology, record,
+                            carry_on=config.on_worker_failure == CONTINUE).run()
         return read_summary(record)
     except BaseException as exc:
         if isinstance(exc, RunFailed) and (summary := completed_summary(record)) is not None:
@@ -84,7 +71,7 @@ def launch_local(config, record: RunRecord, progress: ProgressBoard | None = Non
         raise recorded_failure(record, exc, config) from None
     finally:
         with signal_handlers(sigterm=signal.SIG_IGN, sigint=signal.SIG_IGN):  # teardown must finish
-            _teardown(procs)
+            stop(_held(procs))
             for end in pipe:
                 end.close()
             if events is not None:
@@ -95,120 +82,42 @@ def launch_local(config, record: RunRecord, progress: ProgressBoard | None = Non
             tidy(record.dir, config.workers, config.servers, completed=False)
 
 
-def _supervise(procs: list, events: RankEvents, board: ProgressBoard, topology: Topology,
-               record: RunRecord, carry_on: bool = False) -> None:
-    """Wait for every rank; raise RunFailed when one fails, unless it is a worker lost during
-    training that the run may `carry_on` without (on_worker_failure = continue: its servers
-    go on; failures.py's goes_on_without). Training has begun once a worker reports
-    progress: every rank is then past the start, where each waits for all."""
-    failures: dict[int, RankFailure] = {}
-    lost: set[int] = set()
-    training = False
-    running = {p.sentinel: rank for rank, p in enumerate(procs)}
-    while running:
-        ready = wait(list(running), timeout=0.2)
-        training |= _drain(events, board, failures)
-        board.draw()
-        ended = [running.pop(s) for s in ready]
-        for r in ended:
-            procs[r].join()  # sets exitcode
-        if carry_on and procs[0].exitcode == 0:  # the run is recorded: nobody waits for
-            _end_left_behind(procs, record, lost)  # a worker it went on without
-        failed = [r for r in ended if procs[r].exitcode != 0 and r not in lost]
-        if failed and carry_on and training and goes_on_without(
-                failed, lambda r: procs[r].exitcode, failures, topology, lost):
-            for r in failed:
-                lost.add(r)
-                board.lines[topology.worker_index(r)] = going_on_without(
-                    procs[r].exitcode, failures.get(r), record.log_path(r))
-            continue
-        if failed:
-            failed = _with_the_cause(failed, procs, events, board, failures, lost)
-            raise _failure(failed, procs, failures, topology, record)
-    _drain(events, board, failures)
-    board.draw(force=True)
+def _held(procs: list) -> list[Forked]:
+    """The ranks' processes that have started, as the supervisor holds them."""
+    return [Forked(p, (rank,)) for rank, p in enumerate(procs) if p.pid is not None]
 
 
-def _with_the_cause(failed: list[int], procs: list, events: RankEvents, board: ProgressBoard,
-                    failures: dict[int, RankFailure], lost: set[int]) -> list[int]:
-    """The ranks that failed, with those that ended meanwhile (a dead server explains its
-    workers' errors). While each of them only lost a peer, the others get GRACE_S to show
-    the failure that explains it: a process killed is seen ended only once the forkserver
-    has reaped it, which on a loaded machine came after the server, which saw its
-    connection break, had failed and been reaped (the server was named for the worker
-    killed under it)."""
-    deadline = time.monotonic() + GRACE_S
-    while True:
-        _drain(events, board, failures)
-        failed = failed + [r for r, p in enumerate(procs) if r not in failed and r not in lost
-                           and not p.is_alive() and p.exitcode]
-        running = [p.sentinel for r, p in enumerate(procs) if r not in lost and p.is_alive()]
-        if (not running or time.monotonic() > deadline
-                or not all(lost_a_peer(failures.get(r)) for r in failed)):
-            return failed
-        wait(running, timeout=0.1)
+class LocalSupervisor(Supervisor):
+    """The supervisor of the local launcher's ranks (launch/process/supervisor.py): their
+    failures and progress come as events, drawn on the progress `board`; training has
+    begun once a worker reports progress."""
 
+    def __init__(self, procs: list, events: RankEvents, board: ProgressBoard,
+                 topology: Topology, record: RunRecord, carry_on: bool = False) -> None:
+        super().__init__(procs, topology, record, carry_on)
+        self.events, self.board = events, board
+        self.failures: dict[int, RankFailure] = {}
+        self.trained = False
 
-def _end_left_behind(procs: list, record: RunRecord, lost: set[int]) -> None:
-    """End the workers the completed run went on without that still run (frozen, or cut
-    off), as lost (one that has ended is seen as any other)."""
-    for r in left_behind(record) - lost:
-        if procs[r].is_alive():
-            lost.add(r)
-            procs[r].kill()
+    def reports(self) -> dict[int, RankFailure]:
+        return self.failures
 
+    def training(self) -> bool:
+        return self.trained
 
-def _drain(events: RankEvents, board: ProgressBoard,
-           failures: dict[int, RankFailure]) -> bool:
-    """Take the ranks' events: failures, and progress for the board; whether any was
-    progress."""
-    progress = False
-    for event in events.take():
-        if "failure" in event:
-            failure = RankFailure.from_dict(event["failure"])
-            failures[failure.rank] = failure
-        else:
-            board.update(event)
-            progress = True
-    return progress
+    def look(self) -> None:
+        for event in self.events.take():
+            if "failure" in event:
+                failure = RankFailure.from_dict(event["failure"])
+                self.failures[failure.rank] = failure
+            else:
+                self.board.update(event)
+                self.trained = True
+        self.board.draw()
 
+    def say_lost(self, ranks: list[int], line: str) -> None:
+        self.board.lines[self.topology.worker_index(ranks[0])] = line
 
-def _failure(failed: list[int], procs: list, failures: dict[int, RankFailure],
-             topology: Topology, record: RunRecord) -> RunFailed:
-    """What ended the run, from the rank that explains the others' failures."""
-    first = cause(failed, {r: procs[r].exitcode for r in failed}, failures)
-    failure, code, log = failures.get(first), procs[first].exitcode, record.log_path(first)
-    if failure is not None and failure.kind == Kind.SILENT and code >= 0:
-        return RunFailed(_silent_peers(procs, topology, how(code, failure, log)))
-    return rank_failed(first, code, failure, log, topology)
-
-
-def _silent_peers(procs: list, topology: Topology, how: str) -> str:
-    """A wait timed out: name the ranks that stopped (SIGSTOP, a debugger) or hang."""
-    stopped = [r for r, p in enumerate(procs) if p.is_alive() and _state(p.pid) in ("T", "t")]
-    if stopped:
-        names = ", ".join(f"rank {r} ({topology.describe(r)})" for r in stopped)
-        return (f"{names} stopped answering: no message from it within the timeout "
-                "(--timeout)")
-    return f"a peer stopped answering within the timeout (--timeout): {how}"
-
-
-def _state(pid: int) -> str:
-    """A process's state letter from /proc (R, S, T stopped, ...); '' if unreadable."""
-    try:
-        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return ""
-
-
-def _teardown(procs: list) -> None:
-    alive = [p for p in procs if p.is_alive()]
-    for p in alive:
-        p.terminate()
-    for p in alive:
-        p.join(GRACE_S)
-        if p.is_alive():
-            p.kill()
-            p.join()
-
-
+    def run(self) -> None:
+        super().run()
+        self.board.draw(force=True)

@@ -6,8 +6,9 @@ rank's is kept in the run's logs. A rank that fails ends the run: every other pr
 stopped, and the run is recorded as failed with the failing rank, its error and the script's
 line (the rank's own report). Only a worker lost during training (killed, or cut off from
 its peers) is gone without ending it, where the run says on_worker_failure = continue: the
-same rules as polyrhythm train's (launch/process/failures.py's goes_on_without), training under way
-once a worker has taken a step (its mark in the run's logs). Ctrl-C and SIGTERM end it too.
+same rules and the same supervisor as polyrhythm train's (launch/process/supervisor.py),
+training under way once a worker has taken a step (its mark in the run's logs). Ctrl-C and
+SIGTERM end it too.
 No process outlives the run: each dies with its launcher too.
 
 The launcher keeps what started the script (`script.json` in the run's folder: the script's
@@ -21,14 +22,11 @@ On an emulated cluster (`hosts` set) the script is what each host's torchrun run
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
-import subprocess
 import sys
 import threading
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TextIO
@@ -42,21 +40,14 @@ from polyrhythm.files import read_regular
 from polyrhythm.launch.launchers.emulated import RankProgram
 from polyrhythm.launch.process import forkserver
 from polyrhythm.launch.process.failures import (
-    cause,
     clear_reports,
     completed_summary,
-    goes_on_without,
-    going_on_without,
-    left_behind,
-    lost_a_peer,
     never_joined,
-    rank_failed,
-    read_reports,
     recorded_failure,
-    training_began,
 )
 from polyrhythm.launch.process.forkserver import CHILD_ENVIRONMENT
 from polyrhythm.launch.process.signals import GRACE_S, raise_interrupt, signal_handlers
+from polyrhythm.launch.process.supervisor import Supervisor, stop
 from polyrhythm.launch.rank.preloaded import ScriptRank
 from polyrhythm.launch.rank.script_rank import (
     ENV_CONFIG,
@@ -150,8 +141,8 @@ def launch_script(config, record: RunRecord, call: ScriptCall, show: TextIO | No
             for rank, proc in enumerate(procs):
                 readers.append(_copy_output(proc, record.log_path(rank),
                                             show if rank == first_worker else None))
-            _supervise(procs, topology, record, show,
-                       carry_on=config.on_worker_failure == CONTINUE)
+            ScriptSupervisor(procs, topology, record, show,
+                             carry_on=config.on_worker_failure == CONTINUE).run()
         for reader in readers:
             reader.join()
         return read_summary(record)
@@ -161,7 +152,7 @@ def launch_script(config, record: RunRecord, call: ScriptCall, show: TextIO | No
         raise recorded_failure(record, exc, config, script=True) from None
     finally:
         with signal_handlers(sigterm=signal.SIG_IGN, sigint=signal.SIG_IGN):
-            _stop(procs)
+            stop(procs)
             for end in pipe:
                 end.close()
             rendezvous.unlink(missing_ok=True)
@@ -247,92 +238,28 @@ def _copy_output(proc: ScriptRank, log: Path, show) -> threading.Thread:
     return thread
 
 
-def _supervise(procs: list[ScriptRank], topology: Topology, record: RunRecord,
-               show: TextIO, carry_on: bool) -> None:
-    """Wait for every rank; the first to fail ends the run (RunFailed naming it), unless it
-    is a worker lost during training that the run may `carry_on` without (said on `show`)."""
-    running = set(range(len(procs)))
-    lost: set[int] = set()
-    while running:
-        if carry_on and procs[0].poll() == 0:  # the run is recorded: nobody waits for a
-            for rank in left_behind(record) - lost:  # worker it went on without that runs
-                if procs[rank].poll() is None:
-                    lost.add(rank)
-                    procs[rank].kill()
-        for rank in sorted(running):
-            code = procs[rank].poll()
-            if code is None:
-                continue
-            running.discard(rank)
-            if rank in lost:
-                continue
-            if (unjoined := never_joined(record.dir, rank, code, topology)) is not None:
-                _stop(procs)
-                raise unjoined
-            if code == 0:
-                continue
-            reports = read_reports(record.dir)
-            if carry_on and training_began(record.dir) and goes_on_without(
-                    [rank], lambda r: procs[r].poll(), reports, topology, lost):
-                lost.add(rank)
-                _say(show, f"{topology.describe(rank)} "
-                     f"{going_on_without(code, reports.get(rank), record.log_path(rank))}")
-                continue
-            raise _failure(procs, rank, topology, record, lost)
-        if running:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                procs[min(running)].wait(timeout=0.1)
+class ScriptSupervisor(Supervisor):
+    """The supervisor of a script's ranks (launch/process/supervisor.py): their reports and
+    the mark that training has begun are in the run's logs; a rank that ends well without
+    having joined its job ends the run; a worker the run goes on without is said on
+    `show`."""
+
+    def __init__(self, procs: list[ScriptRank], topology: Topology, record: RunRecord,
+                 show: TextIO, carry_on: bool) -> None:
+        super().__init__(procs, topology, record, carry_on)
+        self.show = show
+
+    def ended(self, proc: ScriptRank, code: int) -> None:
+        (rank,) = proc.ranks
+        if (unjoined := never_joined(self.record.dir, rank, code, self.topology)) is not None:
+            stop(self.procs)
+            raise unjoined
+
+    def say_lost(self, ranks: list[int], line: str) -> None:
+        _say(self.show, f"{self.topology.describe(ranks[0])} {line}")
 
 
 def _say(show: TextIO, line: str) -> None:
     """A line of the launcher's own among worker 0's output."""
     show.write(f"polyrhythm: {line}\n")
     show.flush()
-
-
-def _failure(procs: list[ScriptRank], rank: int, topology: Topology,
-             record: RunRecord, lost: set[int]) -> RunFailed:
-    """The rank that explains the run's end, among those that ended by themselves (not
-    stopped here) or reported an error, the workers the run went on without left out:
-    launch/process/failures.py's `cause`."""
-    if lost_a_peer(read_reports(record.dir).get(rank)):
-        _await_another_failure(procs, record, lost)
-    codes = {r: p.returncode for r, p in enumerate(procs)
-             if r not in lost and p.poll() is not None and p.returncode != 0}
-    _stop(procs)
-    reports = {r: f for r, f in read_reports(record.dir).items() if r not in lost}
-    first = cause(sorted(set(codes) | set(reports)), codes, reports)
-    return rank_failed(first, codes.get(first), reports.get(first), record.log_path(first),
-                       topology)
-
-
-def _await_another_failure(procs: list[ScriptRank], record: RunRecord,
-                           lost: set[int]) -> None:
-    """Give the ranks GRACE_S for one to end with an error of its own, not a lost peer (a
-    script that fails on a worker can take longer to end than its peers take to see its
-    connection go), so the cause is read from the rank that failed, not from its peers (nor
-    from a worker `lost` before)."""
-    deadline = time.monotonic() + GRACE_S
-    while time.monotonic() < deadline:
-        reports = read_reports(record.dir)
-        if any(r not in lost and p.poll() not in (None, 0) and not lost_a_peer(reports.get(r))
-               for r, p in enumerate(procs)):
-            return
-        running = [p for p in procs if p.poll() is None]
-        if not running:
-            return
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            running[0].wait(timeout=0.1)  # the others are looked at again every 0.1 s
-
-
-def _stop(procs: list[ScriptRank]) -> None:
-    """SIGTERM every rank still running, SIGKILL those left after the grace period."""
-    for proc in procs:
-        if proc.poll() is None:
-            proc.terminate()
-    for proc in procs:
-        try:
-            proc.wait(timeout=GRACE_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()

@@ -35,10 +35,12 @@ from polyrhythm.config.spark import (
     master_of,
     runs_mapreduce,
 )
+from polyrhythm.context import Topology
 from polyrhythm.errors import ConfigError, RunFailed
 from polyrhythm.launch.process.failures import completed_summary, recorded_failure
 from polyrhythm.launch.process.prctl import signal_on_parent_death
 from polyrhythm.launch.process.signals import raise_interrupt, signal_handlers
+from polyrhythm.launch.process.supervisor import Popened, Supervisor
 from polyrhythm.metrics.records import RunRecord, read_summary
 
 RUN_VARIABLE = "POLYRHYTHM_SPARK_RUN"  # every process of a run's Spark carries it
@@ -113,15 +115,8 @@ def launch_spark(config, record: RunRecord, show_progress: bool = False) -> dict
         with signal_handlers(sigterm=raise_interrupt):
             (record.dir / ERROR_FILE).unlink(missing_ok=True)
             driver = start_driver(config, record)
-            log, shown = record.dir / "logs" / DRIVER_LOG, [0]
-            while (code := driver.poll()) is None:
-                time.sleep(POLL_S)
-                if show_progress:
-                    follow(log, shown)
-            if show_progress:
-                follow(log, shown)
-            if code != 0:
-                raise driver_failure(record, code)
+            DriverSupervisor(Popened(driver, tuple(range(config.world_size)), group=True),
+                             config, record, show_progress).run()
         return read_summary(record)
     except BaseException as exc:
         if isinstance(exc, RunFailed) and (summary := completed_summary(record)) is not None:
@@ -130,6 +125,26 @@ def launch_spark(config, record: RunRecord, show_progress: bool = False) -> dict
     finally:
         with signal_handlers(sigterm=signal.SIG_IGN, sigint=signal.SIG_IGN):
             end_driver(driver, record.run_id)
+
+
+class DriverSupervisor(Supervisor):
+    """The supervisor of the driver process, which runs every rank (spark_ranks.py
+    supervises their tasks): its progress lines shown (`show_progress`), its failure as it
+    said it."""
+
+    poll_s = POLL_S
+
+    def __init__(self, driver: Popened, config, record: RunRecord, show_progress: bool) -> None:
+        super().__init__([driver], Topology(config.servers, config.workers), record)
+        self.log, self.shown = record.dir / "logs" / DRIVER_LOG, [0]
+        self.show_progress = show_progress
+
+    def look(self) -> None:
+        if self.show_progress:
+            follow(self.log, self.shown)
+
+    def explain(self, proc: Popened) -> RunFailed:
+        return driver_failure(self.record, proc.poll())
 
 
 def follow(log: Path, shown: list[int]) -> None:

@@ -9,8 +9,9 @@ record the launcher made (--run-id), in the run's store: the ranks read the conf
 paths the driver resolved, as executors run in Spark's own folders.
 
 A task returns its rank's exit code rather than raising (Spark would retry a failed task, or
-say only that it failed). The driver watches the codes as tasks end: once a rank has failed,
-it gives the rank that explains the failure a moment to show (a killed rank's peers can
+say only that it failed). The driver watches the codes as tasks end, with the supervisor
+every launcher uses (launch/process/supervisor.py, each task a rank's handle): once a rank
+has failed, it gives the rank that explains the failure a moment to show (a killed rank's peers can
 report the broken connection first), then cancels the job, which ends every other task and
 with it its rank, as torchrun stops the surviving ranks. The failure is then said as the
 other launchers say it (launch/process/failures.py), from the ranks' reports and exit codes.
@@ -38,6 +39,7 @@ from polyrhythm.launch.process.failures import (
     rank_failed,
     read_reports,
 )
+from polyrhythm.launch.process.supervisor import Supervisor
 from polyrhythm.launch.rank.gate import SECRET_VARIABLE, new_secret
 from polyrhythm.metrics.records import RunRecord
 
@@ -62,21 +64,74 @@ def run_ranks(context, config, record: RunRecord) -> None:
                     {RUN_VARIABLE: record.run_id, SECRET_VARIABLE: new_secret()}, ended)
     await_slots(context, config.world_size)
     job = BarrierJob(context, task, config.world_size)
-    topology = Topology(config.servers, config.workers)
+    ranks = [SparkRank(rank, job, lambda: dict(ended.value)) for rank in range(config.world_size)]
     try:
-        codes = watch(job, lambda: dict(ended.value), config.world_size, record)
+        SparkSupervisor(ranks, job, Topology(config.servers, config.workers), record).run()
     except BaseException:
         job.stop(wait=False)  # interrupted: the context's stop ends the rest
         raise
     job.stop()
-    if len(codes) == config.world_size and not any(codes.values()):
-        return
-    reports = read_reports(record.dir)
-    if job.failed():  # Spark's own words, in full, for the driver's log
-        print(f"the ranks' Spark job failed: {job.error}", file=sys.stderr, flush=True)
-        if not explained(codes, reports):  # a task failed, not its rank
-            raise task_failure(job.error, topology)
-    raise ranks_failure(codes, reports, topology, record)
+    codes = ranks[0].codes()
+    if len(codes) < config.world_size or any(codes.values()):  # Spark failed the job
+        raise SparkSupervisor.failure(job, codes, read_reports(record.dir),
+                                      Topology(config.servers, config.workers), record)
+
+
+class SparkRank:
+    """A rank's barrier task as the supervisor holds a rank's process
+    (launch/process/supervisor.py): its exit code once the driver has it (`ended()`: the
+    codes so far, a task's as it ends); ending one ends the job, every task with it."""
+
+    pid = None
+
+    def __init__(self, rank: int, job: BarrierJob, ended) -> None:
+        self.rank, self.ranks, self.job, self._ended = rank, (rank,), job, ended
+
+    def codes(self) -> dict[int, int]:
+        return {**self._ended(), **(self.job.codes or {})}
+
+    def poll(self) -> int | None:
+        return self.codes().get(self.rank)
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        self.job.thread.join(timeout)
+        return self.poll()
+
+    def terminate(self) -> None:
+        self.job.stop(wait=False)
+
+    def kill(self) -> None:
+        self.job.stop()
+
+
+class SparkSupervisor(Supervisor):
+    """The supervisor of the ranks' Spark tasks; the run is over when Spark's job is,
+    whatever codes came back (a task Spark failed returns none)."""
+
+    grace_s = GRACE_S
+    poll_s = POLL_S
+
+    def __init__(self, ranks: list[SparkRank], job: BarrierJob, topology: Topology,
+                 record: RunRecord) -> None:
+        super().__init__(ranks, topology, record)
+        self.job = job
+
+    def done(self) -> bool:
+        return self.job.done()
+
+    def explain(self, proc: SparkRank) -> RunFailed:
+        self.job.stop()
+        return self.failure(self.job, proc.codes(), self.reports(), self.topology, self.record)
+
+    @staticmethod
+    def failure(job: BarrierJob, codes: dict[int, int], reports: dict, topology: Topology,
+                record: RunRecord) -> RunFailed:
+        """What ended the run: a rank that explains it, else Spark's own error."""
+        if job.failed():  # Spark's own words, in full, for the driver's log
+            print(f"the ranks' Spark job failed: {job.error}", file=sys.stderr, flush=True)
+            if not explained(codes, reports):  # a task failed, not its rank
+                return task_failure(job.error, topology)
+        return ranks_failure(codes, reports, topology, record)
 
 
 def await_slots(context, world: int) -> None:
@@ -128,32 +183,6 @@ class BarrierJob:
             self.context.cancelAllJobs()
         if wait:
             self.thread.join(CANCEL_WAIT_S)
-
-
-def watch(job: BarrierJob, ended, world: int, record: RunRecord) -> dict[int, int]:
-    """The exit codes of the ranks that ended ({rank: code}), once all have, or once one
-    has failed and the rank that explains it has had GRACE_S to show. `ended()`: the codes
-    the driver has so far, a task's as it ends."""
-    while True:
-        codes = ended()
-        if job.done():
-            return {**codes, **(job.codes or {})}
-        if any(codes.values()):
-            return awaited_cause(job, ended, world, record)
-        time.sleep(POLL_S)
-
-
-def awaited_cause(job: BarrierJob, ended, world: int, record: RunRecord) -> dict[int, int]:
-    """The ranks' codes once one of them explains the failure: a rank killed or crashed (a
-    negative code), or one that failed on anything but a lost peer; or once every rank has
-    ended, or after GRACE_S."""
-    deadline = time.monotonic() + GRACE_S
-    while True:
-        codes = ended()
-        if (explained(codes, read_reports(record.dir)) or len(codes) == world or job.done()
-                or time.monotonic() > deadline):
-            return codes
-        time.sleep(POLL_S)
 
 
 def explained(codes: dict[int, int], reports: dict) -> bool:

@@ -23,19 +23,19 @@ import multiprocessing
 import os
 import runpy
 import signal
-import subprocess
 import sys
 import threading
 from multiprocessing.connection import Connection
 
 from polyrhythm.launch.process import forkserver
+from polyrhythm.launch.process.supervisor import Forked
 from polyrhythm.launch.rank.forked import bind_to_launcher, process_name
 
 
-class ScriptRank:
-    """A script's rank, held as subprocess.Popen holds a process: `pid`, `poll`, `wait`,
-    `returncode` (negative: the signal that ended it), `terminate`, `kill`, and `stdout`,
-    its output and errors as bytes."""
+class ScriptRank(Forked):
+    """A script's rank, forked with torch loaded, held as the supervisor holds any rank's
+    process (launch/process/supervisor.py: `pid`, `poll`, `wait`, `terminate`, `kill`), and
+    `stdout`, its output and errors as bytes."""
 
     def __init__(self, script: str, args: list[str], cwd: str, env: dict[str, str],
                  rank: int, alive: Connection) -> None:
@@ -44,40 +44,19 @@ class ScriptRank:
         read, write = os.pipe()
         # A Connection is how multiprocessing hands a file descriptor to a forked child.
         out = Connection(write, readable=False)
-        self._process = forkserver.context().Process(
+        process = forkserver.context().Process(
             target=_run_script, name=process_name(rank),
             args=(script, list(args), cwd, dict(env), out, rank, alive))
         try:
             with forkserver.child_environment():
-                self._process.start()
+                process.start()
         except BaseException:
             os.close(read)
             raise
         finally:
             out.close()  # the child holds its own copy; end-of-file once it is gone
         self.stdout = open(read, "rb")  # noqa: SIM115 (read until the rank ends)
-        self.pid = self._process.pid
-
-    @property
-    def returncode(self) -> int | None:
-        return self._process.exitcode
-
-    def poll(self) -> int | None:
-        return self._process.exitcode
-
-    def wait(self, timeout: float | None = None) -> int:
-        self._process.join(timeout)
-        if self._process.exitcode is None:
-            raise subprocess.TimeoutExpired(self._process.name, timeout)
-        return self._process.exitcode
-
-    def terminate(self) -> None:
-        if self._process.exitcode is None:
-            self._process.terminate()
-
-    def kill(self) -> None:
-        if self._process.exitcode is None:
-            self._process.kill()
+        super().__init__(process, (rank,))
 
 
 def _run_script(script: str, args: list[str], cwd: str, env: dict[str, str],
