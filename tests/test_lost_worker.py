@@ -19,7 +19,7 @@ from polyrhythm.config import load_config
 from polyrhythm.errors import ConfigError
 from polyrhythm.launch.process import forkserver
 from polyrhythm.launch.process.events import RankEvents, send
-from polyrhythm.launch.rank import forked
+from polyrhythm.launch.rank import life
 from polyrhythm.metrics.store import RunStore
 from polyrhythm.report import write_report
 from polyrhythm.runtime.checkpoint import complete_epochs
@@ -154,7 +154,7 @@ def _tells_and_leaves(sender, after) -> None:
     """A rank that, once `after` is set, sends an event and exits as the launcher's ranks do."""
     after.wait()
     send(sender, {"rank": 1, "step": 1})
-    forked._exit(0)
+    life.leave_now(0)
 
 
 def test_a_rank_killed_mid_event_holds_up_neither_the_others_nor_the_launcher():

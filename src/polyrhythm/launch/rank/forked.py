@@ -11,18 +11,17 @@ import os
 import signal
 import sys
 import threading
-from datetime import timedelta
 
-import torch.distributed as dist
-
+from polyrhythm.comm import group
 from polyrhythm.launch.process import runlock
 from polyrhythm.launch.process.events import send
 from polyrhythm.launch.process.failures import RankFailure
 from polyrhythm.launch.process.prctl import set_process_name, signal_on_parent_death
+from polyrhythm.launch.rank.life import leave_now, lifecycle
 from polyrhythm.metrics.records import RunRecord
 from polyrhythm.runtime.checkpoint import Resume
 
-RENDEZVOUS_TIMEOUT = timedelta(seconds=120)
+RENDEZVOUS_WAIT_S = 120.0
 
 
 def process_name(rank: int) -> str:
@@ -43,15 +42,12 @@ def rank_main(config_values: dict, rank: int, rendezvous: str, record: RunRecord
     bind_to_launcher(rank, alive)
     _redirect_output(record.log_path(rank))
     from polyrhythm.config import RunConfig
-    from polyrhythm.launch.rank.life import lifecycle
 
     config = RunConfig(**config_values)
 
     def join() -> None:
-        store = dist.FileStore(rendezvous, config.world_size)
-        store.set_timeout(RENDEZVOUS_TIMEOUT)
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=config.world_size,
-                                timeout=timedelta(seconds=config.timeout))
+        group.join(rank, config.world_size, config.timeout,
+                   store=group.file_store(rendezvous, config.world_size, RENDEZVOUS_WAIT_S))
 
     try:
         lifecycle(config, rank, join, record if rank == 0 else None,
@@ -64,20 +60,12 @@ def rank_main(config_values: dict, rank: int, rendezvous: str, record: RunRecord
         failure.log(exc, sys.stderr)
         send(events, {"failure": failure.as_dict()})  # in the pipe once sent: nothing to flush
         code = 1
-    _exit(code)
-
-
-def _exit(code: int) -> None:
-    """Exit without running C++ static destructors, which can abort ("terminate called
-    without an active exception") while Gloo threads wind down."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    leave_now(code)
 
 
 def _leave_with_launcher(alive) -> None:
     alive.poll(None)  # returns at end-of-file: the launcher is gone
-    os._exit(1)
+    leave_now(1)
 
 
 def _redirect_output(path) -> None:

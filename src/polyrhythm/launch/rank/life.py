@@ -1,19 +1,25 @@
 """The life of one rank, whoever started it (the local launcher or torchrun): join the job's
 process group, open the transport, play the role the topology gives this rank, record the
-run on rank 0, and leave together.
+run on rank 0, leave together, and end the process (`leave_now`: the one way every rank's
+process ends, a script's too).
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
+from polyrhythm.comm import group
 from polyrhythm.comm.transport import Transport
 from polyrhythm.context import ProgressSink, RankContext, Topology, no_progress
 from polyrhythm.files import atomic_file
+from polyrhythm.launch.process.failures import mark_left
 from polyrhythm.metrics.records import RunRecord, complete_run
 from polyrhythm.runtime.checkpoint import Resume, tidy
 from polyrhythm.runtime.job import run_rank
@@ -62,5 +68,22 @@ def leave_together(ctx: RankContext, result, record: RunRecord | None) -> dict |
     ctx.transport.barrier()  # leave together: a rank tearing down Gloo early can abort its peers
     if ctx.rank == 0 and ctx.run_dir is not None:  # every rank is past its last checkpoint
         tidy(ctx.run_dir, ctx.config.workers, ctx.config.servers, completed=True)
-    dist.destroy_process_group()
+    group.leave()
     return summary
+
+
+def leave_now(code: int, ctx: RankContext | None = None, exit_handlers: bool = False) -> None:
+    """End this rank's process now with `code`, its output flushed, without C++'s static
+    destructors: they abort now and then ("terminate called without an active exception",
+    SIGABRT) while Gloo's threads wind down, and a rank that said why it failed, or a run
+    completed, would read as a crash. `ctx`: a rank of a job that has done its part leaves
+    the mark that it has (failures.py's mark_left); `exit_handlers`: Python's exit handlers
+    run first (those registered so far; a script's, torchrun's)."""
+    if ctx is not None and ctx.run_dir is not None:
+        mark_left(ctx.run_dir, ctx.rank)
+    if exit_handlers:
+        atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr, sys.__stderr__):
+        with contextlib.suppress(AttributeError, OSError, ValueError):  # closed, or gone
+            stream.flush()
+    os._exit(code)

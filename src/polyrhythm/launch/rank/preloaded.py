@@ -15,7 +15,6 @@ joined, atexit functions run. It dies with its launcher, as a built-in job's ran
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import gc
 import io
@@ -30,6 +29,7 @@ from multiprocessing.connection import Connection
 from polyrhythm.launch.process import forkserver
 from polyrhythm.launch.process.supervisor import Forked
 from polyrhythm.launch.rank.forked import bind_to_launcher, process_name
+from polyrhythm.launch.rank.life import leave_now
 
 
 class ScriptRank(Forked):
@@ -78,9 +78,7 @@ def _run_script(script: str, args: list[str], cwd: str, env: dict[str, str],
     for thread in threading.enumerate():  # the interpreter waits for non-daemon threads
         if thread is not threading.current_thread() and not thread.daemon:
             thread.join()
-    atexit._run_exitfuncs()
-    _flush()
-    os._exit(code)
+    leave_now(code, exit_handlers=True)
 
 
 def _stdio(out: Connection) -> None:

@@ -23,6 +23,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+from polyrhythm.comm import group
 from polyrhythm.errors import ConfigError
 from polyrhythm.launch.rank.gate import (
     LOOPBACK,
@@ -47,11 +48,10 @@ def join_group(rank: int, world: int, timeout: timedelta) -> None:
             print(f"polyrhythm: warning: no {SECRET_FILE_VARIABLE}: the job's store (torchrun's, "
                   f"at {os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}) admits "
                   "anyone who reaches it", file=sys.stderr, flush=True)
-        dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world,
-                                timeout=timeout)
+        group.join(rank, world, timeout.total_seconds(), init_method="env://")
         return
-    store = gated_store(secret, rank, world, timeout)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
+    group.join(rank, world, timeout.total_seconds(),
+               store=gated_store(secret, rank, world, timeout))
 
 
 def _master() -> tuple[str, int]:

@@ -30,8 +30,8 @@ from datetime import timedelta
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
+from polyrhythm.comm import group
 from polyrhythm.comm.transport import Transport
 from polyrhythm.config import COMPONENTS, RunConfig, given_to_a_script, load_config
 from polyrhythm.context import ProgressSink, RankContext, Topology, no_progress
@@ -40,14 +40,13 @@ from polyrhythm.launch.process.failures import (
     RankFailure,
     lost_a_peer,
     mark_joined,
-    mark_left,
     mark_training,
     rank_ended,
     rank_failed,
     read_reports,
     recorded_failure,
 )
-from polyrhythm.launch.rank.life import latency, leave_together
+from polyrhythm.launch.rank.life import latency, leave_now, leave_together
 from polyrhythm.launch.rank.rendezvous import join_group
 from polyrhythm.launch.rank.torchrun import env_int, job_rank, job_record, shared_run_dir
 from polyrhythm.metrics.records import RunRecord
@@ -103,8 +102,8 @@ def init() -> Job:
     # dies). Under torchrun, rank 0 records it.
     sys.excepthook = _failing(rank, config, None if rendezvous else record, run_dir)
     if rendezvous:
-        dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank,
-                                world_size=world, timeout=timedelta(seconds=config.timeout))
+        group.join(rank, world, config.timeout,
+                   store=group.file_store(rendezvous, world, config.timeout))
     else:
         join_group(rank, world, timedelta(seconds=config.timeout))
     if os.environ.get(ENV_RUN_ID) is None:  # rank 0 made the run: all learn where it is
@@ -119,7 +118,7 @@ def init() -> Job:
     if topology.role(rank) == "server":
         torch.set_num_threads(1)  # servers mostly wait
         _finish(ctx, _serve(ctx), record)
-        _leave(0, ctx)
+        leave_now(0, ctx)
     job = Job(ctx, describe_servers=_describe if topology.servers else None,
               finish=lambda job: _finish_worker(job, record), given=_given(config))
     atexit.register(_finish_at_exit, job)
@@ -134,7 +133,7 @@ def _finish_at_exit(job: Job) -> None:
     print(f"polyrhythm: worker {job.worker}'s script ended without job.finish(): finished "
           "it as the script exits (call job.finish() after training)", file=sys.stderr)
     job.finish()
-    _leave(0, job.ctx)  # the exit handlers running now would not run the one finish adds
+    leave_now(0, job.ctx)  # the exit handlers running now would not run the one finish adds
 
 
 def job_config() -> RunConfig:
@@ -218,7 +217,7 @@ def _failing(rank: int, config, record: RunRecord | None, run_dir: Path | None):
             traceback.print_exception(kind, exc, trace, file=sys.__stderr__)
         # Out now: tearing down a process group whose peers are failing too can abort
         # (SIGABRT), which would read as a crash rather than the error reported.
-        _leave(1)
+        leave_now(1)
     return hook
 
 
@@ -290,7 +289,7 @@ def _finish(ctx: RankContext, report: dict, record: RunRecord | None,
     # destructors, which abort now and then ("terminate called without an active
     # exception", SIGABRT) while Gloo's threads wind down: a completed run would read as a
     # crash. Handlers registered before this one are skipped: stdio is flushed here.
-    atexit.register(_leave, 0, ctx)
+    atexit.register(leave_now, 0, ctx)
 
 
 def _final_parameters(reports: list[dict]) -> torch.Tensor:
@@ -315,16 +314,6 @@ def _failed_on_its_own(ctx: RankContext, reports: list[dict],
         if rank in failures and not lost_a_peer(failures[rank]):
             return rank_failed(rank, None, failures[rank], record.log_path(rank), ctx.topology)
     return None
-
-
-def _leave(code: int, ctx: RankContext | None = None) -> None:
-    """End the process now, stdio flushed (see _finish); a rank of a job (`ctx`) that has
-    done its part leaves the mark that it has (failures.py)."""
-    if ctx is not None and ctx.run_dir is not None:
-        mark_left(ctx.run_dir, ctx.rank)
-    for stream in (sys.stdout, sys.stderr, sys.__stderr__):
-        stream.flush()
-    os._exit(code)
 
 
 def _result(ctx: RankContext, reports: list[dict], flat: torch.Tensor,

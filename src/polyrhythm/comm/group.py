@@ -1,0 +1,33 @@
+"""Joining and leaving the job's process group: the one place a rank starts and ends
+torch.distributed's default group (Gloo), over the store its launcher's rendezvous gives
+(a file in the run's folder for polyrhythm's own launchers; rank 0's store behind its gate,
+or torchrun's env://, for torchrun-style ranks: launch/rank/rendezvous.py)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import torch.distributed as dist
+
+
+def join(rank: int, world: int, timeout_s: float, store: dist.Store | None = None,
+         init_method: str | None = None) -> None:
+    """Join the job's Gloo group as `rank` of `world`, through `store` (else `init_method`,
+    torch's URL of one); every wait of the group's own bounded by `timeout_s`."""
+    dist.init_process_group("gloo", store=store, init_method=init_method, rank=rank,
+                            world_size=world, timeout=timedelta(seconds=timeout_s))
+
+
+def file_store(path: str | Path, world: int, wait_s: float) -> dist.FileStore:
+    """A store in the file `path`, which the `world` ranks on this machine meet through (no
+    port to race for, nothing listening); each of its waits bounded by `wait_s`."""
+    store = dist.FileStore(str(path), world)
+    store.set_timeout(timedelta(seconds=wait_s))
+    return store
+
+
+def leave() -> None:
+    """Leave the group (every rank together: one tearing down Gloo early can abort its
+    peers)."""
+    dist.destroy_process_group()
