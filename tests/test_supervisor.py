@@ -8,6 +8,9 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import threading
+import time
+from pathlib import Path
 
 import pytest
 
@@ -139,3 +142,49 @@ def test_stop_kills_what_ignores_sigterm_and_ends_what_does_not(tmp_path):
         for p in (ignoring, obeying):
             p.kill()
             p.wait(HANG_GUARD_S)
+
+
+def test_a_stopped_process_explains_its_silent_peers_and_is_killed_without_the_grace(tmp_path):
+    """A rank stopped (SIGSTOP) leaves its peers waiting until their timeout: it is named,
+    with no grace waited for another cause, and stop kills it at once (it cannot act on
+    SIGTERM): graces of 10 minutes are never waited out."""
+    stopped = [_stopped_process(), _stopped_process()]
+    try:
+        silent = {1: RankFailure(1, Kind.SILENT, "PeerSilent: rank 0 sent nothing ...")}
+        watched = _Watched([Popened(stopped[0], (0,)), _Proc((1,), code=1)], Topology(1, 1),
+                           _record(tmp_path), silent)
+        watched.grace_s = 600.0
+        failed: list[str] = []
+
+        def watch() -> None:
+            with pytest.raises(RunFailed) as raised:
+                watched.run()
+            failed.append(str(raised.value))
+        _within_the_guard(watch)
+        assert failed == ["rank 0 (server 0) stopped answering: no message from it within the "
+                          "timeout (--timeout)"]
+        _within_the_guard(lambda: stop([Popened(stopped[1], (0,))], grace_s=600.0))
+        assert [p.wait(HANG_GUARD_S) for p in stopped] == [-signal.SIGKILL] * 2
+    finally:
+        for p in stopped:
+            p.kill()
+            p.wait(HANG_GUARD_S)
+
+
+def _stopped_process() -> subprocess.Popen:
+    """A process that has stopped itself (SIGSTOP), once it has."""
+    proc = subprocess.Popen([sys.executable, "-c", "import os, signal\n"
+                             "os.kill(os.getpid(), signal.SIGSTOP)"])
+    deadline = time.monotonic() + HANG_GUARD_S
+    while Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+        assert time.monotonic() < deadline, "the process never stopped"
+        time.sleep(0.01)
+    return proc
+
+
+def _within_the_guard(call) -> None:
+    """Run `call` in a thread; fail if it has not returned within the hang guard."""
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    thread.join(HANG_GUARD_S)
+    assert not thread.is_alive(), "a grace was waited out"

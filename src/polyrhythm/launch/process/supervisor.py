@@ -130,10 +130,14 @@ class Popened:
 
 def stop(procs: Sequence[RankProcess], grace_s: float = GRACE_S) -> None:
     """SIGTERM every process still running, SIGKILL those left after `grace_s` (one deadline
-    for all)."""
+    for all); a stopped process (SIGSTOP, a debugger) at once: it cannot act on SIGTERM
+    until continued."""
     for p in procs:
         if p.poll() is None:
-            p.terminate()
+            if _stopped(p.pid):
+                p.kill()
+            else:
+                p.terminate()
     deadline = time.monotonic() + grace_s
     for p in procs:
         p.wait(max(0.0, deadline - time.monotonic()))
@@ -278,10 +282,12 @@ class Supervisor:
     def _explained(self) -> bool:
         """Whether a rank explains the failure by itself: one that reported an error of its
         own, or ended by itself (a process of one rank that failed, any killed) without
-        having lost a peer first."""
+        having lost a peer first, or one stopped (its peers fall silent on it)."""
         reports = self.reports()
         for proc in self.procs:
             code = proc.poll()
+            if code is None and _stopped(proc.pid):
+                return True
             for r in proc.ranks:
                 if r in self.lost:
                     continue
