@@ -1,8 +1,9 @@
 """The launchers a run can start on, by name, each behind the same doors: what it needs
 checked before a run is recorded, a built-in job trained (or resumed), a user's script run
 (or resumed). The API asks `launcher_of(config)` and calls it, with no branch on launchers
-of its own. A new launcher is its module (starting and supervising the ranks) and a class
-here with a line in LAUNCHERS.
+of its own. A new launcher is its module (starting the ranks, supervised by
+launch/process/supervisor.py) and a class here (which configs it `claims`) with a line in
+LAUNCHERS.
 
 torchrun is no launcher of this kind: torchrun starts the ranks itself, each running
 polyrhythm.node (launch/rank/torchrun.py), or a script calling polyrhythm.init().
@@ -28,6 +29,11 @@ class Launcher:
 
     name = title = ""
     resumes = True
+
+    def claims(self, config) -> bool:
+        """Whether `config` runs on this launcher (asked in LAUNCHERS' order: the first that
+        claims it takes it)."""
+        return True
 
     def check(self, config, source=None, script: bool = False) -> None:
         """One line for what it cannot run, before a run is recorded: a built-in job of
@@ -64,6 +70,9 @@ class Emulated(Launcher):
 
     name, title = "emulated", "an emulated cluster"
 
+    def claims(self, config) -> bool:
+        return bool(config.cluster.hosts)
+
     def check(self, config, source=None, script=False) -> None:
         can_emulate()
 
@@ -82,6 +91,9 @@ class Spark(Launcher):
     name, title = "spark", "Spark"
     resumes = False
 
+    def claims(self, config) -> bool:
+        return on_spark(config)  # --launcher spark, or the mapreduce strategy
+
     def check(self, config, source=None, script=False) -> None:
         if script:
             raise ConfigError("a script runs on this machine, an emulated cluster or "
@@ -93,13 +105,12 @@ class Spark(Launcher):
         return launch_spark(config, record, show_progress)
 
 
+# In the order they are asked whether a config is theirs: this machine last, as the default.
 LAUNCHERS: dict[str, Launcher] = {launcher.name: launcher
-                                  for launcher in (Local(), Emulated(), Spark())}
+                                  for launcher in (Spark(), Emulated(), Local())}
 
 
 def launcher_of(config) -> Launcher:
-    """The launcher `config` runs on: Spark where it says so (--launcher spark, or the
-    mapreduce strategy), an emulated cluster where it has hosts, else this machine."""
-    if on_spark(config):
-        return LAUNCHERS["spark"]
-    return LAUNCHERS["emulated" if config.cluster.hosts else "local"]
+    """The launcher `config` runs on: the first that claims it (Spark where it says so,
+    an emulated cluster where it has hosts, else this machine)."""
+    return next(launcher for launcher in LAUNCHERS.values() if launcher.claims(config))
