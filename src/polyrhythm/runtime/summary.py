@@ -86,13 +86,19 @@ def combine(config, reports: list[dict], state_dict: dict[str, torch.Tensor],
     return RunResult(summary, _epoch_rows(workers, accuracy), state_dict, series)
 
 
+def final_parameters(reports: list[dict]) -> torch.Tensor:
+    """The run's final flat parameters, from every rank's report: the servers' shards in
+    order, or where no server holds the model the first worker's (the workers' consensus,
+    where they average). A built-in job's and a script's alike."""
+    shards = sorted((r["shard"] for r in reports if "shard" in r), key=lambda s: s[0])
+    return torch.cat([values for _, _, values in shards])
+
+
 def _final_model(config, reports: list[dict], val: Dataset) -> torch.nn.Module:
     """The model the servers' shards (or worker 0) hold, with the workers' mean running
     statistics."""
     model = build_model(config.model, val.shape, val.classes, config.seed, config.loss)
-    flat = FlatParameters(model)
-    for start, stop, values in (r["shard"] for r in reports if "shard" in r):
-        flat.data[start:stop] = values
+    FlatParameters(model).data.copy_(final_parameters(reports))
     for r in reports:
         if "statistics" in r:
             RunningStatistics(model).set(r["statistics"])

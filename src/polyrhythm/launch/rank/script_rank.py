@@ -52,7 +52,7 @@ from polyrhythm.launch.rank.torchrun import env_int, job_rank, job_record, share
 from polyrhythm.metrics.records import RunRecord
 from polyrhythm.runtime.checkpoint import Resume
 from polyrhythm.runtime.job import play, server_shard
-from polyrhythm.runtime.summary import combine
+from polyrhythm.runtime.summary import combine, final_parameters
 from polyrhythm.runtime.survivors import agree_on_lost
 from polyrhythm.runtime.worker.script import Job, lasting
 from polyrhythm.strategies import STRATEGIES
@@ -269,7 +269,7 @@ def _finish(ctx: RankContext, report: dict, record: RunRecord | None,
     final = None
     if reports is not None:
         first = next(r for r in reports if "model" in r)
-        final = (_final_parameters(reports), first["rank"])
+        final = (final_parameters(reports), first["rank"])
     flat, first_rank = ctx.transport.broadcast_object(final, src=0)
     figures = None
     if job is not None:
@@ -290,13 +290,6 @@ def _finish(ctx: RankContext, report: dict, record: RunRecord | None,
     # exception", SIGABRT) while Gloo's threads wind down: a completed run would read as a
     # crash. Handlers registered before this one are skipped: stdio is flushed here.
     atexit.register(leave_now, 0, ctx)
-
-
-def _final_parameters(reports: list[dict]) -> torch.Tensor:
-    """The run's final flat parameters: the servers' shards, or where no server holds the
-    model the first worker's (the workers' consensus, where they average)."""
-    return torch.cat([values for _, _, values in sorted(r["shard"] for r in reports
-                                                        if "shard" in r)])
 
 
 def _failed_on_its_own(ctx: RankContext, reports: list[dict],
