@@ -442,3 +442,44 @@ def test_calibrating_a_script_run_takes_its_model_batch_and_measured_spans(
     RunStore(out / "polyrhythm.db").amend_summary(run_id, {**summary, "batch_size": 0})
     with pytest.raises(StoreError, match=f"run {run_id} recorded no batch size"):
         calibrate(out, run_id)
+
+
+RUNS_OPTIMIZER = """
+import sys
+import torch
+import polyrhythm
+job = polyrhythm.init()
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+job.wrap(model)  # no optimizer: the run's [optimizer] steps the model
+x, y = torch.randn(32, 4), torch.randint(0, 2, (32,))
+for epoch in job.epochs(2):
+    for _ in range(5):
+        model.zero_grad()
+        job.backward(torch.nn.functional.cross_entropy(model(x), y))
+        job.step()
+job.finish()
+job.save(sys.argv[1])
+"""
+
+
+def test_a_script_that_leaves_the_optimizer_to_the_run_trains_on_servers_as_alone(
+        tmp_path: Path) -> None:
+    """job.wrap(model) and job.step(): the run's [optimizer] steps the model, on the servers
+    under bsp as on the one worker itself (their servers once failed on the optimizer the
+    script did not give)."""
+    script = tmp_path / "runs_optimizer.py"
+    script.write_text(RUNS_OPTIMIZER)
+    saved = {}
+    for strategy, servers in (("bsp", 1), ("allreduce", 0)):
+        saved[strategy] = tmp_path / f"{strategy}.pt"
+        summary = api.run_script(script, [str(saved[strategy])],
+                                 {"out": str(tmp_path / "runs"), "strategy": strategy,
+                                  "workers": 1, "servers": servers, "lr": 0.1})
+        assert summary["status"] == "completed" and summary["weight_updates"] == 10
+    assert farthest(torch.load(saved["bsp"]), torch.load(saved["allreduce"])) <= 1e-6
+    with torch.random.fork_rng():
+        torch.manual_seed(0)  # the script's initial model: training moved it
+        initial = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(),
+                                      torch.nn.Linear(8, 2)).state_dict()
+    assert farthest(torch.load(saved["bsp"]), initial) > 1e-3

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -27,8 +28,14 @@ from polyrhythm.runtime.server.server import ParameterServerShard
 from polyrhythm.runtime.summary import RunResult, summarise
 from polyrhythm.runtime.survivors import agree_on_lost
 from polyrhythm.runtime.worker.builtin import BuiltinWorker
+from polyrhythm.runtime.worker.script import lasting
+from polyrhythm.runtime.worker.user_optimizer import OptimizerSpec
 from polyrhythm.strategies import STRATEGIES
 from polyrhythm.strategies.spec import SWITCHING
+
+# Servers learn the length of an epoch from a script's loader; without one, an epoch is this
+# many steps for them (what only fixed-round strategies read: those need a loader).
+UNKNOWN_STEPS = 10**9
 
 
 def plan_data(config, source: Source | None = None) -> DataPlan:
@@ -79,6 +86,38 @@ def host_cores(config, rank: int | None) -> float:
     return min(cores, per_host(cluster.cpu, cluster.hosts)[host])
 
 
+@dataclass(frozen=True)
+class Served:
+    """What a job's parameter servers serve: the flat model they start from (`initial`, of
+    parameters of `shapes`), an epoch's steps (None: unknown) and the run's epochs (None:
+    the config's), and the optimizer their buckets step: a script's, rebuilt on their slices
+    (runtime/worker/user_optimizer.py OptimizerSpec), or None for the run's [optimizer]. A
+    built-in job's servers make it from the config themselves; a script's learn it from the
+    first worker, at its first step."""
+
+    initial: torch.Tensor
+    shapes: list[tuple[int, ...]]
+    steps_per_epoch: int | None
+    epochs: int | None = None
+    optimizer: OptimizerSpec | None = None
+
+
+def serve(ctx: RankContext, served: Served) -> ParameterServerShard:
+    """This rank's parameter-server shard of what the job's servers serve: any job's server
+    starts here."""
+    if served.epochs:
+        ctx.config = lasting(ctx.config, served.epochs)
+    steps = served.steps_per_epoch or ctx.config.steps_per_epoch or UNKNOWN_STEPS
+    optimizer = served.optimizer
+    if optimizer is None:  # the run's own optimizer, from the config
+        return server_shard(ctx, served.initial, steps, served.shapes)
+    ctx.push_hyper_words = optimizer.push_words  # each push carries the script's settings
+    return server_shard(ctx, served.initial, steps, served.shapes,
+                        make_updater=lambda weights, a, b, concurrency:
+                        optimizer.updater(weights, a, b),
+                        handover_keys=optimizer.state_keys())
+
+
 def build_role(ctx: RankContext, plan: DataPlan,
                source: Source | None) -> BuiltinWorker | ParameterServerShard:
     """This rank's role, as the topology says: a worker with its shard of the data, or one
@@ -89,7 +128,7 @@ def build_role(ctx: RankContext, plan: DataPlan,
         return BuiltinWorker(ctx, *load_part(source, plan, ctx.worker_index), steps)
     initial = FlatParameters(build_model(config.model, plan.shape, plan.classes, config.seed,
                                          config.loss))
-    return server_shard(ctx, initial.data, steps, initial.shapes)
+    return serve(ctx, Served(initial.data, initial.shapes, steps))
 
 
 def server_shard(ctx: RankContext, initial: torch.Tensor, steps: int,

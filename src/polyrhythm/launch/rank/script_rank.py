@@ -51,10 +51,10 @@ from polyrhythm.launch.rank.rendezvous import join_group
 from polyrhythm.launch.rank.torchrun import env_int, job_rank, job_record, shared_run_dir
 from polyrhythm.metrics.records import RunRecord
 from polyrhythm.runtime.checkpoint import Resume
-from polyrhythm.runtime.job import play, server_shard
+from polyrhythm.runtime.job import Served, play, serve
 from polyrhythm.runtime.summary import combine, final_parameters
 from polyrhythm.runtime.survivors import agree_on_lost
-from polyrhythm.runtime.worker.script import Job, lasting
+from polyrhythm.runtime.worker.script import Job
 from polyrhythm.strategies import STRATEGIES
 
 ENV_CONFIG, ENV_RUN_ID = "POLYRHYTHM_CONFIG", "POLYRHYTHM_RUN_ID"
@@ -65,9 +65,6 @@ ENV_RESUME, ENV_RESUME_SERVERS = "POLYRHYTHM_RESUME", "POLYRHYTHM_RESUME_SERVERS
 # The settings polyrhythm run's user set that only some scripts read (config
 # given_to_a_script), comma-separated: the config file the ranks read holds every setting.
 ENV_GIVEN = "POLYRHYTHM_GIVEN"
-# Servers learn the length of an epoch from the script's loader; without one, an epoch is
-# this many steps for them (what only fixed-round strategies read: those need a loader).
-UNKNOWN_STEPS = 10**9
 _JOINED: list = []
 # The script's exit status, where its launcher knows it before the exit handlers run (a rank
 # of polyrhythm run: launch/rank/preloaded.py): a job left unfinished is finished only after 0.
@@ -225,26 +222,14 @@ def _describe(job: Job) -> None:
     """Worker side of what the servers serve (every worker calls it at its first step)."""
     ctx = job.ctx
     ctx.transport.broadcast_object(
-        {"initial": job.flat.data.clone(), "shapes": job.flat.shapes,
-         "optimizer": job.servers_spec,
-         "steps_per_epoch": job.steps_per_epoch, "epochs": job.total_epochs},
-        src=ctx.topology.worker_ranks[0])
+        Served(job.flat.data.clone(), job.flat.shapes, job.steps_per_epoch, job.total_epochs,
+               job.servers_spec), src=ctx.topology.worker_ranks[0])
 
 
 def _serve(ctx: RankContext) -> dict:
-    """A server's life: learn what it serves, serve, and its report."""
-    config, topology = ctx.config, ctx.topology
-    described = ctx.transport.broadcast_object(None, src=topology.worker_ranks[0])
-    initial = described["initial"]
-    steps = described["steps_per_epoch"] or config.steps_per_epoch or UNKNOWN_STEPS
-    if described["epochs"]:
-        config = ctx.config = lasting(config, described["epochs"])
-    optimizer = described["optimizer"]
-    ctx.push_hyper_words = optimizer.push_words if optimizer is not None else 0
-    shard = server_shard(ctx, initial, steps, described["shapes"],
-                         make_updater=lambda weights, a, b, concurrency:
-                         optimizer.updater(weights, a, b),
-                         handover_keys=optimizer.state_keys())
+    """A server's life: learn what it serves from the first worker, serve, and its
+    report."""
+    shard = serve(ctx, ctx.transport.broadcast_object(None, src=ctx.topology.worker_ranks[0]))
     if ctx.resume is not None:
         shard.resume(ctx.resume)
     ctx.transport.barrier()  # the workers' first step starts the clock
