@@ -218,6 +218,7 @@ class EmulatedSupervisor(Supervisor):
                  carry_on: bool) -> None:
         super().__init__(hosts, topology, record, carry_on)
         self.show, self.cluster, self.shown = show, cluster, [0] * len(hosts)
+        self.layout = [list(h.ranks) for h in hosts]  # each host's ranks
 
     def look(self) -> None:
         if self.show is not None:  # after the poll: a host that has ended has written its all
@@ -228,8 +229,8 @@ class EmulatedSupervisor(Supervisor):
 
     def say_lost(self, ranks: list[int], line: str) -> None:
         host = self._host(ranks[0])
-        self._say_lost(host, _why(host, self.procs, [list(p.ranks) for p in self.procs],
-                                  self.record, self.cluster), "the others go on")
+        self._say_lost(host, _why(host, self.procs, self.layout, self.record, self.cluster),
+                       "the others go on")
 
     def done(self) -> bool:
         """A worker the completed run went on without may still run (frozen, cut off), and
@@ -249,8 +250,8 @@ class EmulatedSupervisor(Supervisor):
         return True
 
     def explain(self, proc: Popened) -> RunFailed:
-        return _failure(self.procs.index(proc), [list(p.ranks) for p in self.procs],
-                        self.topology, self.record, self.procs, self.cluster)
+        return _failure(self.procs.index(proc), self.layout, self.topology, self.record,
+                        self.procs, self.cluster)
 
     def _host(self, rank: int) -> int:
         return next(h for h, p in enumerate(self.procs) if rank in p.ranks)

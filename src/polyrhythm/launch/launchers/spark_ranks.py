@@ -65,16 +65,16 @@ def run_ranks(context, config, record: RunRecord) -> None:
     await_slots(context, config.world_size)
     job = BarrierJob(context, task, config.world_size)
     ranks = [SparkRank(rank, job, lambda: dict(ended.value)) for rank in range(config.world_size)]
+    topology = Topology(config.servers, config.workers)
     try:
-        SparkSupervisor(ranks, job, Topology(config.servers, config.workers), record).run()
+        SparkSupervisor(ranks, job, topology, record).run()
     except BaseException:
         job.stop(wait=False)  # interrupted: the context's stop ends the rest
         raise
     job.stop()
     codes = ranks[0].codes()
     if len(codes) < config.world_size or any(codes.values()):  # Spark failed the job
-        raise SparkSupervisor.failure(job, codes, read_reports(record.dir),
-                                      Topology(config.servers, config.workers), record)
+        raise SparkSupervisor.failure(job, codes, read_reports(record.dir), topology, record)
 
 
 class SparkRank:

@@ -250,11 +250,13 @@ class Supervisor:
 
     def _goes_on_without(self, proc: RankProcess, code: int) -> bool:
         ranks = list(proc.ranks)
-        if not (self.carry_on and self.training() and goes_on_without(
-                ranks, self.code_of, self.reports(), self.topology, self.lost)):
+        if not (self.carry_on and self.training()):
+            return False
+        reports = self.reports()
+        if not goes_on_without(ranks, self.code_of, reports, self.topology, self.lost):
             return False
         self.lost.update(ranks)
-        failure = self.reports().get(ranks[0]) if len(ranks) == 1 else None
+        failure = reports.get(ranks[0]) if len(ranks) == 1 else None
         self.say_lost(ranks, going_on_without(code, failure, self.log_of(ranks[0])))
         return True
 

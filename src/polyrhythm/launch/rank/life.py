@@ -83,7 +83,13 @@ def leave_now(code: int, ctx: RankContext | None = None, exit_handlers: bool = F
         mark_left(ctx.run_dir, ctx.rank)
     if exit_handlers:
         atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr, sys.__stderr__):
-        with contextlib.suppress(AttributeError, OSError, ValueError):  # closed, or gone
-            stream.flush()
+    flush_output()
     os._exit(code)
+
+
+def flush_output() -> None:
+    """Flush what this process printed (a stream closed, or whose reader is gone, is let
+    be): before it ends without Python's own flushing."""
+    for stream in (sys.stdout, sys.stderr, sys.__stderr__):
+        with contextlib.suppress(AttributeError, OSError, ValueError):
+            stream.flush()

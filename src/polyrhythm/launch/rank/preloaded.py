@@ -15,7 +15,6 @@ joined, atexit functions run. It dies with its launcher, as a built-in job's ran
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import io
 import multiprocessing
@@ -29,7 +28,7 @@ from multiprocessing.connection import Connection
 from polyrhythm.launch.process import forkserver
 from polyrhythm.launch.process.supervisor import Forked
 from polyrhythm.launch.rank.forked import bind_to_launcher, process_name
-from polyrhythm.launch.rank.life import leave_now
+from polyrhythm.launch.rank.life import flush_output, leave_now
 
 
 class ScriptRank(Forked):
@@ -154,13 +153,8 @@ def _main(script: str) -> int:
             trace = trace.tb_next  # runpy's and this module's frames are not the script's
         sys.excepthook(type(exc), exc.with_traceback(trace), trace)
         if isinstance(exc, KeyboardInterrupt):  # the interpreter ends by the signal
-            _flush()
+            flush_output()
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGINT)
         return 1
 
-
-def _flush() -> None:
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):
-            stream.flush()
