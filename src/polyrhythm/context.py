@@ -61,6 +61,7 @@ class RankContext:
     spans: Spans = field(default_factory=Spans)
     progress: ProgressSink = no_progress
     started: float = field(default_factory=time.perf_counter)  # reset when the job starts
+    clock_began: float = field(default_factory=time.time)  # ... and when that was (wall clock)
     run_dir: Any = None  # the run record's folder (Path): checkpoints go there; None: none
     resume: Any = None  # a checkpoint to start from (runtime/checkpoint.py Resume)
     # In a user's script: its own optimizer, as the optim.Updater the workers step where
@@ -77,3 +78,14 @@ class RankContext:
     def now(self) -> float:
         """Seconds since the job started (every rank starts its clock after one barrier)."""
         return time.perf_counter() - self.started
+
+    def start_clock(self, resumed_s: float = 0.0) -> None:
+        """Start the job's clock, every rank at once (after one barrier): a resumed run's
+        goes on from the first worker's `resumed_s` (its checkpoint's time), so that the
+        run's records keep one time line whoever wrote them. Every rank of a job calls it
+        once, when it is ready to train or serve."""
+        if self.resume is not None:
+            resumed_s = self.transport.broadcast_object(resumed_s,
+                                                        src=self.topology.worker_ranks[0])
+        self.transport.barrier()
+        self.started, self.clock_began = time.perf_counter() - resumed_s, time.time()

@@ -1,6 +1,8 @@
-"""What every process of a job does once it has joined the job, whoever launched it: build its
-role (worker or server shard), run it, and gather every rank's report to rank 0, which turns
-them into the run's result. Joining and leaving the job is launch/rank/life.py's.
+"""The roles a job's ranks play once they have joined it: the data plan the workers agree
+on, polyrhythm train's roles (its workers, and servers of the model its config builds), any
+job's servers (`serve`, from what they serve: a script's servers learn it from the first
+worker), playing a role to its report, and how polyrhythm train's job ends (its result).
+A rank's life around them, from joining to leaving, is launch/rank/life.py's.
 """
 
 from __future__ import annotations
@@ -120,8 +122,10 @@ def serve(ctx: RankContext, served: Served) -> ParameterServerShard:
 
 def build_role(ctx: RankContext, plan: DataPlan,
                source: Source | None) -> BuiltinWorker | ParameterServerShard:
-    """This rank's role, as the topology says: a worker with its shard of the data, or one
-    parameter-server shard (which reads no data)."""
+    """This rank's role in polyrhythm train's job, as the topology says: a worker with its
+    shard of the data, or one parameter-server shard (which reads no data) of the model the
+    run's config builds: broadcasting it from a worker would cost minutes at the start on a
+    slow emulated link."""
     config = ctx.config
     steps = steps_per_epoch(len(plan.train), config.batch_size, config.steps_per_epoch)
     if ctx.topology.role(ctx.rank) == "worker":
@@ -152,51 +156,45 @@ def server_shard(ctx: RankContext, initial: torch.Tensor, steps: int,
 
 
 def play(ctx: RankContext, role: BuiltinWorker | ParameterServerShard) -> dict:
-    """Train or serve; then, once the survivors agree on who was lost (if anyone may be),
-    this rank's report."""
+    """Train or serve, sampling the rank's resources where the run records them; then, once
+    the survivors agree on who was lost (if anyone may be), this rank's report."""
+    if not ctx.config.instrumentation:
+        return _play(ctx, role)
+    with ResourceSampler(ctx.rank, ctx.topology.role(ctx.rank), ctx.now,
+                         ctx.transport.counters.moved) as sampler:
+        report = _play(ctx, role)
+    report["resources"] = sampler.samples
+    return report
+
+
+def _play(ctx: RankContext, role: BuiltinWorker | ParameterServerShard) -> dict:
     role.run()
     seen = set(role.lost) if isinstance(role, ParameterServerShard) else set()
     return role.report(agree_on_lost(ctx, seen))
 
 
-def run_rank(ctx: RankContext, local_workers: int | None = None) -> RunResult | None:
-    """Play this rank's role in the job; rank 0 returns the run's result, others None."""
-    config = ctx.config
-    role_name = ctx.topology.role(ctx.rank)
-    set_threads(config, role_name, local_workers or config.workers, ctx.rank)
-    began = time.perf_counter()
-    plan, source = agree_on_plan(ctx)
-    role = build_role(ctx, plan, source)  # before the clock starts: building is set-up
-    read_s = time.perf_counter() - began  # a worker's: opening the data, reading its shard
-    resumed_s = 0.0
-    if ctx.resume is not None:
-        role.resume(ctx.resume)
-        # The clock goes on from the checkpoint's time, the first worker's (every rank's
-        # the same): the run's records keep one time line.
-        resumed_s = ctx.transport.broadcast_object(role.resumed_s,
-                                                   src=ctx.topology.worker_ranks[0])
-    ctx.transport.barrier()  # start the clock when every process is ready
-    ctx.started, trained_from = time.perf_counter() - resumed_s, time.time()
-    if config.instrumentation:
-        with ResourceSampler(ctx.rank, role_name, ctx.now,
-                             ctx.transport.counters.moved) as sampler:
-            report = play(ctx, role)
-        report["resources"] = sampler.samples
-    else:
-        report = play(ctx, role)
-    if role_name == "worker":
-        report["read_s"], report["shard_rows"] = read_s, len(role.train)
-    reports = ctx.transport.gather_object(report, dst=0)
-    if ctx.rank != 0:
-        return None
-    # Rank 0 is a worker holding the validation set, or a server reading it only now.
-    val = role.val if isinstance(role, BuiltinWorker) else load_val(
-        open_source(config.data, config.seed), plan)
-    result = summarise(config, reports, val, ctx.now())
-    result.summary["data"] = plan.summary() | shards_read(reports)
-    # When training ran, by the wall clock: what an emulated cluster's fidelity guard judges.
-    result.summary["training_window"] = [trained_from, time.time()]
-    return result
+@dataclass(frozen=True)
+class BuiltinEnding:
+    """How polyrhythm train's job ends (launch/rank/life.py's finish): rank 0 evaluates the
+    final model on the validation set (`val`, the worker's; None on a server, which reads it
+    only now) and records the data plan and how the shards were read. Its workers leave as
+    the run ends: nobody else needs the final model."""
+
+    plan: DataPlan
+    val: Dataset | None = None
+    shares_final = False  # the workers do not take the final model
+    scripted = False  # polyrhythm train's job, resumed by polyrhythm train
+
+    def result(self, ctx: RankContext, reports: list[dict], flat: torch.Tensor,
+               figures: dict | None) -> RunResult:
+        config = ctx.config
+        val = self.val or load_val(open_source(config.data, config.seed), self.plan)
+        result = summarise(config, reports, flat, val, ctx.now())
+        result.summary["data"] = self.plan.summary() | shards_read(reports)
+        # When training ran, by the wall clock: what an emulated cluster's fidelity guard
+        # judges.
+        result.summary["training_window"] = [ctx.clock_began, time.time()]
+        return result
 
 
 def shards_read(reports: list[dict]) -> dict:

@@ -29,9 +29,11 @@ class RunResult:
     series: dict[str, list[tuple]]  # event rows for the store (metrics/store.py SERIES)
 
 
-def summarise(config, reports: list[dict], val: Dataset, wall_s: float) -> RunResult:
-    """Combine per-rank reports; evaluate the final model on the validation set."""
-    model = _final_model(config, reports, val)
+def summarise(config, reports: list[dict], flat: torch.Tensor, val: Dataset,
+              wall_s: float) -> RunResult:
+    """Combine per-rank reports; evaluate the final model (its parameters `flat`:
+    final_parameters) on the validation set."""
+    model = _final_model(config, reports, flat, val)
     return combine(config, reports, model.state_dict(),
                    evaluate(model, val, LOSSES[config.loss]),
                    sum(p.numel() for p in model.parameters()), wall_s)
@@ -94,11 +96,11 @@ def final_parameters(reports: list[dict]) -> torch.Tensor:
     return torch.cat([values for _, _, values in shards])
 
 
-def _final_model(config, reports: list[dict], val: Dataset) -> torch.nn.Module:
-    """The model the servers' shards (or worker 0) hold, with the workers' mean running
-    statistics."""
+def _final_model(config, reports: list[dict], flat: torch.Tensor,
+                 val: Dataset) -> torch.nn.Module:
+    """The model of parameters `flat`, with the workers' mean running statistics."""
     model = build_model(config.model, val.shape, val.classes, config.seed, config.loss)
-    FlatParameters(model).data.copy_(final_parameters(reports))
+    FlatParameters(model).data.copy_(flat)
     for r in reports:
         if "statistics" in r:
             RunningStatistics(model).set(r["statistics"])

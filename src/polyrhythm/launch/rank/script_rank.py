@@ -32,27 +32,22 @@ from pathlib import Path
 import torch
 
 from polyrhythm.comm import group
-from polyrhythm.comm.transport import Transport
 from polyrhythm.config import COMPONENTS, RunConfig, given_to_a_script, load_config
 from polyrhythm.context import ProgressSink, RankContext, Topology, no_progress
-from polyrhythm.errors import ConfigError, PolyrhythmError, RunFailed
+from polyrhythm.errors import ConfigError, PolyrhythmError
 from polyrhythm.launch.process.failures import (
     RankFailure,
-    lost_a_peer,
     mark_joined,
     mark_training,
     rank_ended,
-    rank_failed,
-    read_reports,
-    recorded_failure,
 )
-from polyrhythm.launch.rank.life import latency, leave_now, leave_together
+from polyrhythm.launch.rank.life import enter, finish, leave_now, live
 from polyrhythm.launch.rank.rendezvous import join_group
 from polyrhythm.launch.rank.torchrun import env_int, job_rank, job_record, shared_run_dir
 from polyrhythm.metrics.records import RunRecord
 from polyrhythm.runtime.checkpoint import Resume
-from polyrhythm.runtime.job import Served, play, serve
-from polyrhythm.runtime.summary import combine, final_parameters
+from polyrhythm.runtime.job import Served, serve
+from polyrhythm.runtime.summary import RunResult, combine
 from polyrhythm.runtime.survivors import agree_on_lost
 from polyrhythm.runtime.worker.script import Job
 from polyrhythm.strategies import STRATEGIES
@@ -106,17 +101,16 @@ def init() -> Job:
     if os.environ.get(ENV_RUN_ID) is None:  # rank 0 made the run: all learn where it is
         run_dir = shared_run_dir(config, record)
         sys.excepthook = _failing(rank, config, None if rendezvous else record, run_dir)
-    topology = Topology(config.servers, config.workers)
-    transport = Transport()
-    transport.open(rank, world, topology.worker_ranks, latency(config, rank), config.timeout)
-    ctx = RankContext(config, rank, topology, transport, run_dir=run_dir,
-                      resume=_resume_point(), progress=_marking_training(run_dir))
+    ctx = enter(config, rank, lambda: None, _marking_training(run_dir), run_dir,
+                _resume_point())
     _JOINED.append(ctx)
-    if topology.role(rank) == "server":
+    if ctx.topology.role(rank) == "server":
         torch.set_num_threads(1)  # servers mostly wait
-        _finish(ctx, _serve(ctx), record)
+        # What it serves, the first worker tells it at its first step (_describe).
+        served = ctx.transport.broadcast_object(None, src=ctx.topology.worker_ranks[0])
+        live(ctx, serve(ctx, served), record, SCRIPT_ENDING)
         leave_now(0, ctx)
-    job = Job(ctx, describe_servers=_describe if topology.servers else None,
+    job = Job(ctx, describe_servers=_describe if ctx.topology.servers else None,
               finish=lambda job: _finish_worker(job, record), given=_given(config))
     atexit.register(_finish_at_exit, job)
     return job
@@ -226,17 +220,6 @@ def _describe(job: Job) -> None:
                job.servers_spec), src=ctx.topology.worker_ranks[0])
 
 
-def _serve(ctx: RankContext) -> dict:
-    """A server's life: learn what it serves from the first worker, serve, and its
-    report."""
-    shard = serve(ctx, ctx.transport.broadcast_object(None, src=ctx.topology.worker_ranks[0]))
-    if ctx.resume is not None:
-        shard.resume(ctx.resume)
-    ctx.transport.barrier()  # the workers' first step starts the clock
-    ctx.started = time.perf_counter() - shard.resumed_s
-    return play(ctx, shard)
-
-
 def _finish_worker(job: Job, record: RunRecord | None) -> None:
     """`job.finish()`, once this worker has left its servers or peers: agree on the final
     model's buffers, hand in the report, take the final model, and leave the job."""
@@ -245,31 +228,11 @@ def _finish_worker(job: Job, record: RunRecord | None) -> None:
     _finish(job.ctx, job.report(lost), record, job)
 
 
-def _finish(ctx: RankContext, report: dict, record: RunRecord | None,
-            job: Job | None = None) -> None:
-    """Gather every rank's report to rank 0, which makes the final model's parameters and
-    sends them to every rank: each worker (`job`) takes them, and the first worker left
-    runs the script's evaluation of it. Rank 0 records the run; all leave together."""
-    reports = ctx.transport.gather_object(report, dst=0)
-    final = None
-    if reports is not None:
-        first = next(r for r in reports if "model" in r)
-        final = (final_parameters(reports), first["rank"])
-    flat, first_rank = ctx.transport.broadcast_object(final, src=0)
-    figures = None
-    if job is not None:
-        job.take_final(flat, first_rank)
-        if ctx.rank == first_rank:
-            figures = job.final_figures()
-    figures = ctx.transport.broadcast_object(figures, src=first_rank)
-    result = None
-    if reports is not None and record is not None:
-        failed = _failed_on_its_own(ctx, reports, record)
-        if failed is None:
-            result = _result(ctx, reports, flat, figures)
-        else:
-            recorded_failure(record, failed, ctx.config, script=True)
-    leave_together(ctx, result, record)
+def _finish(ctx: RankContext, report: dict, record: RunRecord | None, job: Job) -> None:
+    """Finish the job as every rank does (life.py's finish): each worker takes the final
+    model, and the first worker left runs the script's evaluation of it; rank 0 records the
+    run."""
+    finish(ctx, report, record, SCRIPT_ENDING, job)
     # The rest of the script runs on; when it ends, the process leaves without C++'s static
     # destructors, which abort now and then ("terminate called without an active
     # exception", SIGABRT) while Gloo's threads wind down: a completed run would read as a
@@ -277,29 +240,28 @@ def _finish(ctx: RankContext, report: dict, record: RunRecord | None,
     atexit.register(leave_now, 0, ctx)
 
 
-def _failed_on_its_own(ctx: RankContext, reports: list[dict],
-                       record: RunRecord) -> RunFailed | None:
-    """The failure of a worker the servers went on without (on_worker_failure = continue)
-    that was no loss: it failed on an error of its own, as its report in the run's logs says
-    (written before its connection broke, so here by now). The run failed for it, whatever
-    the others did; None if every worker gone was lost."""
-    if ctx.run_dir is None:
-        return None
-    gone = sorted({entry["rank"] for r in reports if r["role"] == "server"
-                   for entry in r["lost"]})
-    failures = read_reports(ctx.run_dir)
-    for rank in gone:
-        if rank in failures and not lost_a_peer(failures[rank]):
-            return rank_failed(rank, None, failures[rank], record.log_path(rank), ctx.topology)
-    return None
+class ScriptEnding:
+    """How a script's job ends (life.py's finish): every worker takes the final model
+    (the script goes on with it: job.save, its own evaluation), and rank 0 records it with
+    the script's evaluation of it as the final figures."""
+
+    shares_final = True
+    scripted = True
+
+    def result(self, ctx: RankContext, reports: list[dict], flat: torch.Tensor,
+               figures: dict[str, float] | None) -> RunResult:
+        """The run's result: the final model (the first worker's state, its buffers the
+        workers' mean, its trained parameters `flat`, ties kept: tied entries are one
+        tensor), and the script's evaluation of that model as its final figures (`figures`;
+        None: not evaluated, and the final figures unknown)."""
+        return _result(ctx, reports, flat, figures)
+
+
+SCRIPT_ENDING = ScriptEnding()
 
 
 def _result(ctx: RankContext, reports: list[dict], flat: torch.Tensor,
-            figures: dict[str, float] | None):
-    """The run's result: the final model (the first worker's state, its buffers the
-    workers' mean, its trained parameters `flat`, ties kept: tied entries are one tensor),
-    and the script's evaluation of that model as its final figures (`figures`; None: not
-    evaluated, and the final figures unknown)."""
+            figures: dict[str, float] | None) -> RunResult:
     first = next(r for r in reports if "model" in r)
     state = first["model"]
     shapes = first["shapes"]
@@ -336,6 +298,5 @@ def _result(ctx: RankContext, reports: list[dict], flat: torch.Tensor,
     summary["batch_size"], summary["worker_batch_size"] = sum(batches), batches
     # From the clock's start (the workers' first step) until now, in the machine's time: the
     # window an emulated cluster's fidelity guard judges, as for polyrhythm train's job.
-    now = time.time()
-    summary["training_window"] = [now - ctx.now(), now]
+    summary["training_window"] = [ctx.clock_began, time.time()]
     return result

@@ -42,6 +42,7 @@ class BuiltinWorker:
         share = self.batch / c.batch_size  # of the global batch: its weight in means
         self.emulated = compute_times(c, i)  # None: real forward and backward
         self.position = DataPosition()
+        self.read_s = 0.0  # opening the data and reading this shard took (the life's clock)
         self.job = job = Job(ctx)
         self.model = build_model(c.model, train.shape, train.classes, c.seed, c.loss)
         job.wrap(self.model, batch_share=share)
@@ -120,7 +121,7 @@ class BuiltinWorker:
         return progress is not None and progress >= (epoch + 1) * self.steps - 1e-3
 
     def report(self, lost: set[int]) -> dict:
-        return self.job.report(lost)
+        return self.job.report(lost) | {"read_s": self.read_s, "shard_rows": len(self.train)}
 
     def state_dict(self) -> dict:
         return self.job.state_dict()

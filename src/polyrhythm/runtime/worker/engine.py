@@ -104,8 +104,7 @@ class WorkerEngine:
             self._describe_servers(self)
         self.strategy.start()
         if self.scripted:  # a script's run: its clock starts with its first step
-            self.ctx.transport.barrier()
-            self.ctx.started = time.perf_counter() - self.resumed_s
+            self.ctx.start_clock(self.resumed_s)
         self._last = self._epoch_began = time.perf_counter()
 
     def begin_step(self) -> None:
