@@ -107,6 +107,12 @@ def test_bsp_told_to_continue_goes_on_and_by_default_aborts(tmp_path):
     _aborted(run, tmp_path / "b", 3, "worker 2")
 
 
+def test_a_loss_that_would_leave_fewer_than_min_workers_fails_the_run_saying_so(tmp_path):
+    run = _kill_during_training(tmp_path, 3, "--strategy", "asp", "--min-workers", "3")
+    _aborted(run, tmp_path, 3, "worker 2")
+    assert "2 workers would be left, fewer than --min-workers 3" in run.stderr
+
+
 def test_a_lost_server_aborts_and_says_how_to_resume(tmp_path):
     run = _kill_during_training(tmp_path, 0, "--strategy", "asp")
     _aborted(run, tmp_path, 0, "server 0")
@@ -128,6 +134,18 @@ def test_the_default_goes_on_only_where_the_survivors_make_the_same_updates(fiel
     config = load_config(**{"workers": 3, **fields})
     assert config.on_worker_failure == mode
     assert "on_worker_failure" not in config.to_dict()  # stored only where given
+
+
+@pytest.mark.parametrize(("fields", "said"), [
+    ({"strategy": "asp", "min_workers": 4}, "is more than the run's 3 workers"),
+    ({"strategy": "bsp", "min_workers": 2}, "aborts on any loss"),  # bsp's default: abort
+])
+def test_min_workers_beyond_the_workers_or_in_a_run_that_aborts_is_one_line(fields, said):
+    with pytest.raises(ConfigError, match=said):
+        load_config(workers=3, **fields)
+    config = load_config(strategy="bsp", workers=3, on_worker_failure="continue", min_workers=2)
+    assert config.min_workers == 2 and config.to_dict()["min_workers"] == 2
+    assert "min_workers" not in load_config(strategy="asp", workers=3).to_dict()
 
 
 def test_continue_is_refused_where_every_worker_waits_for_the_others():

@@ -58,8 +58,9 @@ class _Watched(Supervisor):
     grace_s = 30.0  # never reached: each case has a rank that explains it
     poll_s = 0.001
 
-    def __init__(self, procs, topology, record, reports=None, carry_on=False) -> None:
-        super().__init__(procs, topology, record, carry_on)
+    def __init__(self, procs, topology, record, reports=None, carry_on=False,
+                 min_workers=1) -> None:
+        super().__init__(procs, topology, record, carry_on, min_workers)
         self.given = reports or {}
         self.said: list[tuple[list[int], str]] = []
 
@@ -117,6 +118,19 @@ def test_a_run_that_may_carry_on_goes_on_without_a_lost_worker(tmp_path):
     with pytest.raises(RunFailed) as failed:
         _Watched(procs, Topology(1, 2), _record(tmp_path / "b"), carry_on=True).run()
     assert str(failed.value) == "rank 2 (worker 1) was killed by SIGKILL"
+
+
+def test_a_loss_that_leaves_fewer_than_min_workers_ends_the_run_saying_so(tmp_path):
+    """3 workers, min_workers 2: the first loss leaves 2, and the run goes on; the second
+    would leave 1, and ends the run, naming the worker and min_workers."""
+    procs = [_Proc((0,), code=None), _Proc((1,), code=-signal.SIGKILL),
+             _Proc((2,), code=-signal.SIGKILL, after=1), _Proc((3,), code=None)]
+    watched = _Watched(procs, Topology(1, 3), _record(tmp_path), carry_on=True, min_workers=2)
+    with pytest.raises(RunFailed) as failed:
+        watched.run()
+    assert watched.lost == {1}
+    assert str(failed.value) == ("rank 2 (worker 1) was killed by SIGKILL; 1 worker would be "
+                                 "left, fewer than --min-workers 2")
 
 
 def test_a_process_of_several_ranks_gives_each_its_code(tmp_path):

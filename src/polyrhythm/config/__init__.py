@@ -57,7 +57,12 @@ from polyrhythm.config.sections import (
     owners,
     sectioned,
 )
-from polyrhythm.config.servers import check_shared_epochs, servers_of, worker_failure_of
+from polyrhythm.config.servers import (
+    check_min_workers,
+    check_shared_epochs,
+    servers_of,
+    worker_failure_of,
+)
 from polyrhythm.errors import ConfigError
 from polyrhythm.files import read_regular
 from polyrhythm.metrics.records import SECTIONS
@@ -91,6 +96,7 @@ class RunConfig:
         if general["shared_epochs"]:
             check_shared_epochs(spec, strategy, general["workers"])
         general["on_worker_failure"] = worker_failure_of(spec, strategy, general)
+        check_min_workers(general)
         run = Settings(general)
         sections = {"strategy": strategy,
                     "data": _component("data", given["data"], run),

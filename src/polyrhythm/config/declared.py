@@ -80,6 +80,9 @@ GENERAL = (
           "abort (every process stops; --resume goes on from the last checkpoint)",
           derived="continue for asynchronous PS strategies and quorums the other workers "
           "still meet, abort otherwise", rule=one_of("continue", "abort")),
+    Param("min_workers", int, "with on_worker_failure = continue: the fewest workers the run "
+          "goes on with; a loss that would leave fewer fails the run, naming the worker lost",
+          1, rule=at_least(1)),
     *COMPUTE,
     *SPARK,
 )
@@ -137,7 +140,7 @@ def check_optimizer(given, strategy) -> None:
 # out at that default, so an older record and its rerun read as the same fields.
 LEFT_OUT_AT_DEFAULT = {"shared_epochs": False, "shared_perms": False, "checkpoint_every": 1,
                        "timeout": 300.0, "loss": "cross_entropy", "launcher": "local",
-                       "executor_memory": 1024, "spark_conf": []}
+                       "executor_memory": 1024, "spark_conf": [], "min_workers": 1}
 # Added since 0.1 with a default derived from the strategy: stored only where given.
 LEFT_OUT_UNLESS_GIVEN = {"on_worker_failure"}
 

@@ -69,3 +69,18 @@ def worker_failure_of(spec: StrategySpec, strategy: Settings, general: dict) -> 
     survives = servers_only and workers > 1 and spec.policy(strategy,
                                                             workers).survives_lost_worker
     return CONTINUE if survives else ABORT
+
+
+def check_min_workers(general: dict) -> None:
+    """min_workers, the fewest workers a run that goes on without lost ones keeps: no more
+    than the run starts with, and only where it goes on (above 1 in a run that aborts on a
+    loss it would steer nothing: one line rather than a setting dropped)."""
+    least, workers = general["min_workers"], general["workers"]
+    if least > workers:
+        raise ConfigError(f"min_workers = {least} is more than the run's {workers} workers: "
+                          "a run goes on with at most as many workers as it starts with")
+    if least > 1 and general["on_worker_failure"] != CONTINUE:
+        raise ConfigError(f"min_workers = {least} says how few workers a run that goes on "
+                          "without a lost one keeps, but this run aborts on any loss "
+                          "(on_worker_failure = abort): drop it, or give on_worker_failure "
+                          "= continue")

@@ -129,7 +129,8 @@ def launch_emulated(config, record: RunRecord, show_progress: bool = False,
             guard = FidelityGuard([g.threads for g in groups], list(shape.cpu)).start()
             topology = Topology(config.servers, config.workers)
             EmulatedSupervisor(hosts, topology, record, program.show if show_progress else None,
-                               cluster, carry_on=config.on_worker_failure == CONTINUE).run()
+                               cluster, carry_on=config.on_worker_failure == CONTINUE,
+                               min_workers=config.min_workers).run()
             if program.script and completed_summary(record) is None:
                 # A script that never joined its job ran alone in every rank and ended well.
                 for rank in range(topology.world_size):
@@ -215,8 +216,8 @@ class EmulatedSupervisor(Supervisor):
 
     def __init__(self, hosts: list[Popened], topology: Topology, record: RunRecord,
                  show: Callable[[int, str], None] | None, cluster: EmulatedCluster,
-                 carry_on: bool) -> None:
-        super().__init__(hosts, topology, record, carry_on)
+                 carry_on: bool, min_workers: int = 1) -> None:
+        super().__init__(hosts, topology, record, carry_on, min_workers)
         self.show, self.cluster, self.shown = show, cluster, [0] * len(hosts)
         self.layout = [list(h.ranks) for h in hosts]  # each host's ranks
 

@@ -62,7 +62,8 @@ def launch_local(config, record: RunRecord, progress: ProgressBoard | None = Non
             with forkserver.child_environment():
                 events.start(procs)
             LocalSupervisor(_held(procs), events, board, topology, record,
-                            carry_on=config.on_worker_failure == CONTINUE).run()
+                            carry_on=config.on_worker_failure == CONTINUE,
+                            min_workers=config.min_workers).run()
         return read_summary(record)
     except BaseException as exc:
         if isinstance(exc, RunFailed) and (summary := completed_summary(record)) is not None:
@@ -93,8 +94,9 @@ class LocalSupervisor(Supervisor):
     begun once a worker reports progress."""
 
     def __init__(self, procs: list, events: RankEvents, board: ProgressBoard,
-                 topology: Topology, record: RunRecord, carry_on: bool = False) -> None:
-        super().__init__(procs, topology, record, carry_on)
+                 topology: Topology, record: RunRecord, carry_on: bool = False,
+                 min_workers: int = 1) -> None:
+        super().__init__(procs, topology, record, carry_on, min_workers)
         self.events, self.board = events, board
         self.failures: dict[int, RankFailure] = {}
         self.trained = False

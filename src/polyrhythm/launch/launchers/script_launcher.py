@@ -142,7 +142,8 @@ def launch_script(config, record: RunRecord, call: ScriptCall, show: TextIO | No
                 readers.append(_copy_output(proc, record.log_path(rank),
                                             show if rank == first_worker else None))
             ScriptSupervisor(procs, topology, record, show,
-                             carry_on=config.on_worker_failure == CONTINUE).run()
+                             carry_on=config.on_worker_failure == CONTINUE,
+                             min_workers=config.min_workers).run()
         for reader in readers:
             reader.join()
         return read_summary(record)
@@ -245,8 +246,8 @@ class ScriptSupervisor(Supervisor):
     `show`."""
 
     def __init__(self, procs: list[ScriptRank], topology: Topology, record: RunRecord,
-                 show: TextIO, carry_on: bool) -> None:
-        super().__init__(procs, topology, record, carry_on)
+                 show: TextIO, carry_on: bool, min_workers: int = 1) -> None:
+        super().__init__(procs, topology, record, carry_on, min_workers)
         self.show = show
 
     def ended(self, proc: ScriptRank, code: int) -> None:

@@ -156,20 +156,26 @@ def lost_a_peer(failure: RankFailure | None) -> bool:
 
 
 def goes_on_without(failed: list[int], exit_code: Callable[[int], int | None],
-                    failures: dict[int, RankFailure], topology, lost: set[int]) -> bool:
+                    failures: dict[int, RankFailure], topology, lost: set[int],
+                    min_workers: int = 1) -> bool:
     """Whether a run that may carry on (on_worker_failure = continue, training under way)
     goes on without the `failed` ranks: workers only, each lost (killed, or cut off from its
     peers; not crashed, failed on an error of its own or diverged), every server alive (a
-    worker also fails when its server dies: that is a server's failure), and a worker left
-    besides those `lost` before. `exit_code(rank)`: the rank's exit code, None while it runs.
-    A moment's wait lets a dying server's exit show first."""
+    worker also fails when its server dies: that is a server's failure), and `min_workers`
+    (at least one) left besides those `lost` before. `exit_code(rank)`: the rank's exit code,
+    None while it runs. A moment's wait lets a dying server's exit show first."""
     if any(topology.role(r) == "server" or not is_a_loss(exit_code(r), failures.get(r))
            for r in failed):
         return False
     time.sleep(SERVER_DEATH_GRACE_S)
     if any(exit_code(s) not in (None, 0) for s in topology.server_ranks):
         return False
-    return len(lost) + len(failed) < topology.workers
+    return workers_left(topology, lost, failed) >= max(1, min_workers)
+
+
+def workers_left(topology, lost: set[int], failed: list[int]) -> int:
+    """The workers a run has left once it goes on without the ranks `lost` and `failed`."""
+    return topology.workers - len(set(lost) | set(failed))
 
 
 def going_on_without(code: int, failure: RankFailure | None, log: Path | str) -> str:

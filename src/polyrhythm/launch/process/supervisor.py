@@ -35,11 +35,13 @@ from polyrhythm.launch.process.failures import (
     goes_on_without,
     going_on_without,
     how,
+    is_a_loss,
     left_behind,
     lost_a_peer,
     rank_failed,
     read_reports,
     training_began,
+    workers_left,
 )
 from polyrhythm.launch.process.signals import GRACE_S
 from polyrhythm.metrics.records import RunRecord
@@ -148,15 +150,16 @@ def stop(procs: Sequence[RankProcess], grace_s: float = GRACE_S) -> None:
 
 class Supervisor:
     """Watches `procs`, the processes of one run (`record`) of `topology`'s ranks (module
-    docstring); `carry_on`: the run goes on without a worker lost during training. A
-    launcher subclasses it for its hooks."""
+    docstring); `carry_on`: the run goes on without a worker lost during training, while
+    `min_workers` are left. A launcher subclasses it for its hooks."""
 
     grace_s = GRACE_S
     poll_s = POLL_S
 
     def __init__(self, procs: Sequence[RankProcess], topology, record: RunRecord,
-                 carry_on: bool = False) -> None:
+                 carry_on: bool = False, min_workers: int = 1) -> None:
         self.procs, self.topology, self.record, self.carry_on = procs, topology, record, carry_on
+        self.min_workers = min_workers
         self.lost: set[int] = set()  # the ranks the run went on without
         self._seen: set[int] = set()  # the procs seen ended
 
@@ -202,6 +205,22 @@ class Supervisor:
             return self._silent_peers(how(code, failure, self.log_of(first)))
         return rank_failed(first, code, failure, self.log_of(first), self.topology)
 
+    def _too_few(self, proc: RankProcess) -> RunFailed | None:
+        """Where the run would have gone on without `proc`'s lost workers but for
+        min_workers: what ended it, saying so (None otherwise)."""
+        ranks, reports = list(proc.ranks), self.reports()
+        left = workers_left(self.topology, self.lost, ranks)
+        # None left: no run goes on, whatever min_workers says.
+        if not (self.carry_on and self.training()) or not 0 < left < self.min_workers:
+            return None
+        # Workers lost, each (a server that stopped for it is no cause of its own).
+        if any(self.topology.role(r) == "server" or not is_a_loss(self.code_of(r), reports.get(r))
+               for r in ranks):
+            return None
+        failed = self.explain(proc)
+        return RunFailed(f"{failed}; {left} worker{'s' * (left != 1)} would be left, fewer "
+                         f"than --min-workers {self.min_workers}", failed.run_id)
+
     def _silent_peers(self, said: str) -> RunFailed:
         """A wait timed out: name the ranks that stopped (SIGSTOP, a debugger) or hang."""
         stopped = [r for p in self.procs if p.poll() is None and _stopped(p.pid)
@@ -230,7 +249,7 @@ class Supervisor:
                 self.ended(proc, code)
                 if code != 0 and not self._goes_on_without(proc, code):
                     self._await_cause()
-                    failed = self.explain(proc)
+                    failed = self._too_few(proc) or self.explain(proc)
                     stop(self.procs)
                     raise failed
             if len(self._seen) == len(self.procs) or self.done():
@@ -253,7 +272,8 @@ class Supervisor:
         if not (self.carry_on and self.training()):
             return False
         reports = self.reports()
-        if not goes_on_without(ranks, self.code_of, reports, self.topology, self.lost):
+        if not goes_on_without(ranks, self.code_of, reports, self.topology, self.lost,
+                               self.min_workers):
             return False
         self.lost.update(ranks)
         failure = reports.get(ranks[0]) if len(ranks) == 1 else None

@@ -19,7 +19,7 @@ from functools import partial
 import torch
 
 from polyrhythm.comm.messages import HANDOVER, HANDOVER_HEADER, PUSH_HEADER, REPLY_HEADER
-from polyrhythm.comm.transport import PeerFault
+from polyrhythm.comm.transport import PeerFault, PeerLost
 from polyrhythm.compression.buckets import BucketCodecs, compressing
 from polyrhythm.config.servers import CONTINUE
 from polyrhythm.context import RankContext
@@ -230,6 +230,11 @@ class ParameterServerShard:
         first = next(iter(self.buckets.values()))
         self.lost[rank] = {"worker": worker, "rank": rank, "at_s": self.ctx.now(),
                            "pushes": first.policy.clocks.get(worker, 0)}
+        config = self.ctx.config
+        left = config.workers - len(self.lost)
+        if left < config.min_workers:  # the run ends, explained by the worker lost
+            raise PeerLost(rank, RuntimeError(f"{left} workers would be left, fewer than "
+                                              f"min_workers {config.min_workers}"))
         for key, bucket in self.buckets.items():  # as if it had said DONE (it sent nothing)
             served = serve(bucket, self.course, DONE, worker, 0, 0, 0.0)
             self._update(bucket, served)
