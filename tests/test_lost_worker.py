@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from helpers import HANG_GUARD_S, finished, wait_for_checkpoint, wait_for_ranks
+from polyrhythm.cli import main
 from polyrhythm.config import load_config
 from polyrhythm.errors import ConfigError
 from polyrhythm.launch.process import forkserver
@@ -72,7 +73,7 @@ def _completed_without(run: subprocess.CompletedProcess, out, worker: int) -> di
     return summary
 
 
-def test_an_asp_run_goes_on_without_a_killed_worker_and_records_it(tmp_path):
+def test_an_asp_run_goes_on_without_a_killed_worker_and_records_it(tmp_path, capsys):
     out = tmp_path / "runs"
     run = _kill_during_training(out, 2, "--strategy", "asp")  # worker 1
     summary = _completed_without(run, out, worker=1)
@@ -83,6 +84,12 @@ def test_an_asp_run_goes_on_without_a_killed_worker_and_records_it(tmp_path):
     text = write_report(out / "polyrhythm.db", [summary["run_id"]], tmp_path / "report",
                         "Lost", fmt="md").read_text()
     assert "## Lost workers" in text and f"| {summary['run_id']} | asp | 1 |" in text
+    # `polyrhythm runs` shows the workers it started with and ended with.
+    assert main(["runs", "--out", str(out)]) == 0
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if summary["run_id"] in x]
+    assert " 3→2 " in line
+    assert main(["runs", "--out", str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["workers_at_end"] == 2
 
 
 def test_worker_1_validates_the_epochs_and_bn_statistics_are_the_survivors_mean(tmp_path):

@@ -39,6 +39,7 @@ def run(args: argparse.Namespace) -> int:
         for r in rows:
             fields = {k: v for k, v in r.items() if k not in ("config", "summary")}
             fields["compress"] = compressor(r)
+            fields["workers_at_end"] = workers_at_end(r)
             if fields.get("launcher"):  # as stored; null if it is not a launcher's JSON
                 fields["launcher"] = read_identity(fields["launcher"])
             print(json.dumps(fields))
@@ -48,16 +49,32 @@ def run(args: argparse.Namespace) -> int:
         return 0
     statuses = [status(r) for r in rows]
     width = max(10, *map(len, statuses))
-    print(f"{'run id':<36} {'status':<{width}} {'strategy':<16} {'N':>3} {'S':>3} {'ep':>3} "
+    print(f"{'run id':<36} {'status':<{width}} {'strategy':<16} {'N':>5} {'S':>3} {'ep':>3} "
           f"{'val acc':>8} {'samples/s':>10} {'wall s':>8}  compress")
     for r, shown in zip(rows, statuses, strict=True):
         acc = f"{r['final_val_accuracy']:.4f}" if r["final_val_accuracy"] is not None else "-"
         sps = f"{r['samples_per_s']:.0f}" if r["samples_per_s"] is not None else "-"
         wall = f"{r['wall_s']:.1f}" if r["wall_s"] is not None else "-"
-        print(f"{r['run_id']:<36} {shown:<{width}} {r['strategy']:<16} {r['workers']:>3} "
+        print(f"{r['run_id']:<36} {shown:<{width}} {r['strategy']:<16} {workers(r):>5} "
               f"{r['servers']:>3} {r['epochs']:>3} {acc:>8} {sps:>10} {wall:>8}  "
               f"{compressor(r)}")
     return 0
+
+
+def workers_at_end(row: dict) -> int:
+    """The workers a run had as it ended: those it started with, less those it went on
+    without (its summary's lost_workers, once completed)."""
+    try:
+        lost = json.loads(row["summary"] or "{}").get("lost_workers") or []
+    except (ValueError, AttributeError):  # a summary that is no JSON object: none known
+        lost = []
+    return row["workers"] - len(lost) if isinstance(lost, list) else row["workers"]
+
+
+def workers(row: dict) -> str:
+    """A run's workers as listed: `3`, or `3→2` for one that went on without a lost one."""
+    end = workers_at_end(row)
+    return str(row["workers"]) if end == row["workers"] else f"{row['workers']}→{end}"
 
 
 def compressor(row: dict) -> str:
