@@ -4,6 +4,7 @@ a launched run's processes and progress."""
 from __future__ import annotations
 
 import io
+import math
 import struct
 import subprocess
 import time
@@ -67,7 +68,8 @@ def worker_gradient(model, x: torch.Tensor, y: torch.Tensor,
 
 
 def reference_parameters(config, weights: list[float] | None = None,
-                         own_statistics: list | None = None) -> torch.Tensor:
+                         own_statistics: list | None = None,
+                         leaves: dict[int, int] | None = None) -> torch.Tensor:
     """Train in one process with the global batch; return the flat state (parameters, and
     running statistics as the workers' batch-weighted mean).
 
@@ -81,10 +83,14 @@ def reference_parameters(config, weights: list[float] | None = None,
     test_equivalence.py::test_weighted_worker_gradients_are_the_global_gradient. Other
     `weights` (one per worker) make the reference of a wrongly weighted sum. Each worker's
     running statistics (BatchNorm) are its own, swapped in for its forward pass (and, with
-    `own_statistics`, added to it at the end, one flat vector per worker).
+    `own_statistics`, added to it at the end, one flat vector per worker). `leaves`: the
+    workers lost during training, each with the steps it took: after them its gradient is
+    missing from every step and the others keep their weights, so a step carries their share
+    of a global batch, and the learning rate follows the global batches' worth applied (a
+    parameter server's rule, runtime/server/bucket.py).
     """
     with torch_threads(config.threads):
-        return _train_reference(config, weights, own_statistics)
+        return _train_reference(config, weights, own_statistics, leaves or {})
 
 
 @contextmanager
@@ -113,8 +119,8 @@ def reference_optimizer(settings, params) -> torch.optim.Optimizer:
                **{k: v for k, v in given.items() if v is not None})
 
 
-def _train_reference(config, weights: list[float] | None,
-                     own_statistics: list | None) -> torch.Tensor:
+def _train_reference(config, weights: list[float] | None, own_statistics: list | None,
+                     leaves: dict[int, int]) -> torch.Tensor:
     plan, train, _ = whole_data(config)
     model = build_model(config.model, train.shape, train.classes, config.seed, config.loss)
     optimizer = reference_optimizer(config.optimizer, model.parameters())
@@ -123,14 +129,19 @@ def _train_reference(config, weights: list[float] | None,
     weights = weights or [size / config.batch_size for size in sizes]
     statistics = RunningStatistics(model)
     own = [statistics.get() for _ in sizes]
+    steps = steps_per_epoch(len(train), config.batch_size, config.steps_per_epoch)
+    taken, progress = 0, 0.0  # the run's steps, and the global batches' worth applied
     for epoch in range(config.epochs):
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(config.optimizer, epoch)
         orders = [epoch_order(s, epoch, config.seed, i) for i, s in enumerate(shards)]
-        for step in range(steps_per_epoch(len(train), config.batch_size,
-                                          config.steps_per_epoch)):
+        for step in range(steps):
+            for group in optimizer.param_groups:  # 1e-6: weights like 1/3 add up short
+                group["lr"] = lr_at(config.optimizer, math.floor(progress / steps + 1e-6))
+            here = [i for i in range(len(sizes)) if taken < leaves.get(i, taken + 1)]
+            taken, progress = taken + 1, progress + sum(weights[i] for i in here)
             total = [torch.zeros_like(p, dtype=torch.float64) for p in model.parameters()]
             for i, (order, size, weight) in enumerate(zip(orders, sizes, weights, strict=True)):
+                if i not in here:
+                    continue
                 idx = torch.from_numpy(batch_slice(order, size, step))
                 statistics.set(own[i])
                 grads = worker_gradient(model, *train.batch(idx), LOSSES[config.loss])

@@ -103,3 +103,25 @@ def test_bsp_with_many_buckets_equals_single_process(tmp_path):
     summary = polyrhythm.train(config)
     assert summary["weight_updates"] == 20
     assert max_diff(stored_parameters(summary), reference_parameters(config)) <= 1e-5
+
+
+@pytest.mark.parametrize("dies_after", [7, 13])  # in the first epoch, in the second
+def test_bsp_going_on_without_a_lost_worker_equals_its_gradients_until_it_died(tmp_path,
+                                                                              dies_after):
+    """bsp on 2 servers, 3 workers; worker 2 dies (SIGKILL, on cue) right after its step k.
+    The servers go on without it: the run's parameters equal a reference that took all 3
+    workers' gradients for the first k steps and the 2 survivors' after them, each keeping
+    its weight b_i/B (a step then carries their share of a global batch; the learning rate
+    follows the global batches' worth applied). Counting worker 2 to the end, or never,
+    would be another model."""
+    config = equivalence_config(tmp_path, strategy="bsp", workers=3, servers=2, batch_size=64,
+                                on_worker_failure="continue",
+                                dies_after_steps=[0, 0, dies_after])
+    summary = polyrhythm.train(config)
+    (lost,) = summary["lost_workers"]
+    assert lost["worker"] == 2 and lost["pushes"] == dies_after
+    assert summary["weight_updates_per_server"] == [20, 20]
+    stored = stored_parameters(summary)
+    assert max_diff(stored, reference_parameters(config, leaves={2: dies_after})) <= 1e-5
+    assert max_diff(stored, reference_parameters(config)) > 20 * 1e-5
+    assert max_diff(stored, reference_parameters(config, leaves={2: 0})) > 20 * 1e-5

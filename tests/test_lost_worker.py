@@ -146,8 +146,10 @@ def test_the_default_goes_on_only_where_the_survivors_make_the_same_updates(fiel
 @pytest.mark.parametrize(("fields", "said"), [
     ({"strategy": "asp", "min_workers": 4}, "is more than the run's 3 workers"),
     ({"strategy": "bsp", "min_workers": 2}, "aborts on any loss"),  # bsp's default: abort
+    ({"strategy": "asp", "dies_after_steps": [0, 7]}, "needs one value per worker"),
+    ({"strategy": "asp", "dies_after_steps": [0, 0, -1]}, "at least 0"),
 ])
-def test_min_workers_beyond_the_workers_or_in_a_run_that_aborts_is_one_line(fields, said):
+def test_min_workers_or_a_fault_on_cue_that_cannot_be_is_one_line(fields, said):
     with pytest.raises(ConfigError, match=said):
         load_config(workers=3, **fields)
     config = load_config(strategy="bsp", workers=3, on_worker_failure="continue", min_workers=2)

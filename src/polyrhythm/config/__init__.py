@@ -270,7 +270,7 @@ def _check_run(run: Settings) -> None:
     if run.batch_size < run.workers:
         raise ConfigError(f"batch size {run.batch_size} is smaller than the worker count "
                           f"{run.workers}")
-    for key in ("worker_delay_s", "slowdown"):  # none, or one per worker: never a guess
+    for key in ("worker_delay_s", "slowdown", "dies_after_steps"):  # none, or one per worker
         if len(run[key]) not in (0, run.workers):
             raise ConfigError(f"{key} needs one value per worker ({run.workers}), got "
                               f"{len(run[key])}")

@@ -140,7 +140,8 @@ def check_optimizer(given, strategy) -> None:
 # out at that default, so an older record and its rerun read as the same fields.
 LEFT_OUT_AT_DEFAULT = {"shared_epochs": False, "shared_perms": False, "checkpoint_every": 1,
                        "timeout": 300.0, "loss": "cross_entropy", "launcher": "local",
-                       "executor_memory": 1024, "spark_conf": [], "min_workers": 1}
+                       "executor_memory": 1024, "spark_conf": [], "min_workers": 1,
+                       "dies_after_steps": []}
 # Added since 0.1 with a default derived from the strategy: stored only where given.
 LEFT_OUT_UNLESS_GIVEN = {"on_worker_failure"}
 

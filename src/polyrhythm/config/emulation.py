@@ -63,6 +63,10 @@ COMPUTE = (
           "or emulated compute", [], item=float,
           rule=each(lambda v: 1 <= v <= MAX_SLOWDOWN,
                     f"of at least 1 (and at most {number(MAX_SLOWDOWN)})", MAX_SLOWDOWN)),
+    Param("dies_after_steps", list, "a fault on cue, per worker: its process ends as SIGKILL "
+          "ends it right after this many of its steps (0: never), one entry per worker; with "
+          "on_worker_failure = continue the others go on without it", [], item=int,
+          rule=each(lambda v: v >= 0, "of at least 0")),
 )
 
 PLACEMENTS = ("dedicated", "collocated")

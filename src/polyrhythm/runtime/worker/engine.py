@@ -19,6 +19,7 @@ from polyrhythm.flat import FlatParameters
 from polyrhythm.metrics.recorder import SPAN_NAMES
 from polyrhythm.runtime import checkpoint
 from polyrhythm.runtime.worker.agreement import check_agreement
+from polyrhythm.runtime.worker.faults import dies_after, end_on_cue
 from polyrhythm.strategies.base import EpochEnd
 
 PROGRESS_INTERVAL_S = 0.25
@@ -76,6 +77,7 @@ class WorkerEngine:
         config, i = ctx.config if ctx else None, self.worker
         self._delay = config.worker_delay_s[i] if ctx and i < len(config.worker_delay_s) else 0.0
         self._slowdown = config.slowdown[i] if ctx and i < len(config.slowdown) else 1.0
+        self._dies_after = dies_after(config, i) if ctx else 0  # a fault on cue (faults.py)
         self._reset_epoch()
 
     @property
@@ -149,6 +151,7 @@ class WorkerEngine:
             self._exchange(computed, loss)
         self.armed, self.sent = False, None
         self._taken += 1
+        end_on_cue(self._dies_after, self._taken)
         self._steps += 1
         if loss is not None and not math.isnan(loss):
             self._loss_sum, self._loss_steps = self._loss_sum + loss, self._loss_steps + 1
