@@ -411,13 +411,21 @@ def test_strategies_command_lists_every_strategy() -> None:
     assert sorted(names) == STRATEGY_NAMES
     # Each strategy's parameters follow it, indented, with their defaults.
     parameters: dict[str, list[str]] = {}
+    after_a_loss: dict[str, str] = {}  # then what a worker lost does to its run
     current = ""
     for line in lines:
-        if line.startswith(" "):
+        if line.startswith("    a worker lost "):
+            after_a_loss[current] = line.split("a worker lost", 1)[1].strip()
+        elif line.startswith(" "):
             parameters[current].append(line.split()[0])
         else:
             current = line.split()[0]
             parameters[current] = []
+    assert sorted(after_a_loss) == STRATEGY_NAMES
+    assert after_a_loss["asp"].startswith("the others go on without it")
+    assert after_a_loss["bsp"].endswith("with --on-worker-failure continue the others go on")
+    assert after_a_loss["allreduce"].endswith("every worker waits for the others")
+    assert "Spark run is started afresh" in after_a_loss["mapreduce"]
     assert parameters["ssp"] == ["--staleness", "--value-bound"]
     assert parameters["kbsp"] == ["--quorum"]
     assert parameters["easgd"] == ["--tau", "--alpha"]

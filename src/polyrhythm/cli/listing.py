@@ -7,7 +7,10 @@ from __future__ import annotations
 import argparse
 
 from polyrhythm.cli.flags import default_text, usage
-from polyrhythm.config import COMPONENTS
+from polyrhythm.config import COMPONENTS, load_config
+from polyrhythm.config.servers import CONTINUE
+from polyrhythm.config.spark import on_spark
+from polyrhythm.errors import ConfigError
 
 COMMANDS = {"strategies": "strategy", "datasets": "data", "models": "model",
             "compressors": "compression"}
@@ -32,6 +35,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"{component.name:<17} {size}{component.summary}{source}")
         for p in component.params:
             print(f"    {usage(p):<{width}} {p.help}{default_text(p)}")
+        if args.command == "strategies":
+            print(f"    {'a worker lost':<{width}} {after_a_loss(component.name)}")
     if sized:
         print("(parameter counts and float32 sizes for a 3x32x32 sample and 10 classes)")
     if args.command == "compressors":  # what every compressor reads
@@ -39,6 +44,21 @@ def run(args: argparse.Namespace) -> int:
         for p in kind.shared:
             print(f"    {usage(p):<{width}} {p.help}{default_text(p)}")
     return 0
+
+
+def after_a_loss(strategy: str, workers: int = 4) -> str:
+    """What a run of `strategy` (its defaults, `workers` workers) does when a worker is lost
+    during training (on_worker_failure), as its config resolves it."""
+    config = load_config(strategy=strategy, workers=workers)
+    fails = "the run fails, naming it" + (" (a Spark run is started afresh)" if on_spark(config)
+                                          else "; --resume goes on from the last checkpoint")
+    try:
+        load_config(strategy=strategy, workers=workers, on_worker_failure=CONTINUE)
+    except ConfigError:  # continue refused: every worker waits for the others
+        return f"{fails}: every worker waits for the others"
+    if config.on_worker_failure == CONTINUE:
+        return "the others go on without it (on_worker_failure = continue, the default)"
+    return f"{fails} (abort, the default); with --on-worker-failure continue the others go on"
 
 
 def model_size(parameters: int | None) -> str:
