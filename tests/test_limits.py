@@ -315,6 +315,8 @@ UNBOUNDED = {
     "workers_per_host": "rounded up to one host",
     "staleness": "compared with clocks",
     "quorum": "at most the workers",
+    "min_workers": "at most the workers (config/servers.py check_min_workers)",
+    "dies_after_steps": "each compared with a worker's step count",
     "backup": "below the workers",
     "tau": "a modulo of the steps",
     "window": "a count of validation losses to wait for",
