@@ -492,3 +492,18 @@ def test_soak_benchmark_smoke_checks_its_runs_and_finds_nothing_wrong():
     assert [name for name, _ in runs] == ["bsp"], out
     assert re.search(r"^1 runs in \d+ s$", out, re.MULTILINE), out
     assert "\nviolations: 0\n" in out
+
+
+def test_elastic_benchmark_smoke_prints_the_wait_after_a_loss():
+    out = smoke("elastic.py")
+    run = re.search(rf"^  run 1/1  death to next update ({NUMBER}) s  update interval before "
+                    rf"({NUMBER}) s  ratio ({NUMBER})$", out, re.MULTILINE)
+    assert run, out
+    assert is_quotient(run.group(3), run.group(1), run.group(2)), run.group(0)
+    row = re.search(rf"^death to the next update \(median of 1\): ({NUMBER}) s \(target < "
+                    rf"(\d) s\) (PASS|MISS); ({NUMBER})x the update interval before it$", out,
+                    re.MULTILINE)
+    assert row, out
+    wait, target, verdict, ratio = row.groups()
+    assert wait == run.group(1) and ratio == run.group(3)  # one run: its figures
+    assert follows(verdict, wait, lambda s: s < float(target)), row.group(0)
