@@ -247,6 +247,10 @@ class Supervisor:
                 if set(proc.ranks) <= self.lost:
                     continue
                 self.ended(proc, code)
+                if code != 0:
+                    # What it told before it exited, which this turn's look may have missed:
+                    # whether it is lost, or what explains the run's end, depends on it.
+                    self.look()
                 if code != 0 and not self._goes_on_without(proc, code):
                     self._await_cause()
                     failed = self._too_few(proc) or self.explain(proc)
