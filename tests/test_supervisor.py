@@ -133,6 +133,22 @@ def test_a_loss_that_leaves_fewer_than_min_workers_ends_the_run_saying_so(tmp_pa
                                  "left, fewer than --min-workers 2")
 
 
+def test_min_workers_is_said_whichever_ends_first_the_lost_worker_or_its_server(tmp_path):
+    """The server that lost the worker (and stopped for min_workers), and a worker that then
+    lost its server, may be seen ended before the worker killed: the line still names the
+    worker killed, and min_workers."""
+    reports = {0: RankFailure(0, Kind.LOST, "PeerLost: rank 3 is gone"),
+               1: RankFailure(1, Kind.LOST, "PeerLost: rank 0 is gone")}  # then its server
+    procs = [_Proc((0,), code=1), _Proc((1,), code=1), _Proc((2,), code=None),
+             _Proc((3,), code=-signal.SIGKILL)]
+    watched = _Watched(procs, Topology(1, 3), _record(tmp_path), reports, carry_on=True,
+                       min_workers=3)
+    with pytest.raises(RunFailed) as failed:
+        watched.run()
+    assert str(failed.value) == ("rank 3 (worker 2) was killed by SIGKILL; 2 workers would be "
+                                 "left, fewer than --min-workers 3")
+
+
 def test_a_process_of_several_ranks_gives_each_its_code(tmp_path):
     """A host's torchrun ends all its ranks when one dies: the rank that reported a failure
     failed, the others were killed; a host that ended well ended each rank well."""

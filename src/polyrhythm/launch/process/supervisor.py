@@ -206,16 +206,23 @@ class Supervisor:
         return rank_failed(first, code, failure, self.log_of(first), self.topology)
 
     def _too_few(self, proc: RankProcess) -> RunFailed | None:
-        """Where the run would have gone on without `proc`'s lost workers but for
-        min_workers: what ended it, saying so (None otherwise)."""
-        ranks, reports = list(proc.ranks), self.reports()
-        left = workers_left(self.topology, self.lost, ranks)
-        # None left: no run goes on, whatever min_workers says.
-        if not (self.carry_on and self.training()) or not 0 < left < self.min_workers:
+        """Where the run would have gone on without the workers it lost but for min_workers:
+        what ended it (which `proc` failing began), saying so; None otherwise. The ranks that
+        stopped for them (a server refusing to go on, the workers that lost it) are no cause
+        of their own, whichever ended first."""
+        if not (self.carry_on and self.training()):
             return None
-        # Workers lost, each (a server that stopped for it is no cause of its own).
-        if any(self.topology.role(r) == "server" or not is_a_loss(self.code_of(r), reports.get(r))
-               for r in ranks):
+        ended = [r for p in self.procs for r in p.ranks
+                 if r not in self.lost and self.code_of(r) not in (None, 0)]
+        self.look()  # what those told before they exited, after their ends were seen
+        reports = self.reports()
+        # The workers lost by themselves (killed); every other rank ended only for a peer.
+        gone = [r for r in ended if self.topology.role(r) == "worker"
+                and not lost_a_peer(reports.get(r)) and is_a_loss(self.code_of(r), None)]
+        if not gone or any(not lost_a_peer(reports.get(r)) for r in ended if r not in gone):
+            return None
+        left = workers_left(self.topology, self.lost, gone)
+        if not 0 < left < self.min_workers:  # none left: no run goes on, whatever it says
             return None
         failed = self.explain(proc)
         return RunFailed(f"{failed}; {left} worker{'s' * (left != 1)} would be left, fewer "
