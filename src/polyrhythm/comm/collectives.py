@@ -45,11 +45,11 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
-from polyrhythm.comm.transport import Transport
+from polyrhythm.comm.transport import Pending, Transport
 from polyrhythm.layout import (
     ALGORITHMS,
     GATHERS,
@@ -72,6 +72,8 @@ PLANS_KEPT = 64
 # the tensor so, the reduce-broadcast root N-1 tensors; a few sizes only, so that a job that
 # all-reduces ever-new sizes (compressed messages) holds no more than a few.
 SCRATCH_KEPT = 4
+# How a message of a schedule is waited for, where not by its own wait (comm/membership.py).
+Wait = Callable[[Pending], None]
 
 
 def _overlaps(op: Op, ops: Iterable[Op]) -> bool:
@@ -155,8 +157,8 @@ def schedule_steps(transport: Transport, flat: torch.Tensor, schedule: Schedule,
     return _steps(transport, flat, _Plan(schedule), ranks)
 
 
-def _steps(transport: Transport, flat: torch.Tensor, plan: _Plan,
-           ranks: list[int]) -> Iterator[int]:
+def _steps(transport: Transport, flat: torch.Tensor, plan: _Plan, ranks: list[int],
+           tags: int = TAG_BASE, wait: Wait | None = None) -> Iterator[int]:
     """Round r's messages carry tag TAG_BASE + r. Every receive is posted first, then each
     round posts its sends, waits for its messages and applies its adds in schedule order.
 
@@ -165,19 +167,25 @@ def _steps(transport: Transport, flat: torch.Tensor, plan: _Plan,
     1.05-1.4x, all of them first 0.8-1.25x (the spread is the shared machine's). Sends are
     still waited for in their round: letting them run on to the end measured no faster, and
     it keeps what is in flight to two rounds' sends.
+
+    `tags`: round r's tag is `tags` + r (a group whose members change gives each generation
+    tags of its own); `wait`: how each message is waited for (its own watch on the members).
     """
     scratch = _take_scratch(flat.dtype, plan.scratch_numel) if plan.scratch_numel else None
     pending: list = [None] * plan.messages
     for k, (r, op, offset) in enumerate(plan.receives):
         into = (flat[op.start:op.stop] if op.op == RECV_COPY
                 else scratch[offset:offset + op.numel])
-        pending[k] = transport.irecv(into, ranks[op.peer], TAG_BASE + r)
+        pending[k] = transport.irecv(into, ranks[op.peer], tags + r)
     for r in range(plan.rounds):
         for k, at, op in plan.sends[r]:
-            pending[k] = transport.isend(flat[op.start:op.stop], ranks[op.peer], TAG_BASE + at)
+            pending[k] = transport.isend(flat[op.start:op.stop], ranks[op.peer], tags + at)
         yield r
         for k in plan.waits[r]:
-            pending[k].wait()
+            if wait is None:
+                pending[k].wait()
+            else:
+                wait(pending[k])
         for op, offset in plan.adds[r]:
             flat[op.start:op.stop].add_(scratch[offset:offset + op.numel])
     if scratch is not None:
@@ -185,9 +193,10 @@ def _steps(transport: Transport, flat: torch.Tensor, plan: _Plan,
 
 
 def all_reduce(transport: Transport, tensor: torch.Tensor, ranks: list[int], rank: int,
-               algorithm: str) -> None:
+               algorithm: str, tags: int = TAG_BASE, wait: Wait | None = None) -> None:
     """Sum `tensor` in place over the processes `ranks` (global ranks, the same list in the
-    same order on every member; `rank` is this process's), leaving identical bits on all."""
+    same order on every member; `rank` is this process's), leaving identical bits on all.
+    `tags` and `wait`: as _steps takes them."""
     if algorithm not in ALGORITHMS:
         raise ValueError(f"unknown all-reduce algorithm {algorithm!r}; "
                          f"known: {', '.join(ALGORITHMS)}")
@@ -196,7 +205,7 @@ def all_reduce(transport: Transport, tensor: torch.Tensor, ranks: list[int], ran
         return
     contiguous = tensor.is_contiguous()
     flat = (tensor if contiguous else tensor.contiguous()).view(-1)
-    for _ in _steps(transport, flat, plan, ranks):
+    for _ in _steps(transport, flat, plan, ranks, tags, wait):
         pass
     if not contiguous:
         tensor.copy_(flat.view(tensor.shape))

@@ -42,3 +42,7 @@ ROLL_CALL, LOST = HANDOVER + 1, HANDOVER + 2
 # connection breaks, which is how a rank that may go on without the peer learns it is gone
 # (comm/waiting.py).
 WATCH = HANDOVER + 3
+# The workers' greetings when their members change, generation by generation from here
+# (comm/membership.py): each member's count of completed all-reduces, and the result of one
+# interrupted, handed to the members that did not complete it.
+MEMBERS = HANDOVER + 16

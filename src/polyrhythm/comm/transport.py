@@ -11,29 +11,30 @@ still average its workers' models).
 from __future__ import annotations
 
 import os
-import queue
-import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
 from polyrhythm.comm.delay import DelayLine, Posted
-from polyrhythm.comm.faults import PeerFault, PeerLost, PeerSilent, on_the_wire, translated
+from polyrhythm.comm.faults import PeerFault, PeerLost, PeerSilent, on_the_wire
 from polyrhythm.comm.network_threads import calm_network_threads, sharing_cores
 from polyrhythm.comm.posting import post_receive, post_send
-from polyrhythm.comm.waiting import NEVER, gone, wait_within, watch
+from polyrhythm.comm.receiver import Receiver
+from polyrhythm.comm.waiting import NEVER, wait_within
+
+if TYPE_CHECKING:
+    from polyrhythm.comm.membership import Membership
 
 __all__ = ["NATIVE", "WORKERS", "WORLD", "Pending", "PeerFault", "PeerLost", "PeerSilent",
-           "Receiver", "TrafficCounters", "Transport"]
+           "TrafficCounters", "Transport"]
 
 WORLD, WORKERS = "world", "workers"
-POLL_S = 0.05  # how often a Receiver with nothing to hand out looks for a silent source
 NATIVE = "native"  # the engine's own all-reduce (Gloo); other algorithms: comm/collectives.py
+RING = "ring"
 
 
 @dataclass
@@ -90,6 +91,22 @@ class Pending:
         return True
 
 
+    def wait_unbounded(self) -> None:
+        """Wait with no timeout of Gloo's, on a thread of its own, for a caller that keeps
+        its own time and goes on without it (comm/membership.py); `settle` once it is done."""
+        if self._work is not None:
+            with on_the_wire(self.peer):
+                self._work.wait(NEVER)
+
+    def settle(self) -> None:
+        """Done (wait_unbounded returned): a receive's bytes are counted now, on the caller's
+        thread."""
+        self._work = None
+        if self._receiver is not None:
+            self._receiver.count_received(self._received)
+            self._receiver = None
+
+
 class Transport:
     """Point-to-point tensor messages, collectives over named groups and object gathers, on
     the default process group (Gloo). `open` names the groups once the process group is up."""
@@ -104,13 +121,16 @@ class Transport:
         self._line: DelayLine | None = None
         self._calm = False  # whether Gloo's network threads share cores (network_threads.py)
         self.timeout: float | None = None  # seconds a peer may be silent (open)
+        self.membership: Membership | None = None  # the workers', where they may change
 
     def open(self, rank: int, world_size: int, workers: list[int],
-             latency: Callable[[], float] | None = None, timeout: float | None = None) -> None:
+             latency: Callable[[], float] | None = None, timeout: float | None = None,
+             elastic: int | None = None) -> None:
         """Name the groups: WORLD, every rank, and WORKERS, the given ranks. With `latency`
         (a function drawing one message's extra one-way latency in seconds), every message
         and collective pays it. `timeout`: the process group's, in seconds, which a
-        Receiver keeps itself (see there)."""
+        Receiver keeps itself (see there). `elastic`: the workers' collectives go on without
+        a worker lost, while at least that many are left (comm/membership.py)."""
         self.rank, self.timeout = rank, timeout
         self._line = DelayLine(latency) if latency is not None else None
         # Ranks on this machine: torchrun says; the local launchers start them all here.
@@ -123,6 +143,14 @@ class Transport:
         # in a collective (a parameter server's) sets up no communicator it does not use.
         self._groups = {name: None for name, ranks in self._members.items()
                         if len(ranks) == world_size}
+        if elastic is not None and rank in workers:
+            from polyrhythm.comm.membership import Membership
+
+            self.membership = Membership(self, workers, timeout, elastic)
+
+    def members(self, group: str = WORKERS) -> list[int]:
+        """The group's members now (global ranks, in order)."""
+        return list(self._members[group])
 
     def exclude(self, lost: set[int]) -> None:
         """Go on without the ranks in `lost` (their processes died): WORLD and WORKERS become
@@ -130,6 +158,8 @@ class Transport:
         call this with the same ranks, before its next collective."""
         self._members = {name: [r for r in ranks if r not in lost]
                          for name, ranks in self._members.items()}
+        if self.membership is not None:  # every survivor drops the same ranks, here alike
+            self.membership.members = self._members[WORKERS]
         # torch names a group made by its members alone after its ranks and the number of
         # groups the process has, and its members meet under that name: each survivor must
         # have as many groups, or each waits for the others under a name of its own. The
@@ -195,7 +225,8 @@ class Transport:
 
     def receiver(self, sources: list[int], numel: int, tag: int = 0, *,
                  last: Callable[[torch.Tensor], bool] | None = None) -> Receiver:
-        """Messages of `numel` float32 values from `sources`, in arrival order (see Receiver)."""
+        """Messages of `numel` float32 values from `sources`, in arrival order
+        (comm/receiver.py)."""
         return Receiver(self, sources, numel, tag, last=last)
 
     # --- collectives ---------------------------------------------------------------------
@@ -203,7 +234,13 @@ class Transport:
     def all_reduce(self, tensor: torch.Tensor, group: str = WORKERS,
                    algorithm: str = NATIVE) -> None:
         """Sum `tensor` in place over a named group, by Gloo's own all-reduce (its payload
-        counted apart) or by a schedule of point-to-point messages (counted as messages)."""
+        counted apart) or by a schedule of point-to-point messages (counted as messages).
+        The workers' sums where they may change go on without a worker lost meanwhile, by
+        a schedule of messages (`native`: the ring's; Gloo's groups cannot change)."""
+        if group == WORKERS and self.membership is not None:
+            self.membership.all_reduce(tensor, RING if algorithm == NATIVE else algorithm)
+            self._members[WORKERS] = self.membership.members
+            return
         if algorithm == NATIVE:
             if not self._uncounted:
                 self.counters.native_collective_bytes += _nbytes(tensor)
@@ -272,120 +309,3 @@ class Transport:
             if self._line is not None:
                 self._line.drain()
             dist.barrier(group=self._group(WORLD))
-
-
-class Receiver:
-    """Messages of a fixed size from known ranks in arrival order, like a receive from any
-    rank, but with each rank's receive posted ahead of time by a thread of its own.
-
-    Gloo's receive-from-any costs an extra round trip per message (the receiver must first ask
-    the sender); a receive posted for a known rank lets the data flow at once. Each thread
-    waits on its rank's posted receive (the wait releases the GIL) and queues the message.
-    Two ways to go on:
-
-    - without `last` (a server's pushes): one buffer per rank, whose next receive is posted
-      once the caller has used it (`release`); a rank's last message is the one released
-      with `more=False`;
-    - with `last` (gossip): a fresh buffer per message and the next receive posted at once,
-      so a sender never waits for this process's loop to get round to its previous message
-      (two workers waiting for each other's loops would deadlock); a rank's last message is
-      the one `last(message)` is true of.
-
-    Bytes are counted when the caller takes a message, on one thread. A source whose
-    connection broke or that fell silent makes `take()` raise PeerLost or PeerSilent, once;
-    any other error of a receive (a bug) is raised by `take()` as it is, with its traceback.
-    Silence is told by this receiver's own clock (a receive posted that long ago and not
-    complete), not by Gloo's timeout, which would close every connection of the process
-    (Pending.wait): a caller may go on without a source fallen silent (cut off) or gone,
-    whose later messages, if any, are dropped. A broken connection is told by the source's
-    receive failing, or by the watch on the source (comm/waiting.py) where Gloo leaves that
-    receive waiting for ever (its message cut short).
-    """
-
-    def __init__(self, transport: Transport, sources: list[int], numel: int, tag: int = 0, *,
-                 last: Callable[[torch.Tensor], bool] | None = None) -> None:
-        self.transport, self.numel, self.tag, self.last = transport, numel, tag, last
-        self._arrived: queue.SimpleQueue[tuple[int, torch.Tensor] | Exception] = (
-            queue.SimpleQueue())
-        self._go_on = {s: queue.SimpleQueue() for s in sources} if last is None else {}
-        self._posted: dict[int, float | None] = dict.fromkeys(sources)  # when, if waiting
-        self._dropped: set[int] = set()  # sources fallen silent
-        self._looked = time.monotonic()  # when lost or silent sources were last looked for
-        for src in sources:
-            if self.transport.timeout is not None:  # one that may go on without a source
-                watch(src)
-            threading.Thread(target=self._receive, args=(src,), daemon=True,
-                             name=f"recv-from-{src}").start()
-
-    def _receive(self, src: int) -> None:
-        buffer = torch.empty(self.numel)
-        silence = self.transport.timeout
-        try:
-            while True:
-                self._posted[src] = time.monotonic()
-                work = post_receive(buffer, src, self.tag)  # counted in take(), one thread
-                if silence is None:
-                    work.wait()
-                else:
-                    work.wait(NEVER)
-                self._posted[src] = None
-                self._arrived.put((src, buffer))
-                if self.last is None:
-                    if not self._go_on[src].get():  # released, with more to come or not
-                        return
-                elif self.last(buffer):
-                    return
-                else:
-                    buffer = torch.empty(self.numel)
-        except Exception as exc:  # the caller's next take() raises it, in its own thread
-            self._arrived.put(translated(exc, src))
-
-    def take(self, block: bool = True) -> tuple[int, torch.Tensor] | None:
-        """The next message as (rank, buffer); None if none is in and not `block`. Raises
-        what ended a source's receives: PeerLost, PeerSilent, or a bug's own error."""
-        while True:
-            if time.monotonic() - self._looked > POLL_S:  # busy with the others' messages too
-                self._raise_lost_or_silent()
-            try:
-                item = self._arrived.get(block=block, timeout=POLL_S if block else None)
-            except queue.Empty:
-                if not block:
-                    return None
-                continue
-            if getattr(item, "rank", None) in self._dropped or (
-                    isinstance(item, tuple) and item[0] in self._dropped):
-                continue  # from a source this receiver went on without
-            if isinstance(item, Exception):
-                if isinstance(item, PeerFault):  # said once: its receive is over
-                    self._dropped.add(item.rank)
-                raise item
-            self.transport.count_received(item[1])
-            return item
-
-    def _raise_lost_or_silent(self) -> None:
-        """For a source waited on (its receive posted, no message of it waiting to be
-        taken): PeerLost if its connection broke though the receive goes on waiting, or
-        PeerSilent if the receive was posted longer than the timeout ago. Either drops it."""
-        silence, now = self.transport.timeout, time.monotonic()
-        self._looked = now
-        if silence is None:
-            return
-        for src, posted in list(self._posted.items()):
-            if posted is None or src in self._dropped:
-                continue
-            fault = gone(src)
-            if fault is None and now - posted > silence:
-                fault = PeerSilent(src, TimeoutError(f"Timed out waiting {silence:g} s for a "
-                                                     "message"))
-            if fault is not None:
-                self._dropped.add(src)
-                raise fault
-
-    def waiting(self) -> int:
-        """Messages arrived and not yet taken: a server's queue."""
-        return self._arrived.qsize()
-
-    def release(self, src: int, more: bool = True) -> None:
-        """(Without `last`.) The buffer of `src` is free again; post its next receive unless
-        it sends no more."""
-        self._go_on[src].put(more)

@@ -1,0 +1,265 @@
+"""The workers of a job whose members may change (on_worker_failure = continue under a
+collective strategy): who they are now, in generations, and the all-reduce over them that
+goes on without a worker lost mid-step.
+
+Why no Gloo group (measured on torch 2.13's Gloo, 5 processes): a rank killed mid-all-reduce
+fails Gloo's collective at once only for its two neighbours in the ring; the others wait out
+the group's timeout, which then closes every connection they have. A new Gloo group over the
+survivors stalls its first barrier-like call until the abandoned group's stuck collective
+times out (abort and shutdown do not release it; Gloo cannot shrink a group). Messages
+posted point to point on the job's default group, and left behind, hold nothing up.
+
+So a generation's all-reduce is one of comm/collectives.py's schedules, its rounds tagged
+for the generation, every message waited for on a thread of the generation's own (a wait of
+an abandoned generation is left to it), while the caller watches the generation's alarm:
+
+- each member posts, as a generation opens, a greeting receive from every other member.
+  A member that sees a message of the all-reduce fail (its peer's connection broke) or a
+  peer stay silent past the timeout greets every other member. A greeting arriving, or a
+  greeting receive failing (Gloo fails it the moment that member's connection breaks, on
+  every survivor alike), ends every wait of the generation at once: nobody waits out a
+  timeout for a peer that is not its neighbour in the ring;
+- the greetings carry how many all-reduces each member completed, and the members greeted,
+  with the member itself, are the next generation. Counts differ by one at most (nobody
+  completes an all-reduce without everybody's part of it); a member that completed the one
+  interrupted hands its result to those that did not, so every survivor goes on from the
+  same step, bit for bit; where none did, each redoes it over the survivors from its own
+  input (a fresh buffer: a message of the abandoned generation may still land in the old);
+- a lost member's share of a sum is missing from then on, as a parameter server leaves it
+  out (the survivors keep their weights: strategies/allreduce.py).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING
+
+import torch
+
+from polyrhythm.comm.collectives import TAG_BASE, all_reduce
+from polyrhythm.comm.faults import PeerFault, PeerLost, translated
+from polyrhythm.comm.messages import MEMBERS
+from polyrhythm.comm.posting import post_receive, post_send
+from polyrhythm.comm.waiting import NEVER
+
+if TYPE_CHECKING:
+    from polyrhythm.comm.transport import Pending, Transport
+
+GENERATION_TAGS = 2**16  # tags of one generation's all-reduce rounds (a round's tag: + r)
+GENERATIONS = 2**14  # the most a job has: tags above them would pass Gloo's int32
+# Greetings of generation g carry tag MEMBERS + 2g; a result handed over, MEMBERS + 2g + 1.
+
+
+class MembersChanged(PeerLost):
+    """A member of the generation was lost during its all-reduce: regroup, then go on."""
+
+
+class _Done(threading.Event):
+    error: BaseException | None = None
+    interrupted = False
+
+
+class _Waiter:
+    """A thread waiting on one peer's messages of one generation, in the order given."""
+
+    def __init__(self, peer: int) -> None:
+        self.queue: list = []
+        self._ready = threading.Condition()
+        threading.Thread(target=self._run, daemon=True, name=f"member-{peer}").start()
+
+    def hand(self, pending: Pending, done: _Done) -> None:
+        with self._ready:
+            self.queue.append((pending, done))
+            self._ready.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._ready:
+                while not self.queue:
+                    self._ready.wait()
+                pending, done = self.queue.pop(0)
+            try:
+                pending.wait_unbounded()
+            except BaseException as exc:  # told to the caller, on its thread
+                done.error = exc
+            done.set()
+
+
+class Membership:
+    """The workers' members now (global ranks, in order) and their generation, for the
+    member `transport.rank`; each wait bounded by `timeout` seconds of silence; fewer
+    than `least` members left fail the run (PeerLost)."""
+
+    def __init__(self, transport: Transport, members: list[int], timeout: float,
+                 least: int = 1) -> None:
+        self.transport, self.rank, self.timeout = transport, transport.rank, timeout
+        self.members, self.least = list(members), least
+        self.generation = 0
+        self.completed = 0  # all-reduces completed
+        # Each change: (all-reduces completed before it, the ranks lost, time.perf_counter()).
+        self.changes: list[tuple[int, list[int], float]] = []
+        self._last: torch.Tensor | None = None  # the last all-reduce's result
+        self._greeted: list = []  # greetings sent: kept, as Gloo's sends must be, till done
+        self._lock = threading.Lock()
+        self._open()
+
+    # --- a generation ---------------------------------------------------------------------
+
+    def _open(self) -> None:
+        """Post the generation's greeting receives, each waited for by a thread that raises
+        the alarm when it ends, whether it brings a greeting or its peer's connection broke."""
+        if self.generation >= GENERATIONS:
+            raise PeerLost(None, RuntimeError(f"the workers changed {GENERATIONS} times"))
+        self._alarm = False
+        self._in_flight: set[_Done] = set()
+        self._waiters: dict[int, _Waiter] = {}
+        self._greetings: dict[int, _Done] = {}
+        for peer in self._others():
+            box, done = torch.zeros(1, dtype=torch.float64), _Done()
+            self._greetings[peer] = done
+            try:
+                work = post_receive(box, peer, MEMBERS + 2 * self.generation)
+            except RuntimeError as exc:  # its connection broke already
+                done.error = exc
+                done.set()
+                self._raise_alarm()
+                continue
+            threading.Thread(target=self._await_greeting, args=(work, box, done),
+                             daemon=True, name=f"greeting-{peer}").start()
+
+    def _others(self) -> list[int]:
+        return [m for m in self.members if m != self.rank]
+
+    def _await_greeting(self, work, box: torch.Tensor, done: _Done) -> None:
+        try:
+            work.wait(NEVER)
+            done.count = int(box.item())
+        except BaseException as exc:
+            done.error = exc
+        done.set()
+        self._raise_alarm()
+
+    def _raise_alarm(self) -> None:
+        """End every wait of the generation now."""
+        with self._lock:
+            self._alarm = True
+            waits, self._in_flight = self._in_flight, set()
+        for done in waits:
+            done.interrupted = True
+            done.set()
+
+    def _wait(self, pending: Pending) -> None:
+        """Wait for one message of the generation's all-reduce: MembersChanged if the alarm
+        rings meanwhile, its peer's connection breaks, or it stays silent past the timeout."""
+        done = _Done()
+        with self._lock:
+            if self._alarm:
+                raise MembersChanged(pending.peer, RuntimeError("a member was lost"))
+            self._in_flight.add(done)
+        waiter = self._waiters.get(pending.peer)
+        if waiter is None:
+            waiter = self._waiters[pending.peer] = _Waiter(pending.peer)
+        waiter.hand(pending, done)
+        ended = done.wait(self.timeout)
+        with self._lock:
+            self._in_flight.discard(done)
+        if done.interrupted:
+            raise MembersChanged(pending.peer, RuntimeError("a member was lost"))
+        if not ended:
+            raise MembersChanged(pending.peer, TimeoutError(
+                f"no message from rank {pending.peer} within {self.timeout:g} s"))
+        if done.error is not None:
+            raise MembersChanged(pending.peer, done.error)
+        pending.settle()
+
+    # --- the all-reduce -------------------------------------------------------------------
+
+    def all_reduce(self, tensor: torch.Tensor, algorithm: str) -> None:
+        """Sum `tensor` in place over the members, going on without any lost meanwhile."""
+        while True:
+            attempt = tensor.clone()
+            tags = TAG_BASE + self.generation * GENERATION_TAGS
+            try:
+                all_reduce(self.transport, attempt, self.members, self.rank, algorithm,
+                           tags, self._wait)
+            except (MembersChanged, PeerFault):
+                handed = self._regroup(tensor)
+                if handed is None:
+                    continue  # redone over the survivors
+                attempt = handed
+            self.completed += 1
+            self._last = attempt
+            tensor.copy_(attempt)
+            return
+
+    def _regroup(self, tensor: torch.Tensor) -> torch.Tensor | None:
+        """The members left become the next generation: the result of the interrupted
+        all-reduce where one of them completed it, else None (redo it)."""
+        while True:
+            try:
+                return self._agree(tensor)
+            except MembersChanged:
+                continue  # another member lost while regrouping: again, one generation on
+
+    def _agree(self, tensor: torch.Tensor) -> torch.Tensor | None:
+        self._raise_alarm()
+        tag = MEMBERS + 2 * self.generation
+        mine = torch.tensor([float(self.completed)], dtype=torch.float64)
+        for peer in self._others():
+            if not self._greetings[peer].is_set() or self._greetings[peer].error is None:
+                self._greeted.append(_send_quietly(mine, peer, tag))
+        counts = {self.rank: self.completed}
+        for peer in self._others():
+            done = self._greetings[peer]
+            if done.wait(self.timeout) and done.error is None:
+                counts[peer] = done.count
+        lost = [m for m in self.members if m not in counts]
+        ahead = max(counts.values())
+        source = min(m for m, c in counts.items() if c == ahead)
+        behind = [m for m, c in counts.items() if c < ahead]
+        self.members = [m for m in self.members if m in counts]
+        self.generation += 1
+        self.changes.append((min(counts.values()), lost, time.perf_counter()))
+        self._open()
+        if len(self.members) < self.least:
+            raise _TooFew(lost[0] if lost else None, len(self.members), self.least)
+        return self._hand_over(tensor, source, behind, tag + 1)
+
+    def _hand_over(self, tensor: torch.Tensor, source: int, behind: list[int],
+                   tag: int) -> torch.Tensor | None:
+        """The interrupted all-reduce's result, from the first member that completed it
+        to those that did not."""
+        if not behind:
+            return None
+        if self.rank == source:
+            for member in behind:
+                self._checked(self.transport.isend(self._last, member, tag))
+            return None
+        if self.rank in behind:
+            result = torch.empty_like(tensor)
+            self._checked(self.transport.irecv(result, source, tag))
+            return result
+        return None
+
+    def _checked(self, pending: Pending) -> None:
+        try:
+            pending.wait(self.timeout)
+        except PeerFault as exc:
+            raise MembersChanged(pending.peer, exc) from exc
+
+
+class _TooFew(PeerLost):
+    def __init__(self, rank: int | None, left: int, least: int) -> None:
+        super().__init__(rank, RuntimeError(f"{left} workers would be left, fewer than "
+                                            f"min_workers {least}"))
+
+
+def _send_quietly(box: torch.Tensor, peer: int, tag: int):
+    """A greeting, not waited for (a peer gone or silent never takes it): its work."""
+    try:
+        return post_send(box, peer, tag)
+    except RuntimeError as exc:
+        if not isinstance(translated(exc, peer), PeerFault):
+            raise
+        return None

@@ -1,0 +1,145 @@
+"""The workers' all-reduce where members may change (comm/membership.py), over real Gloo, five
+processes: a worker killed between steps or in the middle of one, every survivor leaving the
+generation at once (none waits out a timeout), all of them agreeing on who is left, on the
+step where the change came, and on every sum, bit for bit."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from polyrhythm.comm import group
+from polyrhythm.comm.collectives import TAG_BASE
+from polyrhythm.comm.faults import PeerLost
+from polyrhythm.comm.transport import WORKERS, WORLD, Transport
+from polyrhythm.launch.process import forkserver
+
+WORLD_SIZE, STEPS = 5, 30
+# Longer than the harness waits (JOIN_S): a survivor that waited out a timeout for a peer
+# that is not its neighbour in the ring is still running when the harness gives up.
+TIMEOUT_S, JOIN_S = 30.0, 25
+
+
+def _rank(rank: int, out: str, victim: int, dies: str, algorithm: str, least: int) -> None:
+    out = Path(out)
+    group.join(rank, WORLD_SIZE, TIMEOUT_S,
+               store=group.file_store(out / "store", WORLD_SIZE, TIMEOUT_S))
+    transport = Transport()
+    transport.open(rank, WORLD_SIZE, list(range(WORLD_SIZE)), timeout=TIMEOUT_S,
+                   elastic=least)
+    result = {"sums": [], "raised": None}
+    numel = 3_000_000 if dies == "mid-step" else 10_000
+    try:
+        for step in range(STEPS):
+            if rank == victim and step == 12:
+                _die(transport, dies, numel)
+            total = torch.full((numel,), float((rank + 1) * (step + 1)))
+            transport.all_reduce(total, WORKERS, algorithm)
+            assert bool((total == total[0]).all())
+            result["sums"].append(total[0].item())
+        transport.exclude(set(transport.membership.changes[0][1])
+                          if transport.membership.changes else set())
+        transport.barrier()  # the end of a run: the survivors meet in a group of their own
+    except PeerLost as exc:
+        result["raised"] = str(exc)
+    result["changes"] = [(done, lost) for done, lost, _ in transport.membership.changes]
+    result["world"] = transport.members(WORLD)
+    (out / f"{rank}.json").write_text(json.dumps(result))
+    os._exit(0)
+
+
+def _die(transport: Transport, how: str, numel: int) -> None:
+    """Rank `victim`'s end, at step 12: killed before its all-reduce (between steps), 10 ms
+    into it (mid-step), or as the root of a reduce-broadcast that has summed every member's
+    tensor and sent the sum to member 1 only (the others never get it from the root)."""
+    if how == "mid-step":
+        threading.Timer(0.01, os.kill, (os.getpid(), signal.SIGKILL)).start()
+        return
+    if how == "sent-to-one":
+        total = torch.full((numel,), 13.0)
+        for peer in range(1, WORLD_SIZE):
+            part = torch.empty(numel)
+            transport.irecv(part, peer, TAG_BASE).wait()
+            total += part
+        transport.isend(total, 1, TAG_BASE + 1).wait()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _run(tmp_path: Path, victim: int, dies: str, algorithm: str = "ring",
+         least: int = 1) -> dict[int, dict]:
+    ctx = forkserver.context()
+    procs = [ctx.Process(target=_rank, args=(r, str(tmp_path), victim, dies, algorithm, least))
+             for r in range(WORLD_SIZE)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + JOIN_S
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    alive = [p.pid for p in procs if p.is_alive()]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    assert not alive, f"ranks still running after {JOIN_S} s: a survivor waited out a timeout"
+    return {r: json.loads((tmp_path / f"{r}.json").read_text())
+            for r in range(WORLD_SIZE) if r != victim}
+
+
+def _expected(step: int, members: list[int]) -> float:
+    return float(sum((m + 1) * (step + 1) for m in members))
+
+
+@pytest.mark.parametrize(("victim", "algorithm"), [(2, "ring"), (0, "ring"), (3, "tree")])
+def test_a_worker_killed_between_steps_is_left_out_from_its_next_step_on(tmp_path, victim,
+                                                                         algorithm):
+    results = _run(tmp_path, victim, "between-steps", algorithm)
+    survivors = [r for r in range(WORLD_SIZE) if r != victim]
+    for r, result in results.items():
+        assert result["raised"] is None, (r, result["raised"])
+        assert result["changes"] == [[12, [victim]]]
+        assert result["sums"] == [_expected(s, list(range(WORLD_SIZE))) for s in range(12)] + \
+            [_expected(s, survivors) for s in range(12, STEPS)]
+        assert result["world"] == survivors
+
+
+def test_a_worker_killed_mid_step_leaves_every_survivor_with_the_same_sums(tmp_path):
+    """Killed while its peers are in an all-reduce (3M values a sum): each step's sum is the
+    five's or the four's, the change comes at one step, the same on every survivor (a survivor
+    that completed the interrupted sum hands it to those that did not), and every sum agrees
+    bit for bit."""
+    results = _run(tmp_path, 1, "mid-step")
+    survivors = [0, 2, 3, 4]
+    (first, *others) = results.values()
+    assert first["raised"] is None
+    (change,) = first["changes"]
+    assert change[1] == [1]
+    at = len([s for s in first["sums"]
+              if s == _expected(first["sums"].index(s), list(range(WORLD_SIZE)))])
+    assert first["sums"] == [_expected(s, list(range(WORLD_SIZE))) for s in range(at)] + \
+        [_expected(s, survivors) for s in range(at, STEPS)]
+    assert all(o["sums"] == first["sums"] and o["raised"] is None for o in others)
+
+
+def test_a_sum_one_survivor_completed_is_handed_to_the_others(tmp_path):
+    """The root of a reduce-broadcast dies having sent step 12's sum (its own share in it) to
+    member 1 only: member 1 hands it to the others, so every survivor's step 12 is the five's
+    sum, and the four's from step 13 on."""
+    results = _run(tmp_path, 0, "sent-to-one", "reduce-broadcast")
+    for r, result in results.items():
+        assert result["raised"] is None, (r, result["raised"])
+        assert result["changes"] == [[12, [0]]]
+        assert result["sums"] == [_expected(s, list(range(WORLD_SIZE))) for s in range(13)] + \
+            [_expected(s, [1, 2, 3, 4]) for s in range(13, STEPS)]
+
+
+def test_fewer_workers_than_the_least_fails_every_survivor_naming_the_lost_one(tmp_path):
+    results = _run(tmp_path, 4, "between-steps", least=5)
+    for result in results.values():
+        assert result["raised"] == ("rank 4 is gone: 4 workers would be left, fewer than "
+                                    "min_workers 5")
