@@ -69,7 +69,8 @@ def worker_gradient(model, x: torch.Tensor, y: torch.Tensor,
 
 def reference_parameters(config, weights: list[float] | None = None,
                          own_statistics: list | None = None,
-                         leaves: dict[int, int] | None = None) -> torch.Tensor:
+                         leaves: dict[int, int] | None = None,
+                         lr_by_epoch: bool = False) -> torch.Tensor:
     """Train in one process with the global batch; return the flat state (parameters, and
     running statistics as the workers' batch-weighted mean).
 
@@ -87,10 +88,11 @@ def reference_parameters(config, weights: list[float] | None = None,
     workers lost during training, each with the steps it took: after them its gradient is
     missing from every step and the others keep their weights, so a step carries their share
     of a global batch, and the learning rate follows the global batches' worth applied (a
-    parameter server's rule, runtime/server/bucket.py).
+    parameter server's rule, runtime/server/bucket.py), or with `lr_by_epoch` the epoch (the
+    collective strategies' rule: their workers step through the epochs together).
     """
     with torch_threads(config.threads):
-        return _train_reference(config, weights, own_statistics, leaves or {})
+        return _train_reference(config, weights, own_statistics, leaves or {}, lr_by_epoch)
 
 
 @contextmanager
@@ -120,7 +122,7 @@ def reference_optimizer(settings, params) -> torch.optim.Optimizer:
 
 
 def _train_reference(config, weights: list[float] | None, own_statistics: list | None,
-                     leaves: dict[int, int]) -> torch.Tensor:
+                     leaves: dict[int, int], lr_by_epoch: bool) -> torch.Tensor:
     plan, train, _ = whole_data(config)
     model = build_model(config.model, train.shape, train.classes, config.seed, config.loss)
     optimizer = reference_optimizer(config.optimizer, model.parameters())
@@ -135,7 +137,8 @@ def _train_reference(config, weights: list[float] | None, own_statistics: list |
         orders = [epoch_order(s, epoch, config.seed, i) for i, s in enumerate(shards)]
         for step in range(steps):
             for group in optimizer.param_groups:  # 1e-6: weights like 1/3 add up short
-                group["lr"] = lr_at(config.optimizer, math.floor(progress / steps + 1e-6))
+                group["lr"] = lr_at(config.optimizer, epoch if lr_by_epoch
+                                    else math.floor(progress / steps + 1e-6))
             here = [i for i in range(len(sizes)) if taken < leaves.get(i, taken + 1)]
             taken, progress = taken + 1, progress + sum(weights[i] for i in here)
             total = [torch.zeros_like(p, dtype=torch.float64) for p in model.parameters()]

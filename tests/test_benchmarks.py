@@ -496,14 +496,14 @@ def test_soak_benchmark_smoke_checks_its_runs_and_finds_nothing_wrong():
 
 def test_elastic_benchmark_smoke_prints_the_wait_after_a_loss():
     out = smoke("elastic.py")
-    run = re.search(rf"^  run 1/1  death to next update ({NUMBER}) s  update interval before "
-                    rf"({NUMBER}) s  ratio ({NUMBER})$", out, re.MULTILINE)
-    assert run, out
-    assert is_quotient(run.group(3), run.group(1), run.group(2)), run.group(0)
-    row = re.search(rf"^death to the next update \(median of 1\): ({NUMBER}) s \(target < "
-                    rf"(\d) s\) (PASS|MISS); ({NUMBER})x the update interval before it$", out,
-                    re.MULTILINE)
-    assert row, out
-    wait, target, verdict, ratio = row.groups()
-    assert wait == run.group(1) and ratio == run.group(3)  # one run: its figures
-    assert follows(verdict, wait, lambda s: s < float(target)), row.group(0)
+    runs = re.findall(rf"^  run 1/1  death to next committed step ({NUMBER}) s  interval "
+                      rf"before ({NUMBER}) s  ratio ({NUMBER})$", out, re.MULTILINE)
+    rows = re.findall(rf"^(bsp|allreduce): death to the next committed step \(median of 1\): "
+                      rf"({NUMBER}) s \(target < (\d) s\) (PASS|MISS); ({NUMBER})x the "
+                      "interval before it$", out, re.MULTILINE)
+    assert len(runs) == 2 and [r[0] for r in rows] == ["bsp", "allreduce"], out
+    for (wait_s, interval, ratio), (_, wait, target, verdict, row_ratio) in zip(runs, rows,
+                                                                                strict=True):
+        assert is_quotient(ratio, wait_s, interval), (wait_s, interval, ratio)
+        assert wait == wait_s and row_ratio == ratio  # one run: its figures
+        assert follows(verdict, wait, lambda s, t=float(target): s < t), (wait, verdict)

@@ -29,7 +29,8 @@ EPOCHS = 6
 WORKERS, SERVERS = 3, 1
 
 
-def _kill_during_training(out, rank: int, *args: str) -> subprocess.CompletedProcess:
+def _kill_during_training(out, rank: int, *args: str,
+                          servers: int = SERVERS) -> subprocess.CompletedProcess:
     """Run `polyrhythm train --json` on digits with 3 workers and a server, SIGKILL `rank`
     once every rank is up and the first epoch's checkpoint is complete (training is under
     way, EPOCHS - 1 epochs before its end); the finished command."""
@@ -38,14 +39,15 @@ def _kill_during_training(out, rank: int, *args: str) -> subprocess.CompletedPro
          "--dataset", "digits", "--epochs", str(EPOCHS), "--worker-delay-s", "0.01,0.01,0.01",
          "--json", "--out", str(out), *args],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_for_checkpoint(out, launcher, WORKERS, SERVERS)
-    ranks = wait_for_ranks(launcher, WORKERS + SERVERS)
+    wait_for_checkpoint(out, launcher, WORKERS, servers)
+    ranks = wait_for_ranks(launcher, WORKERS + servers)
     ranks[rank].send_signal(signal.SIGKILL)
     stdout, stderr = finished(launcher, f"after rank {rank} was killed")
     return subprocess.CompletedProcess(launcher.args, launcher.returncode, stdout, stderr)
 
 
-def _aborted(run: subprocess.CompletedProcess, out, rank: int, role: str) -> None:
+def _aborted(run: subprocess.CompletedProcess, out, rank: int, role: str,
+             servers: int = SERVERS) -> None:
     """The run ended because `rank` was killed: one line naming it, the run recorded as
     failed for it, its newest checkpoint before the last epoch (training had not finished)."""
     said = f"rank {rank} ({role}) was killed by SIGKILL"
@@ -53,15 +55,16 @@ def _aborted(run: subprocess.CompletedProcess, out, rank: int, role: str) -> Non
         run.stderr)
     (row,) = RunStore(out / "polyrhythm.db").runs()
     assert row["status"] == "failed" and said in row["error"], row
-    assert complete_epochs(out / row["run_id"], WORKERS, SERVERS)[-1] < EPOCHS
+    assert complete_epochs(out / row["run_id"], WORKERS, servers)[-1] < EPOCHS
 
 
-def _completed_without(run: subprocess.CompletedProcess, out, worker: int) -> dict:
+def _completed_without(run: subprocess.CompletedProcess, out, worker: int,
+                       servers: int = SERVERS) -> dict:
     """The run went on without `worker` and completed: its summary."""
     assert run.returncode == 0, run.stderr
     summary = json.loads(run.stdout.splitlines()[-1])
     (lost,) = summary["lost_workers"]
-    assert lost["worker"] == worker and lost["rank"] == worker + 1
+    assert lost["worker"] == worker and lost["rank"] == worker + servers
     assert lost["at_s"] > 0 and lost["pushes"] > 0  # lost mid-run, after some work
     assert [w["worker"] for w in summary["per_worker"]] == [w for w in range(3) if w != worker]
     store = RunStore(out / "polyrhythm.db")
@@ -114,6 +117,19 @@ def test_bsp_told_to_continue_goes_on_and_by_default_aborts(tmp_path):
     _aborted(run, tmp_path / "b", 3, "worker 2")
 
 
+def test_allreduce_told_to_continue_sums_on_without_a_killed_worker_but_not_worker_0(tmp_path):
+    """Under allreduce the workers left sum on over themselves; worker 0 records the run,
+    so its loss still fails it, naming it."""
+    run = _kill_during_training(tmp_path / "a", 2, "--strategy", "allreduce",
+                                "--on-worker-failure", "continue", servers=0)
+    summary = _completed_without(run, tmp_path / "a", worker=2, servers=0)
+    epochs = RunStore(tmp_path / "a" / "polyrhythm.db").epochs(summary["run_id"])
+    assert summary["final_val_accuracy"] > epochs[0]["val_accuracy"] + 0.02
+    run = _kill_during_training(tmp_path / "b", 0, "--strategy", "allreduce",
+                                "--on-worker-failure", "continue", servers=0)
+    _aborted(run, tmp_path / "b", 0, "worker 0", servers=0)
+
+
 def test_a_loss_that_would_leave_fewer_than_min_workers_fails_the_run_saying_so(tmp_path):
     run = _kill_during_training(tmp_path, 3, "--strategy", "asp", "--min-workers", "3")
     _aborted(run, tmp_path, 3, "worker 2")
@@ -158,13 +174,26 @@ def test_min_workers_or_a_fault_on_cue_that_cannot_be_is_one_line(fields, said):
 
 
 def test_continue_is_refused_where_every_worker_waits_for_the_others():
-    for strategy in ("allreduce", "localsgd", "switch"):
-        with pytest.raises(ConfigError, match="needs a parameter-server strategy"):
+    for strategy in ("localsgd", "dpsgd", "switch"):
+        with pytest.raises(ConfigError, match="needs a parameter-server or collective strategy"):
             load_config(strategy=strategy, on_worker_failure="continue")
     cli = subprocess.run([sys.executable, "-m", "polyrhythm.cli", "train", "--strategy",
-                          "allreduce", "--on-worker-failure", "continue"],
+                          "localsgd", "--on-worker-failure", "continue"],
                          capture_output=True, text=True)
     assert cli.returncode == 2 and cli.stderr.count("\n") == 1
+
+
+def test_a_collective_strategy_goes_on_when_told_and_sums_uncompressed():
+    """continue is allowed under the collective strategies (abort stays their default); their
+    compressed sums keep state per member: one line."""
+    for strategy in ("allreduce", "ring", "tree", "reduce-broadcast"):
+        assert load_config(strategy=strategy, workers=3).on_worker_failure == "abort"
+        config = load_config(strategy=strategy, workers=3, on_worker_failure="continue")
+        assert config.on_worker_failure == "continue"
+    with pytest.raises(ConfigError, match="under allreduce sums gradients uncompressed: drop "
+                                          "--compress topk"):
+        load_config(strategy="allreduce", workers=3, on_worker_failure="continue",
+                    compress="topk")
 
 
 def _killed_mid_event(sender) -> None:

@@ -58,7 +58,10 @@ def after_a_loss(strategy: str, workers: int = 4) -> str:
         return f"{fails}: every worker waits for the others"
     if config.on_worker_failure == CONTINUE:
         return "the others go on without it (on_worker_failure = continue, the default)"
-    return f"{fails} (abort, the default); with --on-worker-failure continue the others go on"
+    how = ("the others go on" if config.servers else
+           "the others sum over themselves from their next step (worker 0 records the run: "
+           "its loss still fails it)")
+    return f"{fails} (abort, the default); with --on-worker-failure continue {how}"
 
 
 def model_size(parameters: int | None) -> str:

@@ -57,6 +57,7 @@ class MembersChanged(PeerLost):
 
 class _Done(threading.Event):
     error: BaseException | None = None
+    count = training = 0  # a greeting's
     interrupted = False
 
 
@@ -97,7 +98,9 @@ class Membership:
         self.members, self.least = list(members), least
         self.generation = 0
         self.completed = 0  # all-reduces completed
-        # Each change: (all-reduces completed before it, the ranks lost, time.perf_counter()).
+        self.training = 0  # those of the training's own (counted: not bookkeeping)
+        # Each change: (the training's all-reduces every member left had completed before
+        # it, the ranks lost, time.perf_counter()).
         self.changes: list[tuple[int, list[int], float]] = []
         self._last: torch.Tensor | None = None  # the last all-reduce's result
         self._greeted: list = []  # greetings sent: kept, as Gloo's sends must be, till done
@@ -116,7 +119,7 @@ class Membership:
         self._waiters: dict[int, _Waiter] = {}
         self._greetings: dict[int, _Done] = {}
         for peer in self._others():
-            box, done = torch.zeros(1, dtype=torch.float64), _Done()
+            box, done = torch.zeros(2, dtype=torch.float64), _Done()
             self._greetings[peer] = done
             try:
                 work = post_receive(box, peer, MEMBERS + 2 * self.generation)
@@ -134,7 +137,7 @@ class Membership:
     def _await_greeting(self, work, box: torch.Tensor, done: _Done) -> None:
         try:
             work.wait(NEVER)
-            done.count = int(box.item())
+            done.count, done.training = (int(v) for v in box.tolist())
         except BaseException as exc:
             done.error = exc
         done.set()
@@ -189,6 +192,7 @@ class Membership:
                     continue  # redone over the survivors
                 attempt = handed
             self.completed += 1
+            self.training += not self.transport.counting_paused
             self._last = attempt
             tensor.copy_(attempt)
             return
@@ -205,22 +209,23 @@ class Membership:
     def _agree(self, tensor: torch.Tensor) -> torch.Tensor | None:
         self._raise_alarm()
         tag = MEMBERS + 2 * self.generation
-        mine = torch.tensor([float(self.completed)], dtype=torch.float64)
+        mine = torch.tensor([self.completed, self.training], dtype=torch.float64)
         for peer in self._others():
             if not self._greetings[peer].is_set() or self._greetings[peer].error is None:
                 self._greeted.append(_send_quietly(mine, peer, tag))
-        counts = {self.rank: self.completed}
+        counts, training = {self.rank: self.completed}, [self.training]
         for peer in self._others():
             done = self._greetings[peer]
             if done.wait(self.timeout) and done.error is None:
                 counts[peer] = done.count
+                training.append(done.training)
         lost = [m for m in self.members if m not in counts]
         ahead = max(counts.values())
         source = min(m for m, c in counts.items() if c == ahead)
         behind = [m for m, c in counts.items() if c < ahead]
         self.members = [m for m in self.members if m in counts]
         self.generation += 1
-        self.changes.append((min(counts.values()), lost, time.perf_counter()))
+        self.changes.append((min(training), lost, time.perf_counter()))
         self._open()
         if len(self.members) < self.least:
             raise _TooFew(lost[0] if lost else None, len(self.members), self.least)

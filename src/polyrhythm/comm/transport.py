@@ -218,6 +218,11 @@ class Transport:
         finally:
             self._uncounted -= 1
 
+    @property
+    def counting_paused(self) -> bool:
+        """Inside an uncounted() block: the job's bookkeeping, not its training."""
+        return self._uncounted > 0
+
     def count_received(self, tensor: torch.Tensor) -> None:
         if not self._uncounted:
             self.counters.bytes_received += _nbytes(tensor)

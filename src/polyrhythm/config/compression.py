@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from polyrhythm.compression import COMPRESSORS, SHARED
+from polyrhythm.config.servers import goes_on_elastic
 from polyrhythm.errors import ConfigError
 from polyrhythm.settings import Settings
 from polyrhythm.strategies import STRATEGIES
@@ -29,6 +30,9 @@ def check_compression(compression: Settings, strategy: Settings, run: Settings) 
     if not spec.compressible:
         raise ConfigError(f"strategy {spec.name!r} sends its models uncompressed; drop "
                           f"--compress {name}")
+    if goes_on_elastic(run, spec):  # its codecs keep state per member, and gather
+        raise ConfigError(f"on_worker_failure = continue under {spec.name} sums gradients "
+                          f"uncompressed: drop --compress {name}, or use abort")
     if not compression.compress_replies:
         return
     if not run.servers:

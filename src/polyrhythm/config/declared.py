@@ -76,8 +76,9 @@ GENERAL = (
           "before the run fails naming the silent peer", 300.0,
           rule=within(MIN_TIMEOUT_S, MAX_TIMEOUT_S)),
     Param("on_worker_failure", str, "when a worker dies: continue (parameter-server "
-          "strategies: the servers carry on with the other workers and record the loss) or "
-          "abort (every process stops; --resume goes on from the last checkpoint)",
+          "strategies: the servers carry on with the other workers; collective ones: the "
+          "workers left sum over themselves; the loss recorded) or abort (every process "
+          "stops; --resume goes on from the last checkpoint)",
           derived="continue for asynchronous PS strategies and quorums the other workers "
           "still meet, abort otherwise", rule=one_of("continue", "abort")),
     Param("min_workers", int, "with on_worker_failure = continue: the fewest workers the run "

@@ -78,7 +78,7 @@ def combine(config, reports: list[dict], state_dict: dict[str, torch.Tensor],
         "traffic_per_rank": [{"rank": r["rank"], **r["traffic"]} for r in reports],
         **_strategy_figures(workers),
         "on_worker_failure": config.on_worker_failure,
-        "lost_workers": _lost_workers(servers),
+        "lost_workers": _lost_workers(reports),
         "compression": _compression(config, workers, servers),
     }
     series = {"iterations": [row for w in workers for row in w["iterations"]],
@@ -161,12 +161,12 @@ def _compression(config, workers: list[dict], servers: list[dict]) -> dict | Non
             "server_compress_s": sum(s.get("compress_s", 0.0) for s in servers)}
 
 
-def _lost_workers(servers: list[dict]) -> list[dict]:
+def _lost_workers(reports: list[dict]) -> list[dict]:
     """The workers lost during the run (on_worker_failure = continue), by index: when a
-    server first saw each go (None: after its last message, seen only at the roll call) and
-    the gradients it had pushed by then."""
+    server or the workers left first saw each go (None: after its last message, seen only at
+    the roll call) and the gradients it had pushed, or summed with them, by then."""
     lost: dict[int, dict] = {}
-    for entry in (e for s in servers for e in s["lost"]):
+    for entry in (e for r in reports for e in r.get("lost", ())):
         known = lost.get(entry["worker"])
         if known is None or (entry["at_s"] is not None
                              and (known["at_s"] is None or entry["at_s"] < known["at_s"])):

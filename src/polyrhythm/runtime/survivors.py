@@ -24,15 +24,17 @@ from polyrhythm.context import RankContext
 
 def agree_on_lost(ctx: RankContext, seen: set[int]) -> set[int]:
     """The workers (indices) every survivor agrees were lost; `seen`: the ranks this rank
-    saw die. Without on_worker_failure = continue, nobody is lost (a death ends the run)."""
+    saw die (those the workers' members went on without among them). Without
+    on_worker_failure = continue, nobody is lost (a death ends the run)."""
     if ctx.config.on_worker_failure != CONTINUE:
         return set()
+    seen = set(seen) | {entry["rank"] for entry in lost_by_members(ctx)}
     topology, transport = ctx.topology, ctx.transport
     flags = torch.zeros(topology.world_size)
     with transport.uncounted():
         if ctx.rank == 0:
-            lost = set(seen) | {r for r in topology.worker_ranks
-                                if r not in seen and not _answers(ctx, r)}
+            lost = set(seen) | {r for r in topology.worker_ranks  # rank 0: worker 0, or not
+                                if r not in seen | {0} and not _answers(ctx, r)}
             if len(lost) == topology.workers:
                 # Lost peers explain it (a launcher names the rank that failed first).
                 raise PeerLost(None, RuntimeError("every worker was lost"))
@@ -54,6 +56,17 @@ def agree_on_lost(ctx: RankContext, seen: set[int]) -> set[int]:
     if lost:
         transport.exclude(lost)
     return {topology.worker_index(r) for r in lost}
+
+
+def lost_by_members(ctx: RankContext) -> list[dict]:
+    """The workers a collective strategy's members went on without (comm/membership.py), as
+    a server reports those it lost: when they went, and the sums each had taken part in."""
+    membership = ctx.transport.membership
+    if membership is None:
+        return []
+    return [{"worker": ctx.topology.worker_index(rank), "rank": rank,
+             "at_s": at - ctx.started, "pushes": done}
+            for done, lost, at in membership.changes for rank in lost]
 
 
 def _answers(ctx: RankContext, rank: int) -> bool:

@@ -160,12 +160,13 @@ def goes_on_without(failed: list[int], exit_code: Callable[[int], int | None],
                     min_workers: int = 1) -> bool:
     """Whether a run that may carry on (on_worker_failure = continue, training under way)
     goes on without the `failed` ranks: workers only, each lost (killed, or cut off from its
-    peers; not crashed, failed on an error of its own or diverged), every server alive (a
-    worker also fails when its server dies: that is a server's failure), and `min_workers`
-    (at least one) left besides those `lost` before. `exit_code(rank)`: the rank's exit code,
-    None while it runs. A moment's wait lets a dying server's exit show first."""
-    if any(topology.role(r) == "server" or not is_a_loss(exit_code(r), failures.get(r))
-           for r in failed):
+    peers; not crashed, failed on an error of its own or diverged), never rank 0 (it records
+    the run: worker 0 where there are no servers), every server alive (a worker also fails
+    when its server dies: that is a server's failure), and `min_workers` (at least one) left
+    besides those `lost` before. `exit_code(rank)`: the rank's exit code, None while it
+    runs. A moment's wait lets a dying server's exit show first."""
+    if any(r == 0 or topology.role(r) == "server"
+           or not is_a_loss(exit_code(r), failures.get(r)) for r in failed):
         return False
     time.sleep(SERVER_DEATH_GRACE_S)
     if any(exit_code(s) not in (None, 0) for s in topology.server_ranks):

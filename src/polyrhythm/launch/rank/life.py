@@ -25,6 +25,7 @@ import torch
 
 from polyrhythm.comm import group
 from polyrhythm.comm.transport import Transport
+from polyrhythm.config.servers import goes_on_elastic
 from polyrhythm.context import ProgressSink, RankContext, Topology, no_progress
 from polyrhythm.errors import RunFailed
 from polyrhythm.files import atomic_file
@@ -39,6 +40,7 @@ from polyrhythm.metrics.records import RunRecord, complete_run
 from polyrhythm.runtime.checkpoint import Resume, tidy
 from polyrhythm.runtime.job import BuiltinEnding, agree_on_plan, build_role, play, set_threads
 from polyrhythm.runtime.summary import RunResult, final_parameters
+from polyrhythm.strategies import STRATEGIES
 from polyrhythm.units import Delay, duration
 
 JoinGroup = Callable[[], None]  # initialises the default process group (Gloo)
@@ -75,8 +77,9 @@ def enter(config, rank: int, join: JoinGroup, progress: ProgressSink = no_progre
     join()
     topology = Topology(config.servers, config.workers)
     transport = Transport()
+    elastic = goes_on_elastic(config, STRATEGIES[config.strategy.name])
     transport.open(rank, topology.world_size, topology.worker_ranks, latency(config, rank),
-                   config.timeout)
+                   config.timeout, elastic=config.min_workers if elastic else None)
     return RankContext(config, rank, topology, transport, progress=progress, run_dir=run_dir,
                        resume=resume)
 
@@ -146,8 +149,7 @@ def failed_on_its_own(ctx: RankContext, reports: list[dict],
     the others did; None if every worker gone was lost."""
     if ctx.run_dir is None:
         return None
-    gone = sorted({entry["rank"] for r in reports if r["role"] == "server"
-                   for entry in r["lost"]})
+    gone = sorted({entry["rank"] for r in reports for entry in r.get("lost", ())})
     failures = read_reports(ctx.run_dir) if gone else {}
     for rank in gone:
         if rank in failures and not lost_a_peer(failures[rank]):

@@ -18,6 +18,7 @@ from polyrhythm.errors import ConfigError, Diverged
 from polyrhythm.flat import FlatParameters
 from polyrhythm.metrics.recorder import SPAN_NAMES
 from polyrhythm.runtime import checkpoint
+from polyrhythm.runtime.survivors import lost_by_members
 from polyrhythm.runtime.worker.agreement import check_agreement
 from polyrhythm.runtime.worker.faults import dies_after, end_on_cue
 from polyrhythm.strategies.base import EpochEnd
@@ -98,9 +99,8 @@ class WorkerEngine:
                               "steps before calling it (or loops without it), so it cannot "
                               "be resumed")
         self._started = True
-        # Everything built so far (torch's modules, the model, the data) lives as long as
-        # the job: out of the collector's sight, a full collection no longer walks it. One
-        # took 80 ms of a worker's step here, stretched threefold by a --slowdown.
+        # Everything built so far lives as long as the job: out of the collector's sight, a
+        # full collection (80 ms of a step here, stretched by a --slowdown) skips it.
         gc.freeze()
         if self._describe_servers is not None:
             self._describe_servers(self)
@@ -379,6 +379,7 @@ class WorkerEngine:
                   "steps": self._taken, "batch_size": self.batch_size,
                   "spans": dict(ctx.spans.totals),
                   "traffic": ctx.transport.counters.snapshot(), "iterations": self.iterations,
+                  "lost": lost_by_members(ctx),
                   "strategy": self.strategy.summary(), "shapes": self.flat.shapes}
         if me != first:
             return report
