@@ -70,7 +70,7 @@ def worker_gradient(model, x: torch.Tensor, y: torch.Tensor,
 def reference_parameters(config, weights: list[float] | None = None,
                          own_statistics: list | None = None,
                          leaves: dict[int, int] | None = None,
-                         lr_by_epoch: bool = False) -> torch.Tensor:
+                         lr_by_epoch: bool = False, renormalised: bool = False) -> torch.Tensor:
     """Train in one process with the global batch; return the flat state (parameters, and
     running statistics as the workers' batch-weighted mean).
 
@@ -89,10 +89,13 @@ def reference_parameters(config, weights: list[float] | None = None,
     missing from every step and the others keep their weights, so a step carries their share
     of a global batch, and the learning rate follows the global batches' worth applied (a
     parameter server's rule, runtime/server/bucket.py), or with `lr_by_epoch` the epoch (the
-    collective strategies' rule: their workers step through the epochs together).
+    collective strategies' rule: their workers step through the epochs together); with
+    `renormalised` the workers left take the lost ones' share, their weights divided by
+    what they sum to (a mean of models over the workers left: local SGD's rule).
     """
     with torch_threads(config.threads):
-        return _train_reference(config, weights, own_statistics, leaves or {}, lr_by_epoch)
+        return _train_reference(config, weights, own_statistics, leaves or {}, lr_by_epoch,
+                                renormalised)
 
 
 @contextmanager
@@ -122,7 +125,8 @@ def reference_optimizer(settings, params) -> torch.optim.Optimizer:
 
 
 def _train_reference(config, weights: list[float] | None, own_statistics: list | None,
-                     leaves: dict[int, int], lr_by_epoch: bool) -> torch.Tensor:
+                     leaves: dict[int, int], lr_by_epoch: bool,
+                     renormalised: bool) -> torch.Tensor:
     plan, train, _ = whole_data(config)
     model = build_model(config.model, train.shape, train.classes, config.seed, config.loss)
     optimizer = reference_optimizer(config.optimizer, model.parameters())
@@ -141,6 +145,7 @@ def _train_reference(config, weights: list[float] | None, own_statistics: list |
                                     else math.floor(progress / steps + 1e-6))
             here = [i for i in range(len(sizes)) if taken < leaves.get(i, taken + 1)]
             taken, progress = taken + 1, progress + sum(weights[i] for i in here)
+            scale = 1 / sum(weights[i] for i in here) if renormalised else 1.0
             total = [torch.zeros_like(p, dtype=torch.float64) for p in model.parameters()]
             for i, (order, size, weight) in enumerate(zip(orders, sizes, weights, strict=True)):
                 if i not in here:
@@ -150,7 +155,7 @@ def _train_reference(config, weights: list[float] | None, own_statistics: list |
                 grads = worker_gradient(model, *train.batch(idx), LOSSES[config.loss])
                 own[i] = statistics.get()
                 for t, g in zip(total, grads, strict=True):
-                    t.add_(g, alpha=weight)
+                    t.add_(g, alpha=weight * scale)
             for p, t in zip(model.parameters(), total, strict=True):
                 p.grad = t.float()
             optimizer.step()

@@ -146,3 +146,20 @@ def test_allreduce_going_on_without_a_lost_worker_equals_its_gradients_until_it_
     assert max_diff(stored, reference_parameters(config, leaves=leaves,
                                                  lr_by_epoch=True)) <= 1e-5
     assert max_diff(stored, reference_parameters(config, lr_by_epoch=True)) > 20 * 1e-5
+
+
+def test_localsgd_going_on_without_a_lost_worker_averages_the_models_left(tmp_path):
+    """localsgd with tau = 1 and no momentum (each average then one SGD step of the mean
+    gradient), 3 workers; worker 2 dies after its step 7. The others average their models
+    over themselves, their weights divided by what they sum to (a mean of models must
+    weigh 1): the parameters equal a reference whose survivors take the lost share."""
+    config = equivalence_config(tmp_path, strategy="localsgd", tau=1, workers=3,
+                                batch_size=64, momentum=0.0, on_worker_failure="continue",
+                                dies_after_steps=[0, 0, 7])
+    summary = polyrhythm.train(config)
+    assert [lost["worker"] for lost in summary["lost_workers"]] == [2]
+    stored = stored_parameters(summary)
+    assert max_diff(stored, reference_parameters(config, leaves={2: 7}, lr_by_epoch=True,
+                                                 renormalised=True)) <= 1e-5
+    assert max_diff(stored, reference_parameters(config, leaves={2: 7},
+                                                 lr_by_epoch=True)) > 20 * 1e-5

@@ -59,8 +59,8 @@ def after_a_loss(strategy: str, workers: int = 4) -> str:
     if config.on_worker_failure == CONTINUE:
         return "the others go on without it (on_worker_failure = continue, the default)"
     how = ("the others go on" if config.servers else
-           "the others sum over themselves from their next step (worker 0 records the run: "
-           "its loss still fails it)")
+           "the others sum over themselves from the step it was found gone (worker 0 "
+           "records the run: its loss still fails it)")
     return f"{fails} (abort, the default); with --on-worker-failure continue {how}"
 
 

@@ -11,10 +11,9 @@ from polyrhythm.config.declared import DEFAULT_BUCKET_KB
 from polyrhythm.errors import ConfigError
 from polyrhythm.settings import Settings
 from polyrhythm.strategies.server_updates import NOT_GRADIENTS
-from polyrhythm.strategies.spec import COLLECTIVE, PARAMETER_SERVER, StrategySpec
+from polyrhythm.strategies.spec import PARAMETER_SERVER, StrategySpec
 
 CONTINUE, ABORT = "continue", "abort"
-GOES_ON = (PARAMETER_SERVER, COLLECTIVE)  # the families that may go on without a lost worker
 
 
 def servers_of(spec: StrategySpec, given: Mapping[str, Any], general: dict,
@@ -58,16 +57,15 @@ def worker_failure_of(spec: StrategySpec, strategy: Settings, general: dict) -> 
     """on_worker_failure as the run will act on it: as given, or `continue` where the
     strategy's servers make the same kind of update without the lost worker (its policy's
     `survives_lost_worker`) and another worker is left, else `abort`. A parameter server
-    carries on without a lost worker, and a collective strategy's workers sum on over those
-    left (comm/membership.py), when asked to; a decentralised or switching strategy's peers
+    carries on without a lost worker, and workers that meet only in sums over all of them
+    sum on over those left (comm/membership.py), when asked to; other strategies' peers
     each wait for the lost one."""
     given, workers = general["on_worker_failure"], general["workers"]
     servers_only = spec.family == PARAMETER_SERVER
-    if given == CONTINUE and spec.family not in GOES_ON:
-        raise ConfigError(f"on_worker_failure = continue needs a parameter-server or "
-                          f"collective strategy, which go on without a lost worker; in "
-                          f"strategy {spec.name!r} every worker waits for the others: use "
-                          "abort")
+    if given == CONTINUE and not (servers_only or spec.sums_among_workers):
+        raise ConfigError(f"on_worker_failure = continue needs a strategy whose servers, or "
+                          f"whose workers' sums, go on without a lost worker; in strategy "
+                          f"{spec.name!r} every worker waits for the others: use abort")
     if given is not None:
         return given
     survives = servers_only and workers > 1 and spec.policy(strategy,
@@ -77,8 +75,9 @@ def worker_failure_of(spec: StrategySpec, strategy: Settings, general: dict) -> 
 
 def goes_on_elastic(run, spec: StrategySpec) -> bool:
     """Whether the workers of a run (its settings, or its config) sum over those left when
-    one is lost: a collective strategy's, told to go on (comm/membership.py)."""
-    return run.on_worker_failure == CONTINUE and spec.family == COLLECTIVE
+    one is lost: a strategy's whose workers meet only in sums, told to go on
+    (comm/membership.py)."""
+    return run.on_worker_failure == CONTINUE and spec.sums_among_workers
 
 
 def check_min_workers(general: dict) -> None:

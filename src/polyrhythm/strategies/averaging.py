@@ -39,11 +39,20 @@ GOSSIP_TAG = 2**24 + 2
 def average_models(ctx: RankContext, data: torch.Tensor, weight: float) -> None:
     """data <- sum_i weight_i data_i over all workers, in place (an all-reduce).
 
-    The weights must sum to 1 over the workers, as batch shares do.
+    The weights must sum to 1 over the workers, as batch shares do. Where the workers may
+    change (comm/membership.py), the sum carries the weights too: once a worker is lost the
+    mean is over those left, their weights divided by what they sum to.
     """
     with ctx.spans("wait"):
-        data.mul_(weight)
-        ctx.transport.all_reduce(data, WORKERS)
+        if ctx.transport.membership is None:
+            data.mul_(weight)
+            ctx.transport.all_reduce(data, WORKERS)
+            return
+        carried = torch.cat([data * weight, torch.tensor([weight])])
+        ctx.transport.all_reduce(carried, WORKERS)
+        if ctx.transport.membership.changes:  # else they sum to 1, as before
+            carried[:-1].div_(carried[-1])
+        data.copy_(carried[:-1])
 
 
 class DecentralisedWorker(Strategy):

@@ -36,7 +36,8 @@ WORKERS = "polyrhythm.strategies.averaging"
 LOCALSGD = StrategySpec(
     "localsgd", "local SGD: tau local steps, then the models are averaged (batch-weighted "
     "all-reduce)", source="SparkNet, Moritz et al. 2016; Lin et al. 2020",
-    family=DECENTRALISED, worker=f"{WORKERS}:LocalSGDWorker", params=(TAU,))
+    family=DECENTRALISED, worker=f"{WORKERS}:LocalSGDWorker", params=(TAU,),
+    sums_among_workers=True)
 
 DPSGD = StrategySpec(
     "dpsgd", "D-PSGD: every step each worker averages its model with its ring neighbours'",

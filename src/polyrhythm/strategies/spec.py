@@ -65,6 +65,9 @@ class StrategySpec(Component):
     updates_from: str | None = ONE_WORKERS
     # Its messages may be compressed ([compression]); else a compressor is refused in one line.
     compressible: bool = True
+    # Its workers meet only in sums over all of them (all-reduces of gradients or models),
+    # which go on over the workers left when one is lost (comm/membership.py).
+    sums_among_workers: bool = False
 
     @property
     def uses_servers(self) -> bool:
