@@ -126,6 +126,8 @@ def test_asp_on_three_hosts_goes_on_without_a_lost_worker_host(tmp_path, cluster
     assert launcher.returncode == 0, stderr
     summary = _completed(out, stdout, 6)
     assert [lost["worker"] for lost in summary["lost_workers"]] == [1]
+    assert [(e["worker"], e["rank"], e["host"], e["cause"], e["workers"])
+            for e in summary["membership"]] == [(1, 2, 2, "lost", 1)]  # its emulated host
     # Cut off, it may time out itself before the run ends, or be ended by its launcher.
     said = ("polyrhythm: host 2 (worker 1) lost: was killed by SIGKILL; the others go on"
             if how == "killed" else "polyrhythm: host 2 (worker 1) lost: its link is down; the ")

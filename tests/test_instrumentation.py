@@ -113,11 +113,12 @@ def test_a_version_1_store_is_migrated_in_place(tmp_path):
     assert [r["run_id"] for r in store.runs()] == ["old-run"]
     assert store.series("iterations", "old-run") == []
     with sqlite3.connect(path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
         iteration_columns = [r[1] for r in conn.execute("PRAGMA table_info(iterations)")]
-    assert set(SERIES) <= tables
+    assert set(SERIES) <= tables  # membership: version 7
     assert iteration_columns[-2:] == ["compress_s", "read_s"]  # versions 5 and 6
+    assert store.series("membership", "old-run") == []
     # Version 3's Strategy-Switch columns, empty for an old run's epochs.
     (epoch,) = store.epochs("old-run")
     assert epoch["val_loss"] == 0.4

@@ -123,8 +123,15 @@ def test_allreduce_told_to_continue_sums_on_without_a_killed_worker_but_not_work
     run = _kill_during_training(tmp_path / "a", 2, "--strategy", "allreduce",
                                 "--on-worker-failure", "continue", servers=0)
     summary = _completed_without(run, tmp_path / "a", worker=2, servers=0)
-    epochs = RunStore(tmp_path / "a" / "polyrhythm.db").epochs(summary["run_id"])
+    store = RunStore(tmp_path / "a" / "polyrhythm.db")
+    epochs = store.epochs(summary["run_id"])
     assert summary["final_val_accuracy"] > epochs[0]["val_accuracy"] + 0.02
+    # The change is an event in the store, and the summary's timeline.
+    (lost,) = summary["lost_workers"]
+    (event,) = store.series("membership", summary["run_id"])
+    assert event == {"t": lost["at_s"], "worker": 2, "rank": 2, "host": None,
+                     "cause": "lost", "workers": 2}
+    assert summary["membership"] == [event]
     run = _kill_during_training(tmp_path / "b", 0, "--strategy", "allreduce",
                                 "--on-worker-failure", "continue", servers=0)
     _aborted(run, tmp_path / "b", 0, "worker 0", servers=0)

@@ -288,7 +288,7 @@ def test_a_schema_3_store_opens_and_gains_the_launcher_column(tmp_path):
         _, stderr = proc.communicate(timeout=60)
         assert proc.returncode == 0, stderr
     with sqlite3.connect(path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
         columns = [r[1] for r in conn.execute("PRAGMA table_info(runs)")]
     conn.close()
     assert columns[-1] == "launcher"

@@ -29,7 +29,8 @@ class Kind:
     finite: bool = False
 
     def holds(self, value: object) -> bool:
-        return (type(value) in self.types and (self.least is None or value >= self.least)
+        return (type(value) in self.types
+                and (self.least is None or value is None or value >= self.least)
                 and not (self.finite and type(value) is float and not math.isfinite(value)))
 
 
@@ -38,6 +39,7 @@ TEXT = Kind((str,), "text")
 TEXT_OR_NULL = Kind((str, _NULL), "text or NULL")
 COUNT = Kind((int,), "an integer")
 INDEX = Kind((int,), "an integer of at least 0", 0)  # a worker's, server's, rank's, step's
+INDEX_OR_NULL = Kind((int, _NULL), "an integer of at least 0 or NULL", 0)
 # A resource sample's process: a rank, or -1 for a Spark run's driver (launch/spark_resources).
 SAMPLED = Kind((int,), "an integer of at least -1", -1)
 FLAG_OR_NULL = Kind((int, _NULL), "an integer or NULL")
@@ -67,6 +69,8 @@ COLUMNS: dict[str, dict[str, Kind]] = {
     "updates": {"server": INDEX, "t": NUMBER, "seconds": NUMBER},
     "resources": {"rank": SAMPLED, "role": TEXT, "t": NUMBER, "cpu_percent": NUMBER,
                   "rss_bytes": NUMBER, "bytes_sent": NUMBER, "bytes_received": NUMBER},
+    "membership": {"t": NUMBER_OR_NULL, "worker": INDEX, "rank": INDEX, "host": INDEX_OR_NULL,
+                   "cause": TEXT, "workers": INDEX},
     "sweeps": {"sweep_id": TEXT, "name": TEXT, "kind": TEXT, "description": TEXT,
                "created": TEXT, "updated": TEXT, "plan": TEXT},
     "sweep_runs": {"sweep_id": TEXT, "point_key": TEXT, "repeat": COUNT,

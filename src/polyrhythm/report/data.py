@@ -117,10 +117,13 @@ def _json(text: str | None) -> dict:
     return value if isinstance(value, dict) else {}
 
 
+TEXT_COLUMNS = ("role", "cause")  # of the series: kept as they are; host: NULL as NaN
+
+
 def _columns(rows: list[dict], names: tuple[str, ...]) -> dict[str, np.ndarray]:
     if not rows:
         return {}
-    return {n: np.array([r[n] for r in rows], dtype=object if n == "role" else float)
+    return {n: np.array([r[n] for r in rows], dtype=object if n in TEXT_COLUMNS else float)
             for n in names}
 
 

@@ -44,7 +44,8 @@ FIGURES = (
                training.accuracy_vs_epoch),
     FigureSpec("throughput_vs_time", "Throughput over time",
                "Training samples per second of all workers together in each time bin, from "
-               "the iterations they finished. " + _BANDS, training.throughput_vs_time),
+               "the iterations they finished; dashed lines mark where a run lost a worker "
+               "and went on without it. " + _BANDS, training.throughput_vs_time),
     FigureSpec("throughput_vs_workers", "Throughput against workers",
                "Training samples per second of all workers together (warm-up excluded), per "
                "strategy and worker count. " + _BARS, training.throughput_vs_workers),

@@ -245,10 +245,11 @@ def lost_table(runs: list[Run]) -> Table | None:
     if not rows:
         return None
     return Table("lost-table", "Lost workers", "Workers whose process died while the run went "
-                 "on without them (on_worker_failure = continue): when the servers saw each go "
-                 "(seconds into training), the gradients it had pushed by then, and the "
-                 "workers that finished the run. Their figures are left out of the others.",
-                 ("run id", "group", "worker", "lost at (s)", "gradients pushed",
+                 "on without them (on_worker_failure = continue): when the servers, or the "
+                 "workers summing with it, saw each go (seconds into training), the gradients "
+                 "it had pushed or summed by then, and the workers that finished the run. "
+                 "Their figures are left out of the others.",
+                 ("run id", "group", "worker", "lost at (s)", "gradients given",
                   "workers left"), rows)
 
 

@@ -99,6 +99,21 @@ def mark_switches(ax, groups: list[Group], by_time: bool) -> str:
     return "; dotted: a run's switch" if marked else ""
 
 
+def mark_losses(ax, groups: list[Group]) -> str:
+    """A dashed line, in the group's colour, where a run lost a worker and went on (its
+    membership changed). Returns the note's words for it ('' if none)."""
+    marked = False
+    for group in groups:
+        for run in group.runs:
+            for lost in run.summary.get("lost_workers", []):
+                if lost["at_s"] is None:  # seen only after training
+                    continue
+                ax.axvline(float(lost["at_s"]), color=group.color, linestyle="--",
+                           linewidth=1.2, label=None if marked else "a worker lost")
+                marked = True
+    return "; dashed: a worker lost, the others going on" if marked else ""
+
+
 def throughput_vs_time(groups: list[Group]):
     """Samples/s of all workers over the run, from the iterations each worker finished in
     each time bin (its batch per iteration)."""
@@ -111,7 +126,7 @@ def throughput_vs_time(groups: list[Group]):
     ax.set_xlabel("time since job start (s)")
     ax.set_ylabel("throughput (samples/s, all workers)")
     from_zero(ax)
-    marked = mark_switches(ax, groups, by_time=True)
+    marked = mark_switches(ax, groups, by_time=True) + mark_losses(ax, groups)
     note(ax, BAND_NOTE + marked + (f"; no iterations for {', '.join(missing)}" if missing
                                    else ""))
     legend(ax, title="group")

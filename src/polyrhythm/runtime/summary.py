@@ -10,11 +10,12 @@ import torch
 
 from polyrhythm.compression import COMPRESSORS
 from polyrhythm.compression.wire import wire_ratio
+from polyrhythm.config.emulation import host_ranks
 from polyrhythm.data.source import Dataset
 from polyrhythm.flat import FlatParameters, RunningStatistics
 from polyrhythm.losses import LOSSES
 from polyrhythm.metrics.recorder import SPAN_NAMES, StalenessLog
-from polyrhythm.metrics.store import RULE_FIELDS
+from polyrhythm.metrics.schema import RULE_FIELDS, SERIES
 from polyrhythm.models.build import build_model
 from polyrhythm.runtime.validation import evaluate
 
@@ -54,6 +55,7 @@ def combine(config, reports: list[dict], state_dict: dict[str, torch.Tensor],
     staleness = Counter()
     for s in servers:
         staleness.update(s["staleness_histogram"])
+    lost = _lost_workers(reports)
     summary = {
         "status": "completed",
         "strategy": config.strategy.name,
@@ -78,13 +80,16 @@ def combine(config, reports: list[dict], state_dict: dict[str, torch.Tensor],
         "traffic_per_rank": [{"rank": r["rank"], **r["traffic"]} for r in reports],
         **_strategy_figures(workers),
         "on_worker_failure": config.on_worker_failure,
-        "lost_workers": _lost_workers(reports),
+        "lost_workers": lost,
+        "membership": membership_timeline(config, lost),
         "compression": _compression(config, workers, servers),
     }
     series = {"iterations": [row for w in workers for row in w["iterations"]],
               "pushes": [row for s in servers for row in s["pushes"]],
               "updates": [row for s in servers for row in s["updates"]],
-              "resources": [row for r in reports for row in r.get("resources", [])]}
+              "resources": [row for r in reports for row in r.get("resources", [])],
+              "membership": [tuple(event[c] for c in SERIES["membership"])
+                             for event in summary["membership"]]}
     return RunResult(summary, _epoch_rows(workers, accuracy), state_dict, series)
 
 
@@ -172,6 +177,19 @@ def _lost_workers(reports: list[dict]) -> list[dict]:
                              and (known["at_s"] is None or entry["at_s"] < known["at_s"])):
             lost[entry["worker"]] = entry
     return [lost[w] for w in sorted(lost)]
+
+
+def membership_timeline(config, lost: list[dict]) -> list[dict]:
+    """Each change of the run's workers, in time order (those seen only after training
+    last): when, which worker and rank, its emulated host (None: none), the cause and the
+    workers the run had after it."""
+    hosts = {rank: h for h, ranks in enumerate(host_ranks(config.cluster, config.servers,
+                                                          config.workers))
+             for rank in ranks} if config.cluster.hosts else {}
+    events = sorted(lost, key=lambda e: (e["at_s"] is None, e["at_s"] or 0.0, e["worker"]))
+    return [{"t": e["at_s"], "worker": e["worker"], "rank": e["rank"],
+             "host": hosts.get(e["rank"]), "cause": "lost", "workers": config.workers - i - 1}
+            for i, e in enumerate(events)]
 
 
 def _epoch_rows(workers: list[dict], accuracy: bool) -> list[dict]:
