@@ -9,7 +9,13 @@ import pytest
 import torch
 
 import polyrhythm
-from helpers import equivalence_config, max_diff, play_ranks, stored_parameters
+from helpers import (
+    equivalence_config,
+    max_diff,
+    play_ranks,
+    reference_parameters,
+    stored_parameters,
+)
 from polyrhythm.cli.train import switch_line
 from polyrhythm.comm.messages import REPLY_HEADER
 from polyrhythm.config import make_config
@@ -74,6 +80,24 @@ def test_switching_to_bsp_ends_where_allreduce_ends(tmp_path):
     stay = polyrhythm.train(equivalence_config(tmp_path, strategy="switch", at=1.0, workers=2))
     assert stay["switch_epoch"] is None and stay["switch_s"] is None
     assert max_diff(stored_parameters(stay), stored_parameters(allreduce)) == 0
+
+
+def test_a_switch_that_lost_worker_0_before_it_is_handed_over_by_worker_1(tmp_path):
+    """on_worker_failure = continue, 3 workers; worker 0 dies after its step 4, in the
+    all-reduce half: the others sum on over themselves, worker 1 (the first left) hands the
+    model to the servers at the switch, and bsp goes on without worker 0. The parameters are
+    a reference's that took worker 0's gradients for 4 steps and the others' after (the
+    learning rate by epoch: the handover's step count carries bsp's progress on from it)."""
+    config = equivalence_config(tmp_path, strategy="switch", to="bsp", at=0.5, workers=3,
+                                batch_size=64, on_worker_failure="continue",
+                                dies_after_steps=[4, 0, 0])
+    summary = polyrhythm.train(config)
+    assert summary["switch_epoch"] == 1
+    assert [lost["worker"] for lost in summary["lost_workers"]] == [0]
+    stored = stored_parameters(summary)
+    assert max_diff(stored, reference_parameters(config, leaves={0: 4},
+                                                 lr_by_epoch=True)) <= 1e-5
+    assert max_diff(stored, reference_parameters(config, lr_by_epoch=True)) > 20 * 1e-5
 
 
 def test_the_empirical_switch_epoch_follows_from_the_stored_losses(tmp_path):

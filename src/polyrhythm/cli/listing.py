@@ -58,9 +58,14 @@ def after_a_loss(strategy: str, workers: int = 4) -> str:
         return f"{fails}: every worker waits for the others"
     if config.on_worker_failure == CONTINUE:
         return "the others go on without it (on_worker_failure = continue, the default)"
-    how = ("the others go on" if config.servers else
-           "the others sum over themselves from the step it was found gone (worker 0 "
-           "records the run: its loss still fails it)")
+    if not config.servers:
+        how = ("the others sum over themselves from the step it was found gone (worker 0 "
+               "records the run: its loss still fails it)")
+    elif config.strategy.name == "switch":
+        how = ("the others sum over themselves until the switch, and the servers go on "
+               "without it after")
+    else:
+        how = "the others go on"
     return f"{fails} (abort, the default); with --on-worker-failure continue {how}"
 
 

@@ -1,4 +1,5 @@
-"""Messages of a fixed size from known ranks, in arrival order (a server's pushes, gossip)."""
+"""Messages of a fixed size from known ranks, in arrival order (a server's pushes, gossip), and
+the one message whichever of several ranks sends first (a Strategy-Switch's handover)."""
 
 from __future__ import annotations
 
@@ -135,3 +136,38 @@ class Receiver:
         """(Without `last`.) The buffer of `src` is free again; post its next receive unless
         it sends no more."""
         self._go_on[src].put(more)
+
+
+def first_message(transport: Transport, tensor: torch.Tensor, sources: list[int], tag: int,
+                  within: float | None) -> int:
+    """Receive into `tensor` the message whichever of `sources` sends first, within `within`
+    seconds (None: no bound); its rank. The others are never expected to send: their
+    receives stay posted, each waited for by a thread of its own that nobody asks again.
+    PeerLost (or what else failed) if every source is gone first, PeerSilent if none sends
+    in time."""
+    arrived: queue.SimpleQueue = queue.SimpleQueue()
+
+    def receive(src: int, box: torch.Tensor) -> None:
+        try:
+            post_receive(box, src, tag).wait(NEVER)
+            arrived.put((src, box, None))
+        except Exception as exc:  # noqa: BLE001 - told to the caller, in its thread
+            arrived.put((src, None, translated(exc, src)))
+
+    for src in sources:
+        threading.Thread(target=receive, args=(src, torch.empty_like(tensor)), daemon=True,
+                         name=f"first-from-{src}").start()
+    deadline = None if within is None else time.monotonic() + within
+    failed: list[BaseException] = []
+    while len(failed) < len(sources):
+        try:
+            src, box, fault = arrived.get(
+                timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            raise PeerSilent(None, TimeoutError(f"no message within {within:g} s")) from None
+        if fault is None:
+            tensor.copy_(box)
+            transport.count_received(tensor)
+            return src
+        failed.append(fault)
+    raise failed[0]

@@ -23,7 +23,7 @@ from polyrhythm.comm.delay import DelayLine, Posted
 from polyrhythm.comm.faults import PeerFault, PeerLost, PeerSilent, on_the_wire
 from polyrhythm.comm.network_threads import calm_network_threads, sharing_cores
 from polyrhythm.comm.posting import post_receive, post_send
-from polyrhythm.comm.receiver import Receiver
+from polyrhythm.comm.receiver import Receiver, first_message
 from polyrhythm.comm.waiting import NEVER, wait_within
 
 if TYPE_CHECKING:
@@ -217,6 +217,11 @@ class Transport:
             yield
         finally:
             self._uncounted -= 1
+
+    def receive_first(self, tensor: torch.Tensor, sources: list[int], tag: int,
+                      within: float | None = None) -> int:
+        """Receive the message whichever of `sources` sends first; its rank (receiver.py)."""
+        return first_message(self, tensor, sources, tag, within)
 
     @property
     def counting_paused(self) -> bool:

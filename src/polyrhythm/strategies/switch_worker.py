@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from polyrhythm.comm.messages import HANDOVER
+from polyrhythm.comm.transport import WORKERS
 from polyrhythm.errors import ConfigError
 from polyrhythm.optim import state_pieces
 from polyrhythm.strategies.base import EpochEnd, Strategy
@@ -130,9 +131,10 @@ class SwitchWorker(Strategy):
         self.switched_at = self.ctx.now()
 
     def _hand_over(self, switched: bool) -> None:
-        """Worker 0 sends each server its buckets' parameters and optimizer state (the
-        optimizer copies of all workers are the same after a collective step)."""
-        if self.ctx.worker_index != 0:
+        """The first worker left (worker 0 unless it was lost) sends each server its
+        buckets' parameters and optimizer state (the optimizer copies of all workers are the
+        same after a collective step)."""
+        if self.ctx.rank != self.ctx.transport.members(WORKERS)[0]:
             return
         weights, optimizer = self.flat.data, self.first.optimizer
         tensors, values = state_pieces(optimizer.flat_state(), optimizer.state_keys,

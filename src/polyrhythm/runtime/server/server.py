@@ -162,14 +162,19 @@ class ParameterServerShard:
             self._answer(int(key), bucket, served)
 
     def receive_handover(self) -> None:
-        """Wait for worker 0's handover (comm/messages.py) and start every bucket from it.
-        No push can come before it: the workers push only once the switch is made."""
+        """Wait for the handover (comm/messages.py) and start every bucket from it: worker
+        0's, or where the run goes on without a lost worker, the first worker's left. No push
+        can come before it: the workers push only once the switch is made."""
         sizes = [b.stop - b.start for b in self.buckets.values()]
         keys = self.handover_keys or state_keys(self.ctx.config.optimizer)
         elementwise, scalars = keys
         total = sum(sizes)
         box = torch.empty(HANDOVER_HEADER + (1 + len(elementwise)) * total + len(scalars))
-        self.ctx.transport.irecv(box, self.ctx.topology.worker_ranks[0], tag=HANDOVER).wait()
+        workers, transport = self.ctx.topology.worker_ranks, self.ctx.transport
+        if self.continues:
+            transport.receive_first(box, workers, HANDOVER, self.ctx.config.timeout)
+        else:
+            transport.irecv(box, workers[0], tag=HANDOVER).wait()
         switched, steps = box[:HANDOVER_HEADER].tolist()
         weights, *tensors = box[HANDOVER_HEADER:box.numel() - len(scalars)].split(total)
         values = box[box.numel() - len(scalars):].tolist()
