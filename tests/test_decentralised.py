@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 import polyrhythm
 from helpers import equivalence_config, rank_processes, small_config, stored_parameters
+from polyrhythm.metrics.store import RunStore
 from polyrhythm.strategies.averaging import (
     DONE,
     GOSSIP_HEADER,
@@ -231,4 +232,20 @@ def test_gossip_drains_every_message_when_workers_finish_at_different_times(tmp_
     assert [r["messages_received"] for r in traffic] == [m + 2 for m in models]
     for r in traffic:
         assert r["bytes_received"] == gossip_bytes(summary, r["messages_received"])
+    assert_no_rank_left()
+
+
+def test_dpsgd_told_to_continue_goes_on_over_the_ring_left(tmp_path):
+    """D-PSGD, 4 workers; worker 3 dies after its step 7: the others form a ring of three
+    and train on (each step's exchange with the neighbours left), to the consensus."""
+    summary = polyrhythm.train(small_config(tmp_path, strategy="dpsgd", workers=4,
+                                            dataset="digits", epochs=3,
+                                            on_worker_failure="continue",
+                                            dies_after_steps=[0, 0, 0, 7]))
+    (lost,) = summary["lost_workers"]
+    assert (lost["worker"], lost["pushes"]) == (3, 7)
+    assert [w["steps"] for w in summary["per_worker"]] == [30, 30, 30]
+    assert summary["membership"][0]["workers"] == 3
+    epochs = RunStore(tmp_path / "runs" / "polyrhythm.db").epochs(summary["run_id"])
+    assert summary["final_val_accuracy"] > epochs[0]["val_accuracy"] + 0.05, epochs
     assert_no_rank_left()

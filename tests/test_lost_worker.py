@@ -181,12 +181,13 @@ def test_min_workers_or_a_fault_on_cue_that_cannot_be_is_one_line(fields, said):
 
 
 def test_continue_is_refused_where_every_worker_waits_for_the_others():
-    for strategy in ("dpsgd", "gossip", "tree-easgd"):
+    for strategy in ("gossip", "tree-easgd"):
         with pytest.raises(ConfigError, match="needs a strategy whose servers, or whose "
-                                              "workers' sums, go on without a lost worker"):
+                                              "workers' sums and exchanges, go on without a "
+                                              "lost worker"):
             load_config(strategy=strategy, on_worker_failure="continue")
     cli = subprocess.run([sys.executable, "-m", "polyrhythm.cli", "train", "--strategy",
-                          "dpsgd", "--on-worker-failure", "continue"],
+                          "gossip", "--on-worker-failure", "continue"],
                          capture_output=True, text=True)
     assert cli.returncode == 2 and cli.stderr.count("\n") == 1
 
@@ -194,7 +195,8 @@ def test_continue_is_refused_where_every_worker_waits_for_the_others():
 def test_a_collective_strategy_goes_on_when_told_and_sums_uncompressed():
     """continue is allowed under the collective strategies, local SGD and Strategy-Switch
     (abort stays their default); their compressed sums keep state per member: one line."""
-    for strategy in ("allreduce", "ring", "tree", "reduce-broadcast", "localsgd", "switch"):
+    for strategy in ("allreduce", "ring", "tree", "reduce-broadcast", "localsgd", "dpsgd",
+                     "switch"):
         assert load_config(strategy=strategy, workers=3).on_worker_failure == "abort"
         config = load_config(strategy=strategy, workers=3, on_worker_failure="continue")
         assert config.on_worker_failure == "continue"

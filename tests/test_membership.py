@@ -37,16 +37,23 @@ def _rank(rank: int, out: str, victim: int, dies: str, algorithm: str, least: in
     result = {"sums": [], "raised": None}
     numel = 3_000_000 if dies == "mid-step" else 10_000
     try:
+        if algorithm == "exchange":
+            result["sums"] = _exchanges(rank, victim, transport)
+            raise _Done
         for step in range(STEPS):
             if rank == victim and step == 12:
-                _die(transport, dies, numel)
+                _die(transport, dies, numel, out)
             total = torch.full((numel,), float((rank + 1) * (step + 1)))
             transport.all_reduce(total, WORKERS, algorithm)
+            if step == 12:  # a sum the victim may wait to see done (sent-to-one)
+                (out / f"{rank}-summed-12").touch()
             assert bool((total == total[0]).all())
             result["sums"].append(total[0].item())
         transport.exclude(set(transport.membership.changes[0][1])
                           if transport.membership.changes else set())
         transport.barrier()  # the end of a run: the survivors meet in a group of their own
+    except _Done:
+        pass
     except PeerLost as exc:
         result["raised"] = str(exc)
     result["changes"] = [(done, lost) for done, lost, _ in transport.membership.changes]
@@ -55,10 +62,36 @@ def _rank(rank: int, out: str, victim: int, dies: str, algorithm: str, least: in
     os._exit(0)
 
 
-def _die(transport: Transport, how: str, numel: int) -> None:
+class _Done(Exception):
+    pass
+
+
+def _exchanges(rank: int, victim: int, transport: Transport) -> list[float | None]:
+    """Each step, a value to each ring neighbour among the members (Membership.exchange):
+    the sum of those received, each step's (None: the others went on past it)."""
+    sums = []
+    for step in range(STEPS):
+        if rank == victim and step == 12:
+            os.kill(os.getpid(), signal.SIGKILL)
+        value = torch.full((1000,), float((rank + 1) * (step + 1)))
+
+        def plan(members: list[int], value=value) -> tuple[dict, dict]:
+            me = members.index(rank)
+            ranks = sorted({members[(me - 1) % len(members)],
+                            members[(me + 1) % len(members)]} - {rank})
+            return dict.fromkeys(ranks, value), {r: torch.empty(1000) for r in ranks}
+
+        received = transport.membership.exchange(plan)
+        sums.append(None if received is None else sum(box[0].item()
+                                                      for box in received.values()))
+    return sums
+
+
+def _die(transport: Transport, how: str, numel: int, out: Path) -> None:
     """Rank `victim`'s end, at step 12: killed before its all-reduce (between steps), 10 ms
     into it (mid-step), or as the root of a reduce-broadcast that has summed every member's
-    tensor and sent the sum to member 1 only (the others never get it from the root)."""
+    tensor and sent the sum to member 1 only (the others never get it from the root), once
+    member 1 has it (its all-reduce completed: no alarm ended it first)."""
     if how == "mid-step":
         threading.Timer(0.01, os.kill, (os.getpid(), signal.SIGKILL)).start()
         return
@@ -69,6 +102,9 @@ def _die(transport: Transport, how: str, numel: int) -> None:
             transport.irecv(part, peer, TAG_BASE).wait()
             total += part
         transport.isend(total, 1, TAG_BASE + 1).wait()
+        deadline = time.monotonic() + JOIN_S
+        while not (out / "1-summed-12").exists() and time.monotonic() < deadline:
+            time.sleep(0.005)
     os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -119,8 +155,8 @@ def test_a_worker_killed_mid_step_leaves_every_survivor_with_the_same_sums(tmp_p
     assert first["raised"] is None
     (change,) = first["changes"]
     assert change[1] == [1]
-    at = len([s for s in first["sums"]
-              if s == _expected(first["sums"].index(s), list(range(WORLD_SIZE)))])
+    at = next(s for s in range(STEPS)  # the first step summed over the four
+              if first["sums"][s] != _expected(s, list(range(WORLD_SIZE))))
     assert first["sums"] == [_expected(s, list(range(WORLD_SIZE))) for s in range(at)] + \
         [_expected(s, survivors) for s in range(at, STEPS)]
     assert all(o["sums"] == first["sums"] and o["raised"] is None for o in others)
@@ -136,6 +172,34 @@ def test_a_sum_one_survivor_completed_is_handed_to_the_others(tmp_path):
         assert result["changes"] == [[12, [0]]]
         assert result["sums"] == [_expected(s, list(range(WORLD_SIZE))) for s in range(13)] + \
             [_expected(s, [1, 2, 3, 4]) for s in range(13, STEPS)]
+
+
+def test_an_exchange_with_ring_neighbours_goes_on_over_the_ring_left(tmp_path):
+    """Each step each member sends a value to its ring neighbours among the members (D-PSGD's
+    exchange); rank 2 killed before step 12. From step 13 the ring is of the four left. Step
+    12 is one of two, whichever the timing gives, alike on every survivor: nobody completed
+    it as the loss was found, and all redo it over the four; or some completed it over the
+    five (ranks 0 and 4, whose neighbours all sent), and the others (at least ranks 1 and 3,
+    waiting for rank 2) go on without what they would have received."""
+    results = _run(tmp_path, 2, "between-steps", "exchange")
+
+    def neighbours_sum(rank: int, step: int, members: list[int]) -> float:
+        me = members.index(rank)
+        ring = {members[(me - 1) % len(members)], members[(me + 1) % len(members)]} - {rank}
+        return float(sum((r + 1) * (step + 1) for r in ring))
+
+    five, four = [0, 1, 2, 3, 4], [0, 1, 3, 4]
+    redone = {r: neighbours_sum(r, 12, four) for r in results}
+    for r, result in results.items():
+        assert result["raised"] is None and result["changes"] == [[12, [2]]], result
+        assert result["sums"][:12] == [neighbours_sum(r, s, five) for s in range(12)]
+        assert result["sums"][13:] == [neighbours_sum(r, s, four) for s in range(13, STEPS)]
+    at_12 = {r: result["sums"][12] for r, result in results.items()}
+    if at_12 != redone:
+        assert at_12[1] is None and at_12[3] is None, at_12
+        assert {at_12[r] for r in (0, 4)} <= {None, *(neighbours_sum(r, 12, five)
+                                                       for r in (0, 4))}, at_12
+        assert {at_12[0], at_12[4]} != {None}, at_12  # one of them went on past it
 
 
 def test_fewer_workers_than_the_least_fails_every_survivor_naming_the_lost_one(tmp_path):

@@ -59,8 +59,9 @@ def after_a_loss(strategy: str, workers: int = 4) -> str:
     if config.on_worker_failure == CONTINUE:
         return "the others go on without it (on_worker_failure = continue, the default)"
     if not config.servers:
-        how = ("the others sum over themselves from the step it was found gone (worker 0 "
-               "records the run: its loss still fails it)")
+        how = ("the others regroup from the step it was found gone: their sums, averages "
+               "or ring over the workers left (worker 0 records the run: its loss still "
+               "fails it)")
     elif config.strategy.name == "switch":
         how = ("the others sum over themselves until the switch, and the servers go on "
                "without it after")

@@ -1,6 +1,7 @@
 """The workers of a job whose members may change (on_worker_failure = continue under a
-collective strategy): who they are now, in generations, and the all-reduce over them that
-goes on without a worker lost mid-step.
+strategy whose workers regroup): who they are now, in generations, and what they do together
+(an all-reduce over them all, an exchange with some: D-PSGD's ring), going on without a
+worker lost mid-step.
 
 Why no Gloo group (measured on torch 2.13's Gloo, 5 processes): a rank killed mid-all-reduce
 fails Gloo's collective at once only for its two neighbours in the ring; the others wait out
@@ -10,8 +11,9 @@ times out (abort and shutdown do not release it; Gloo cannot shrink a group). Me
 posted point to point on the job's default group, and left behind, hold nothing up.
 
 So a generation's all-reduce is one of comm/collectives.py's schedules, its rounds tagged
-for the generation, every message waited for on a thread of the generation's own (a wait of
-an abandoned generation is left to it), while the caller watches the generation's alarm:
+for the generation (an exchange, its messages), every message waited for on a thread of the
+generation's own (a wait of an abandoned generation is left to it), while the caller watches
+the generation's alarm:
 
 - each member posts, as a generation opens, a greeting receive from every other member.
   A member that sees a message of the all-reduce fail (its peer's connection broke) or a
@@ -24,7 +26,9 @@ an abandoned generation is left to it), while the caller watches the generation'
   completes an all-reduce without everybody's part of it); a member that completed the one
   interrupted hands its result to those that did not, so every survivor goes on from the
   same step, bit for bit; where none did, each redoes it over the survivors from its own
-  input (a fresh buffer: a message of the abandoned generation may still land in the old);
+  input (a fresh buffer: a message of the abandoned generation may still land in the old).
+  An exchange has no result to hand: a member the others went on past goes on without what
+  it would have received, and where none completed it, all redo it over the members left;
 - a lost member's share of a sum is missing from then on, as a parameter server leaves it
   out (the survivors keep their weights: strategies/allreduce.py).
 """
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -46,8 +51,13 @@ from polyrhythm.comm.waiting import NEVER
 if TYPE_CHECKING:
     from polyrhythm.comm.transport import Pending, Transport
 
+# An exchange's plan: for the members now, what to send to each rank and where to receive
+# from each (Membership.exchange).
+Plan = Callable[[list[int]], tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]]
+
 GENERATION_TAGS = 2**16  # tags of one generation's all-reduce rounds (a round's tag: + r)
 GENERATIONS = 2**14  # the most a job has: tags above them would pass Gloo's int32
+EXCHANGE = GENERATION_TAGS - 1  # a generation's exchange's tag (its all-reduce rounds: below)
 # Greetings of generation g carry tag MEMBERS + 2g; a result handed over, MEMBERS + 2g + 1.
 
 
@@ -176,37 +186,73 @@ class Membership:
             raise MembersChanged(pending.peer, done.error)
         pending.settle()
 
-    # --- the all-reduce -------------------------------------------------------------------
+    # --- what the members do together -----------------------------------------------------
+
+    def _tags(self) -> int:
+        return TAG_BASE + self.generation * GENERATION_TAGS
 
     def all_reduce(self, tensor: torch.Tensor, algorithm: str) -> None:
         """Sum `tensor` in place over the members, going on without any lost meanwhile."""
         while True:
             attempt = tensor.clone()
-            tags = TAG_BASE + self.generation * GENERATION_TAGS
             try:
                 all_reduce(self.transport, attempt, self.members, self.rank, algorithm,
-                           tags, self._wait)
+                           self._tags(), self._wait)
             except (MembersChanged, PeerFault):
-                handed = self._regroup(tensor)
-                if handed is None:
+                behind, handed = self._regroup(tensor)
+                if not behind:
                     continue  # redone over the survivors
                 attempt = handed
-            self.completed += 1
-            self.training += not self.transport.counting_paused
-            self._last = attempt
+            self._done(attempt)
             tensor.copy_(attempt)
             return
 
-    def _regroup(self, tensor: torch.Tensor) -> torch.Tensor | None:
-        """The members left become the next generation: the result of the interrupted
-        all-reduce where one of them completed it, else None (redo it)."""
+    def exchange(self, plan: Plan) -> dict[int, torch.Tensor] | None:
+        """One exchange of messages with some members (D-PSGD's with its ring neighbours):
+        `plan(members)` says, for the members now, what to send to each (by rank) and the
+        buffers to receive into from each, fresh after a change (a message of an abandoned
+        generation may still land in the old). The buffers received, once all are in; None
+        where the others went on past the exchange without this member (one was lost as
+        they completed it): it goes on without what it would have received. Redone over the
+        members left where none had completed it."""
+        while True:
+            sends, receives = plan(self.members)
+            tag = self._tags() + EXCHANGE
+            try:
+                pending = [*(self.transport.irecv(box, rank, tag)
+                             for rank, box in receives.items()),
+                           *(self.transport.isend(data, rank, tag)
+                             for rank, data in sends.items())]
+                for each in pending:
+                    self._wait(each)
+            except (MembersChanged, PeerFault):
+                behind, _ = self._regroup(None)
+                if not behind:
+                    continue
+                receives = None
+            self._done(None)
+            return receives
+
+    def _done(self, result: torch.Tensor | None) -> None:
+        """One more operation completed (an all-reduce's `result`, kept to hand over)."""
+        self.completed += 1
+        self.training += not self.transport.counting_paused
+        self._last = result
+
+    # --- a change of members --------------------------------------------------------------
+
+    def _regroup(self, template: torch.Tensor | None) -> tuple[bool, torch.Tensor | None]:
+        """The members left become the next generation. Whether this member is behind the
+        others (they completed the operation it was in), with the result one of them hands
+        it where the operation was an all-reduce (`template`: its shape; None: an
+        exchange, which has no result to hand)."""
         while True:
             try:
-                return self._agree(tensor)
+                return self._agree(template)
             except MembersChanged:
                 continue  # another member lost while regrouping: again, one generation on
 
-    def _agree(self, tensor: torch.Tensor) -> torch.Tensor | None:
+    def _agree(self, template: torch.Tensor | None) -> tuple[bool, torch.Tensor | None]:
         self._raise_alarm()
         tag = MEMBERS + 2 * self.generation
         mine = torch.tensor([self.completed, self.training], dtype=torch.float64)
@@ -229,20 +275,17 @@ class Membership:
         self._open()
         if len(self.members) < self.least:
             raise _TooFew(lost[0] if lost else None, len(self.members), self.least)
-        return self._hand_over(tensor, source, behind, tag + 1)
+        return self.rank in behind, self._hand_over(template, source, behind, tag + 1)
 
-    def _hand_over(self, tensor: torch.Tensor, source: int, behind: list[int],
+    def _hand_over(self, template: torch.Tensor | None, source: int, behind: list[int],
                    tag: int) -> torch.Tensor | None:
-        """The interrupted all-reduce's result, from the first member that completed it
-        to those that did not."""
-        if not behind:
-            return None
-        if self.rank == source:
+        """The interrupted all-reduce's result, from the first member that completed it to
+        those that did not (an exchange's: nothing)."""
+        if self.rank == source and self._last is not None:
             for member in behind:
                 self._checked(self.transport.isend(self._last, member, tag))
-            return None
-        if self.rank in behind:
-            result = torch.empty_like(tensor)
+        elif self.rank in behind and template is not None:
+            result = torch.empty_like(template)
             self._checked(self.transport.irecv(result, source, tag))
             return result
         return None

@@ -149,7 +149,10 @@ class Transport:
             self.membership = Membership(self, workers, timeout, elastic)
 
     def members(self, group: str = WORKERS) -> list[int]:
-        """The group's members now (global ranks, in order)."""
+        """The group's members now (global ranks, in order): the workers' as their
+        membership has them, where they may change."""
+        if group == WORKERS and self.membership is not None:
+            return list(self.membership.members)
         return list(self._members[group])
 
     def exclude(self, lost: set[int]) -> None:
@@ -249,7 +252,6 @@ class Transport:
         a schedule of messages (`native`: the ring's; Gloo's groups cannot change)."""
         if group == WORKERS and self.membership is not None:
             self.membership.all_reduce(tensor, RING if algorithm == NATIVE else algorithm)
-            self._members[WORKERS] = self.membership.members
             return
         if algorithm == NATIVE:
             if not self._uncounted:
@@ -270,7 +272,7 @@ class Transport:
         """Every member's `tensor` (flat, alike in size), as rows by member, on every member:
         by Gloo's own all-gather (this member's payload counted apart) or by a schedule of
         point-to-point messages of the same algorithm as all_reduce's (counted as messages)."""
-        members = self._members[group]
+        members = self.members(group)
         if algorithm == NATIVE:
             if not self._uncounted:
                 self.counters.native_collective_bytes += _nbytes(tensor)
@@ -292,7 +294,7 @@ class Transport:
         entry is one member's value plus zeros, so every member gets the same bits whatever
         order the reduction adds in, and a decision taken from the table is the same on all.
         """
-        members = self._members[group]
+        members = self.members(group)
         table = torch.zeros(len(members), row.numel(), dtype=torch.float64)
         table[members.index(self.rank)] = row
         self.all_reduce(table, group)

@@ -57,15 +57,16 @@ def worker_failure_of(spec: StrategySpec, strategy: Settings, general: dict) -> 
     """on_worker_failure as the run will act on it: as given, or `continue` where the
     strategy's servers make the same kind of update without the lost worker (its policy's
     `survives_lost_worker`) and another worker is left, else `abort`. A parameter server
-    carries on without a lost worker, and workers that meet only in sums over all of them
-    sum on over those left (comm/membership.py), when asked to; other strategies' peers
-    each wait for the lost one."""
+    carries on without a lost worker, and a strategy whose workers regroup goes on over those
+    left (comm/membership.py), when asked to; other strategies' peers each wait for the lost
+    one."""
     given, workers = general["on_worker_failure"], general["workers"]
     servers_only = spec.family == PARAMETER_SERVER
-    if given == CONTINUE and not (servers_only or spec.sums_among_workers):
+    if given == CONTINUE and not (servers_only or spec.regroups):
         raise ConfigError(f"on_worker_failure = continue needs a strategy whose servers, or "
-                          f"whose workers' sums, go on without a lost worker; in strategy "
-                          f"{spec.name!r} every worker waits for the others: use abort")
+                          f"whose workers' sums and exchanges, go on without a lost worker; "
+                          f"in strategy {spec.name!r} every worker waits for the others: use "
+                          "abort")
     if given is not None:
         return given
     survives = servers_only and workers > 1 and spec.policy(strategy,
@@ -74,10 +75,9 @@ def worker_failure_of(spec: StrategySpec, strategy: Settings, general: dict) -> 
 
 
 def goes_on_elastic(run, spec: StrategySpec) -> bool:
-    """Whether the workers of a run (its settings, or its config) sum over those left when
-    one is lost: a strategy's whose workers meet only in sums, told to go on
-    (comm/membership.py)."""
-    return run.on_worker_failure == CONTINUE and spec.sums_among_workers
+    """Whether the workers of a run (its settings, or its config) regroup over those left
+    when one is lost: a strategy's whose workers regroup, told to go on (comm/membership.py)."""
+    return run.on_worker_failure == CONTINUE and spec.regroups
 
 
 def check_min_workers(general: dict) -> None:

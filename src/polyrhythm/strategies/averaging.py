@@ -162,6 +162,9 @@ class RingExchangeWorker(DecentralisedWorker):
 
     def step(self, epoch: int) -> None:
         transport, index = self.ctx.transport, self.ctx.worker_index
+        if transport.membership is not None:
+            self._step_among_members(epoch)
+            return
         if self.sender is not None:
             with self.ctx.spans("compress"):
                 self.sender.encode(self.flat.data, self.outbox)
@@ -185,6 +188,41 @@ class RingExchangeWorker(DecentralisedWorker):
         with self.ctx.spans("apply"):
             mixed = mix({index: own, **theirs}, self.weights)
             self.flat.data.add_(mixed.sub_(own))
+
+    def _step_among_members(self, epoch: int) -> None:
+        """The step where the workers may change (comm/membership.py; uncompressed): the
+        ring is over the workers left, each step's, and the mixture weighs the worker and
+        its neighbours on it alike. The exchange follows the optimizer's step (one call
+        that regroups and redoes it where a worker was lost); a worker the others went on
+        past (they completed the exchange as one was lost) keeps its own model that step."""
+        if not self._clean:  # a send of the exchange that did not complete may still read it
+            self.outbox = torch.empty_like(self.outbox)
+        self.outbox.copy_(self.flat.data)
+        self.local_step(epoch)
+        with self.ctx.spans("wait"):
+            received = self.ctx.transport.membership.exchange(self._plan)
+        if received is None:
+            return
+        self._clean = True
+        members = self.ctx.transport.members(WORKERS)
+        me = members.index(self.ctx.rank)
+        theirs = {members.index(rank): box for rank, box in received.items()}
+        with self.ctx.spans("apply"):
+            mixed = mix({me: self.outbox, **theirs}, mixing_weights(me, len(members)))
+            self.flat.data.add_(mixed.sub_(self.outbox))
+
+    _clean = True  # every receive of the last exchange landed: its buffers may serve again
+
+    def _plan(self, members: list[int]) -> tuple[dict, dict]:
+        """This worker's ring neighbours among `members`: the outbox to each, and a buffer
+        from each (fresh after an exchange that did not complete: a message of it may still
+        land in the old)."""
+        me = members.index(self.ctx.rank)
+        ranks = [members[j] for j in ring_neighbours(me, len(members))]
+        if not self._clean or sorted(self.inbox) != ranks:
+            self.inbox = {rank: torch.empty_like(self.outbox) for rank in ranks}
+        self._clean = False
+        return dict.fromkeys(ranks, self.outbox), self.inbox
 
     def state_dict(self) -> dict:
         state = super().state_dict()

@@ -9,7 +9,7 @@ from polyrhythm.strategies.spec import COLLECTIVE, EVERY_WORKERS, StrategySpec
 WORKER = "polyrhythm.strategies.allreduce:AllReduceWorker"
 
 # Every worker steps the same mean gradient: each update applies every worker's.
-AS_ONE = {"family": COLLECTIVE, "updates_from": EVERY_WORKERS, "sums_among_workers": True}
+AS_ONE = {"family": COLLECTIVE, "updates_from": EVERY_WORKERS, "regroups": True}
 
 ALLREDUCE = StrategySpec(
     "allreduce", "synchronous all-reduce (Gloo) with an optimizer copy per worker",

@@ -37,12 +37,12 @@ LOCALSGD = StrategySpec(
     "localsgd", "local SGD: tau local steps, then the models are averaged (batch-weighted "
     "all-reduce)", source="SparkNet, Moritz et al. 2016; Lin et al. 2020",
     family=DECENTRALISED, worker=f"{WORKERS}:LocalSGDWorker", params=(TAU,),
-    sums_among_workers=True)
+    regroups=True)
 
 DPSGD = StrategySpec(
     "dpsgd", "D-PSGD: every step each worker averages its model with its ring neighbours'",
     source="D-PSGD, Lian et al., NIPS 2017", family=DECENTRALISED,
-    worker=f"{WORKERS}:RingExchangeWorker")
+    worker=f"{WORKERS}:RingExchangeWorker", regroups=True)
 
 GOSSIP = StrategySpec(
     "gossip", "GoSGD: after a step, with probability p, send the model and half its weight "

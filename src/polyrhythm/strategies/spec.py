@@ -65,9 +65,10 @@ class StrategySpec(Component):
     updates_from: str | None = ONE_WORKERS
     # Its messages may be compressed ([compression]); else a compressor is refused in one line.
     compressible: bool = True
-    # Its workers meet only in sums over all of them (all-reduces of gradients or models),
-    # which go on over the workers left when one is lost (comm/membership.py).
-    sums_among_workers: bool = False
+    # Its workers, which meet only in sums over all of them (all-reduces of gradients or
+    # models) or in exchanges with their ring neighbours, regroup over the workers left when
+    # one is lost, and go on (comm/membership.py).
+    regroups: bool = False
 
     @property
     def uses_servers(self) -> bool:

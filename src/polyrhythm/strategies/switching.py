@@ -167,10 +167,10 @@ SWITCH = StrategySpec(
     "switch", "Strategy-Switch: a collective strategy first, then for good a parameter "
     "server's, when the rule says so", source="the Strategy-Switch thesis, ch. 4; after "
     "Sync-Switch, Li et al., ICDCS 2021", family=SWITCHING,
-    # Until the switch its workers meet only in the collective half's sums; then its
-    # servers go on without a lost worker as a parameter server's do.
+    # Until the switch its workers meet only in the collective half's sums (they regroup);
+    # then its servers go on without a lost worker as a parameter server's do.
     worker="polyrhythm.strategies.switch_worker:SwitchWorker", updates_from=None,
-    sums_among_workers=True, params=(
+    regroups=True, params=(
         Param("from", str, "the strategy before the switch (a collective one)", "allreduce",
               section="strategy"),
         Param("to", str, "the strategy after the switch (a parameter-server one)", "asp",
