@@ -14,7 +14,15 @@ import threading
 import pytest
 import torch
 
-from helpers import HANG_GUARD_S, finished, wait_for_checkpoint, wait_for_ranks
+import polyrhythm
+from helpers import (
+    HANG_GUARD_S,
+    finished,
+    rank_processes,
+    small_config,
+    wait_for_checkpoint,
+    wait_for_ranks,
+)
 from polyrhythm.cli import main
 from polyrhythm.config import load_config
 from polyrhythm.errors import ConfigError
@@ -135,6 +143,27 @@ def test_allreduce_told_to_continue_sums_on_without_a_killed_worker_but_not_work
     run = _kill_during_training(tmp_path / "b", 0, "--strategy", "allreduce",
                                 "--on-worker-failure", "continue", servers=0)
     _aborted(run, tmp_path / "b", 0, "worker 0", servers=0)
+
+
+@pytest.mark.parametrize(("strategy", "dies_after"), [
+    ("bsp", 6), ("asp", 6), ("ssp", 6), ("allreduce", 6), ("localsgd", 6), ("dpsgd", 6),
+    ("switch", 6), ("switch", 14),  # before its switch (after epoch 1 of 2), and after
+])
+def test_every_strategy_that_goes_on_completes_without_a_killed_worker(tmp_path, strategy,
+                                                                        dies_after):
+    """Told to continue, each family's run loses worker 2 (SIGKILL, on cue) and completes
+    on the other two: the loss recorded in the summary and as an event in the store, no
+    process of the run left."""
+    config = small_config(tmp_path, strategy=strategy, workers=3, dataset="digits",
+                          on_worker_failure="continue", dies_after_steps=[0, 0, dies_after])
+    summary = polyrhythm.train(config)
+    (lost,) = summary["lost_workers"]
+    assert lost["worker"] == 2 and [w["worker"] for w in summary["per_worker"]] == [0, 1]
+    (event,) = RunStore(tmp_path / "runs" / "polyrhythm.db").series("membership",
+                                                                    summary["run_id"])
+    assert (event["worker"], event["cause"], event["workers"]) == (2, "lost", 2)
+    assert all(w["steps"] == 20 for w in summary["per_worker"])
+    assert rank_processes(os.getpid()) == {}
 
 
 def test_a_loss_that_would_leave_fewer_than_min_workers_fails_the_run_saying_so(tmp_path):
