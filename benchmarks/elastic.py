@@ -19,7 +19,7 @@ themselves (comm/membership.py); the figure is the time from its death (the end 
 which the sum ends alike for every worker) to the end of the survivors' next step, against
 the same run's median step interval before it (a step's compute and its sum).
 
-Gossip and TreeEASGD cannot go on without a lost worker yet; local SGD, D-PSGD and
+TreeEASGD cannot go on without a lost worker yet; local SGD, D-PSGD, gossip and
 Strategy-Switch's first half go on on the same membership: not measured apart.
 
     python benchmarks/elastic.py          # 5 runs of each, about two minutes
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="polyrhythm-elastic-") as tmp:
         for strategy in STRATEGIES:
             measure(strategy, args.runs, Path(tmp))
-    print("gossip and tree-easgd: not measured (a lost worker fails their runs)")
+    print("tree-easgd: not measured (a lost worker fails its runs)")
     return 0
 
 

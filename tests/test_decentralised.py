@@ -13,19 +13,19 @@ from hypothesis import strategies as st
 import polyrhythm
 from helpers import equivalence_config, rank_processes, small_config, stored_parameters
 from polyrhythm.metrics.store import RunStore
-from polyrhythm.strategies.averaging import (
-    DONE,
-    GOSSIP_HEADER,
-    MODEL,
-    decode_gossip,
-    encode_gossip,
-)
 from polyrhythm.strategies.decentralised import (
     gossip_merge,
     gossip_send_share,
     mix,
     mixing_weights,
     ring_neighbours,
+)
+from polyrhythm.strategies.gossip import (
+    DONE,
+    GOSSIP_HEADER,
+    MODEL,
+    decode_gossip,
+    encode_gossip,
 )
 
 # --- gossip: the alphas (and the alpha-weighted model mass) are conserved ------------------

@@ -428,7 +428,7 @@ def test_strategies_command_lists_every_strategy() -> None:
                                               "gone: their sums, averages or ring over the "
                                               "workers left (worker 0 records the run: its "
                                               "loss still fails it)")
-    assert after_a_loss["gossip"].endswith("every worker waits for the others")
+    assert after_a_loss["tree-easgd"].endswith("every worker waits for the others")
     assert "Spark run is started afresh" in after_a_loss["mapreduce"]
     assert parameters["ssp"] == ["--staleness", "--value-bound"]
     assert parameters["kbsp"] == ["--quorum"]

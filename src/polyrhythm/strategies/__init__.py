@@ -3,8 +3,8 @@
 The declarations (strategies/parameter_server.py, collective.py, decentralised.py,
 switching.py) and their
 pure rules (consistency.py, cadence.py) import neither torch nor the transport; the worker
-side of each strategy (ps_worker.py, easgd.py, allreduce.py, averaging.py) is loaded when a run
-builds it.
+side of each strategy (ps_worker.py, easgd.py, allreduce.py, averaging.py, gossip.py) is
+loaded when a run builds it.
 """
 
 from polyrhythm.strategies import collective as _collective

@@ -47,7 +47,7 @@ DPSGD = StrategySpec(
 GOSSIP = StrategySpec(
     "gossip", "GoSGD: after a step, with probability p, send the model and half its weight "
     "to a random peer", source="GoSGD, Blot et al. 2016", family=DECENTRALISED,
-    worker=f"{WORKERS}:GossipWorker", params=(
+    worker="polyrhythm.strategies.gossip:GossipWorker", regroups=True, params=(
         Param("gossip_p", float, "probability of sending the model to a random peer after a "
               "step", 0.2, rule=within(0, 1, low_open=True)),))
 

@@ -66,8 +66,9 @@ class StrategySpec(Component):
     # Its messages may be compressed ([compression]); else a compressor is refused in one line.
     compressible: bool = True
     # Its workers, which meet only in sums over all of them (all-reduces of gradients or
-    # models) or in exchanges with their ring neighbours, regroup over the workers left when
-    # one is lost, and go on (comm/membership.py).
+    # models), in exchanges with their ring neighbours, or in messages to peers that need no
+    # answer (gossip), regroup over the workers left when one is lost, and go on
+    # (comm/membership.py).
     regroups: bool = False
 
     @property

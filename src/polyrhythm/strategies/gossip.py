@@ -1,0 +1,194 @@
+"""GoSGD's worker (declared in strategies/decentralised.py): after each local step, merge the
+models that have arrived, and now and then send the model and half its weight to a random
+peer (Blot et al. 2016)."""
+
+from __future__ import annotations
+
+import torch
+
+from polyrhythm.comm.transport import WORKERS, PeerFault
+from polyrhythm.compression.buckets import codec, compressing
+from polyrhythm.compression.feedback import ChangeSender, Copy
+from polyrhythm.compression.wire import codec_seed
+from polyrhythm.strategies.averaging import GOSSIP_TAG, DecentralisedWorker, average_models
+from polyrhythm.strategies.cadence import GossipCoin
+from polyrhythm.strategies.decentralised import gossip_merge, gossip_send_share
+
+# A gossip message is one float32 tensor: [kind, alpha as the 8 bytes of a float64, w ...].
+# alpha travels bit for bit (a float32 would round it), so the alphas keep summing to 1.
+MODEL, DONE = 1.0, 2.0
+GOSSIP_HEADER = 3
+
+
+def encode_gossip(out: torch.Tensor, kind: float, alpha: float,
+                  w: torch.Tensor | None = None) -> torch.Tensor:
+    out[0] = kind
+    out[1:GOSSIP_HEADER].view(torch.int32).copy_(
+        torch.tensor([alpha], dtype=torch.float64).view(torch.int32))
+    if w is not None:
+        out[GOSSIP_HEADER:] = w
+    return out
+
+
+def decode_gossip(message: torch.Tensor) -> tuple[float, float, torch.Tensor]:
+    """(kind, alpha, w) of a message; w is a view into it."""
+    alpha = message[1:GOSSIP_HEADER].view(torch.int32).clone().view(torch.float64).item()
+    return message[0].item(), alpha, message[GOSSIP_HEADER:]
+
+
+class GossipWorker(DecentralisedWorker):
+    """GoSGD: after each local step, merge the models that have arrived, then, when the
+    `GossipCoin` says so, halve alpha_i and send (w_i, alpha_i) to that peer.
+
+    The alphas of all workers and of the messages in flight always sum to 1 (alpha_i starts at
+    1/N). Nobody waits for anybody while training. `finish()` sends DONE to every peer and
+    merges every message still in flight until each peer's DONE is in; then all alphas are on
+    the workers and the job takes the alpha-weighted mean of all models.
+
+    Under compression a model travels as its change since the copy of it the peer holds
+    (kept by the sender, per peer), and the peer merges its copy.
+
+    With on_worker_failure = continue a peer gone (or silent past the timeout) is left out:
+    nobody sends to it or waits for its DONE any more, and a share of alpha that could not
+    leave stays with its sender; what the lost peer held is lost with it, and the consensus
+    divides by the alphas left.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        ctx = self.ctx
+        self.alpha = 1.0 / ctx.topology.workers
+        self.peers = [r for r in ctx.topology.worker_ranks if r != ctx.rank]
+        self.cadence = GossipCoin(self.settings.gossip_p, len(self.peers), ctx.config.seed,
+                                  ctx.worker_index)
+        self.senders: dict[int, ChangeSender] = {}  # by peer rank: what it holds of mine
+        self.copies: dict[int, Copy] = {}  # by peer rank: what I hold of its model
+        settings, n = ctx.config.compression, len(self.flat)
+        if compressing(settings):
+            def made(rank: int) -> object:
+                return codec(settings, 0, n, self.flat.shapes,
+                             codec_seed(ctx.config.seed, GOSSIP_TAG, ctx.rank, rank))
+            self.senders = {r: ChangeSender(made(r), self.flat.data) for r in self.peers}
+            self.copies = {r: Copy(made(r), self.flat.data) for r in self.peers}
+        words = next(iter(self.senders.values())).codec.words if self.senders else n
+        self.outbox = torch.empty(GOSSIP_HEADER + words)
+        self.sending = None
+        self.inbox = None
+        self.done_peers: set[int] = set()
+        self.gone: set[int] = set()  # peers lost (on_worker_failure = continue)
+        self.goes_on = ctx.transport.membership is not None  # the workers may change
+
+    def consensus_weight(self) -> float:
+        return self.alpha
+
+    def start(self) -> None:
+        self.inbox = self.ctx.transport.receiver(self.peers, len(self.outbox), GOSSIP_TAG,
+                                                 last=lambda message: message[0] == DONE)
+
+    def step(self, epoch: int) -> None:
+        self.local_step(epoch)
+        with self.ctx.spans("wait"):
+            while (arrived := self._take(block=False)) is not None:
+                self._handle(*arrived)
+            peer = self.cadence.step()
+            if peer is not None and self.peers[peer] not in self.gone:
+                self._send(self.peers[peer])
+
+    def _take(self, block: bool) -> tuple[int, torch.Tensor] | None:
+        """The next message (None: none in, not blocking), the peers found gone meanwhile
+        left out where the run goes on without them."""
+        while True:
+            try:
+                return self.inbox.take(block=block)
+            except PeerFault as fault:
+                self._lose(fault)
+                if not block or self._all_done():
+                    return None
+
+    def _lose(self, fault: PeerFault) -> None:
+        """A peer gone or silent: left out where the run goes on without it, else the end."""
+        if not self.goes_on or fault.rank is None:
+            raise fault
+        self.gone.add(fault.rank)
+
+    def _all_done(self) -> bool:
+        return len(self.done_peers | self.gone) >= len(self.peers)
+
+    def _handle(self, src: int, message: torch.Tensor) -> None:
+        kind, alpha, w = decode_gossip(message)
+        if kind == DONE:  # a faster peer may be done while this worker still trains
+            self.done_peers.add(src)
+            return
+        if self.copies:
+            with self.ctx.spans("compress"):
+                w = self.copies[src].apply(w)
+        merged, self.alpha = gossip_merge(self.flat.data, self.alpha, w, alpha)
+        self.flat.data.copy_(merged)
+
+    def _send(self, rank: int) -> None:
+        if self.sending is not None:  # the peer's receive is always posted: this is short
+            self._settle()
+        self.alpha, share = gossip_send_share(self.alpha)
+        if self.senders:
+            encode_gossip(self.outbox, MODEL, share)
+            with self.ctx.spans("compress"):
+                self.senders[rank].encode(self.flat.data, self.outbox[GOSSIP_HEADER:])
+        else:
+            encode_gossip(self.outbox, MODEL, share, self.flat.data)
+        try:
+            self.sending = self.ctx.transport.isend(self.outbox, rank, GOSSIP_TAG)
+        except PeerFault as fault:  # never left: its share stays here
+            self._lose(fault)
+            self.alpha += share
+
+    def _settle(self) -> None:
+        """The last model sent is on its way (its peer may have gone meanwhile)."""
+        try:
+            self.sending.wait()
+        except PeerFault as fault:
+            self._lose(fault)
+        self.sending = None
+
+    def finish(self) -> None:
+        with self.ctx.spans("wait"):
+            if self.sending is not None:
+                self._settle()
+            # A DONE follows this worker's last model to each peer (messages between two
+            # ranks keep their order); each peer's receive thread waits for it. It is as
+            # long as a model message, the size of the receives posted for it.
+            done = encode_gossip(self.outbox, DONE, 0.0)
+            sends = []
+            for rank in (r for r in self.peers if r not in self.gone):
+                try:
+                    sends.append(self.ctx.transport.isend(done, rank, GOSSIP_TAG))
+                except PeerFault as fault:
+                    self._lose(fault)
+            while not self._all_done():
+                if (arrived := self._take(block=True)) is not None:
+                    self._handle(*arrived)
+            for work in sends:
+                try:
+                    work.wait()
+                except PeerFault as fault:
+                    self._lose(fault)
+        # Consensus: the alpha-weighted mean. Messages in flight have all been merged, so the
+        # alphas sum to 1 up to float64 rounding, which dividing by their sum removes.
+        total = torch.tensor([self.alpha], dtype=torch.float64)
+        with self.ctx.spans("wait"):
+            self.ctx.transport.all_reduce(total, WORKERS)
+        average_models(self.ctx, self.flat.data, self.alpha / total.item())
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "alpha": self.alpha,
+                "cadence": self.cadence.state_dict(),
+                "senders": {r: s.state_dict() for r, s in self.senders.items()},
+                "copies": {r: c.state_dict() for r, c in self.copies.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.alpha = state["alpha"]
+        self.cadence.load_state_dict(state["cadence"])
+        for rank, sender in self.senders.items():
+            sender.load_state_dict(state["senders"][rank])
+        for rank, copy in self.copies.items():
+            copy.load_state_dict(state["copies"][rank])
