@@ -425,10 +425,12 @@ def test_strategies_command_lists_every_strategy() -> None:
     assert after_a_loss["asp"].startswith("the others go on without it")
     assert after_a_loss["bsp"].endswith("with --on-worker-failure continue the others go on")
     assert after_a_loss["allreduce"].endswith("the others regroup from the step it was found "
-                                              "gone: their sums, averages or ring over the "
-                                              "workers left (worker 0 records the run: its "
-                                              "loss still fails it)")
-    assert after_a_loss["tree-easgd"].endswith("every worker waits for the others")
+                                              "gone: their sums, averages and rings over the "
+                                              "workers left, their gossip and tree neighbours "
+                                              "without it (worker 0 records the run: its loss "
+                                              "still fails it)")
+    assert after_a_loss["tree-easgd"].endswith("worker 0 records the run: its loss still "
+                                               "fails it)")
     assert "Spark run is started afresh" in after_a_loss["mapreduce"]
     assert parameters["ssp"] == ["--staleness", "--value-bound"]
     assert parameters["kbsp"] == ["--quorum"]

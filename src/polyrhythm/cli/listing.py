@@ -60,8 +60,8 @@ def after_a_loss(strategy: str, workers: int = 4) -> str:
         return "the others go on without it (on_worker_failure = continue, the default)"
     if not config.servers:
         how = ("the others regroup from the step it was found gone: their sums, averages "
-               "or ring over the workers left (worker 0 records the run: its loss still "
-               "fails it)")
+               "and rings over the workers left, their gossip and tree neighbours without it "
+               "(worker 0 records the run: its loss still fails it)")
     elif config.strategy.name == "switch":
         how = ("the others sum over themselves until the switch, and the servers go on "
                "without it after")

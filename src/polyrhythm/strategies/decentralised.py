@@ -56,7 +56,8 @@ TREE_EASGD = StrategySpec(
     "tree-easgd", "TreeEASGD: workers in a binary tree; every tau_up steps a worker sends its "
     "model to its parent, every tau_down steps to its children; a model received pulls its "
     "own toward it by alpha", source="TreeEASGD, Zhang 2016", family=DECENTRALISED,
-    worker="polyrhythm.strategies.tree_easgd:TreeElasticWorker", compressible=False, params=(
+    worker="polyrhythm.strategies.tree_easgd:TreeElasticWorker", compressible=False,
+    regroups=True, params=(
         Param("tau_up", int, "steps between a worker's sends to its parent", 2,
               rule=at_least(1, MAX_PERIOD)),
         Param("tau_down", int, "steps between a worker's sends to its children", 2,

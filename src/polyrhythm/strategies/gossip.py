@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import torch
 
-from polyrhythm.comm.transport import WORKERS, PeerFault
+from polyrhythm.comm.transport import WORKERS
 from polyrhythm.compression.buckets import codec, compressing
 from polyrhythm.compression.feedback import ChangeSender, Copy
 from polyrhythm.compression.wire import codec_seed
 from polyrhythm.strategies.averaging import GOSSIP_TAG, DecentralisedWorker, average_models
 from polyrhythm.strategies.cadence import GossipCoin
 from polyrhythm.strategies.decentralised import gossip_merge, gossip_send_share
+from polyrhythm.strategies.peers import PeerMessages
 
 # A gossip message is one float32 tensor: [kind, alpha as the 8 bytes of a float64, w ...].
 # alpha travels bit for bit (a float32 would round it), so the alphas keep summing to 1.
@@ -72,52 +73,28 @@ class GossipWorker(DecentralisedWorker):
             self.copies = {r: Copy(made(r), self.flat.data) for r in self.peers}
         words = next(iter(self.senders.values())).codec.words if self.senders else n
         self.outbox = torch.empty(GOSSIP_HEADER + words)
-        self.sending = None
-        self.inbox = None
-        self.done_peers: set[int] = set()
-        self.gone: set[int] = set()  # peers lost (on_worker_failure = continue)
-        self.goes_on = ctx.transport.membership is not None  # the workers may change
+        self.messages: PeerMessages | None = None
 
     def consensus_weight(self) -> float:
         return self.alpha
 
     def start(self) -> None:
-        self.inbox = self.ctx.transport.receiver(self.peers, len(self.outbox), GOSSIP_TAG,
-                                                 last=lambda message: message[0] == DONE)
+        self.messages = PeerMessages(self.ctx, self.peers, len(self.outbox), GOSSIP_TAG,
+                                     is_done=lambda message: message[0] == DONE)
 
     def step(self, epoch: int) -> None:
         self.local_step(epoch)
         with self.ctx.spans("wait"):
-            while (arrived := self._take(block=False)) is not None:
+            while (arrived := self.messages.take(block=False)) is not None:
                 self._handle(*arrived)
             peer = self.cadence.step()
-            if peer is not None and self.peers[peer] not in self.gone:
+            if peer is not None and self.peers[peer] not in self.messages.gone:
                 self._send(self.peers[peer])
-
-    def _take(self, block: bool) -> tuple[int, torch.Tensor] | None:
-        """The next message (None: none in, not blocking), the peers found gone meanwhile
-        left out where the run goes on without them."""
-        while True:
-            try:
-                return self.inbox.take(block=block)
-            except PeerFault as fault:
-                self._lose(fault)
-                if not block or self._all_done():
-                    return None
-
-    def _lose(self, fault: PeerFault) -> None:
-        """A peer gone or silent: left out where the run goes on without it, else the end."""
-        if not self.goes_on or fault.rank is None:
-            raise fault
-        self.gone.add(fault.rank)
-
-    def _all_done(self) -> bool:
-        return len(self.done_peers | self.gone) >= len(self.peers)
 
     def _handle(self, src: int, message: torch.Tensor) -> None:
         kind, alpha, w = decode_gossip(message)
         if kind == DONE:  # a faster peer may be done while this worker still trains
-            self.done_peers.add(src)
+            self.messages.done.add(src)
             return
         if self.copies:
             with self.ctx.spans("compress"):
@@ -126,8 +103,7 @@ class GossipWorker(DecentralisedWorker):
         self.flat.data.copy_(merged)
 
     def _send(self, rank: int) -> None:
-        if self.sending is not None:  # the peer's receive is always posted: this is short
-            self._settle()
+        self.messages.settle()  # before the outbox changes
         self.alpha, share = gossip_send_share(self.alpha)
         if self.senders:
             encode_gossip(self.outbox, MODEL, share)
@@ -135,44 +111,21 @@ class GossipWorker(DecentralisedWorker):
                 self.senders[rank].encode(self.flat.data, self.outbox[GOSSIP_HEADER:])
         else:
             encode_gossip(self.outbox, MODEL, share, self.flat.data)
-        try:
-            self.sending = self.ctx.transport.isend(self.outbox, rank, GOSSIP_TAG)
-        except PeerFault as fault:  # never left: its share stays here
-            self._lose(fault)
+        if not self.messages.send(self.outbox, [rank]):  # never left: its share stays here
             self.alpha += share
-
-    def _settle(self) -> None:
-        """The last model sent is on its way (its peer may have gone meanwhile)."""
-        try:
-            self.sending.wait()
-        except PeerFault as fault:
-            self._lose(fault)
-        self.sending = None
 
     def finish(self) -> None:
         with self.ctx.spans("wait"):
-            if self.sending is not None:
-                self._settle()
             # A DONE follows this worker's last model to each peer (messages between two
             # ranks keep their order); each peer's receive thread waits for it. It is as
             # long as a model message, the size of the receives posted for it.
-            done = encode_gossip(self.outbox, DONE, 0.0)
-            sends = []
-            for rank in (r for r in self.peers if r not in self.gone):
-                try:
-                    sends.append(self.ctx.transport.isend(done, rank, GOSSIP_TAG))
-                except PeerFault as fault:
-                    self._lose(fault)
-            while not self._all_done():
-                if (arrived := self._take(block=True)) is not None:
-                    self._handle(*arrived)
-            for work in sends:
-                try:
-                    work.wait()
-                except PeerFault as fault:
-                    self._lose(fault)
+            self.messages.send(encode_gossip(self.outbox, DONE, 0.0), self.peers)
+            while (arrived := self.messages.take(block=True)) is not None:
+                self._handle(*arrived)
+            self.messages.settle()
         # Consensus: the alpha-weighted mean. Messages in flight have all been merged, so the
-        # alphas sum to 1 up to float64 rounding, which dividing by their sum removes.
+        # alphas sum to 1 up to float64 rounding, which dividing by their sum removes (and
+        # where a worker was lost, what it held).
         total = torch.tensor([self.alpha], dtype=torch.float64)
         with self.ctx.spans("wait"):
             self.ctx.transport.all_reduce(total, WORKERS)

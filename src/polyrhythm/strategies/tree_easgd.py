@@ -7,7 +7,9 @@ then pulls its model toward each model that has arrived since (w <- w + alpha (w
 takes its local step: the algorithm of the lecture slides, one `Periodic` cadence each way.
 Exploration is wider the less often the levels talk. `finish()` sends DONE to every
 neighbour, pulls toward every model still in flight until each neighbour's DONE is in, and
-the job takes the batch-weighted mean of all models (as D-PSGD's consensus).
+the job takes the batch-weighted mean of all models (as D-PSGD's consensus). Where the run
+goes on without a lost worker (strategies/peers.py), its neighbours leave it out: the tree is
+not re-formed, and the subtree below it trains on apart until that consensus.
 
 A message is one float32 tensor, [kind, w ...], tagged apart from every other traffic.
 """
@@ -19,6 +21,7 @@ import torch
 from polyrhythm.strategies.averaging import DecentralisedWorker, average_models
 from polyrhythm.strategies.cadence import Periodic
 from polyrhythm.strategies.decentralised import elastic_pull, tree_children, tree_parent
+from polyrhythm.strategies.peers import PeerMessages
 
 TREE_TAG = 2**24 + 3  # above the bucket ids of PS messages, apart from ring and gossip's
 MODEL, DONE = 1.0, 2.0
@@ -38,16 +41,12 @@ class TreeElasticWorker(DecentralisedWorker):
         self.up, self.down = Periodic(self.settings.tau_up), Periodic(self.settings.tau_down)
         self.alpha = self.settings.alpha
         self.outbox = torch.empty(1 + len(self.flat))
-        self.sends: list = []
-        self.inbox = None
-        self.done: set[int] = set()
+        self.messages: PeerMessages | None = None
         self.pulls = 0  # models received and pulled toward
 
     def start(self) -> None:
-        if self.neighbours:
-            self.inbox = self.ctx.transport.receiver(
-                self.neighbours, len(self.outbox), TREE_TAG,
-                last=lambda message: message[0] == DONE)
+        self.messages = PeerMessages(self.ctx, self.neighbours, len(self.outbox), TREE_TAG,
+                                     is_done=lambda message: message[0] == DONE)
 
     def step(self, epoch: int) -> None:
         up, down = self.up.step(), self.down.step()
@@ -56,23 +55,22 @@ class TreeElasticWorker(DecentralisedWorker):
         with self.ctx.spans("wait"):
             if targets:
                 self._send(MODEL, targets)
-            while self.inbox is not None and (arrived := self.inbox.take(block=False)):
+            while (arrived := self.messages.take(block=False)) is not None:
                 self._handle(*arrived)
         self.local_step(epoch)
 
     def _send(self, kind: float, ranks: list[int]) -> None:
         """Send the model (or DONE) to `ranks`, once the last sends of the outbox are done
         (each neighbour's receive is always posted: this is short)."""
-        for work in self.sends:
-            work.wait()
+        self.messages.settle()  # before the outbox changes
         self.outbox[0] = kind
         if kind == MODEL:
             self.outbox[1:] = self.flat.data
-        self.sends = [self.ctx.transport.isend(self.outbox, rank, TREE_TAG) for rank in ranks]
+        self.messages.send(self.outbox, ranks)
 
     def _handle(self, src: int, message: torch.Tensor) -> None:
         if message[0] == DONE:  # a faster neighbour may be done while this worker trains
-            self.done.add(src)
+            self.messages.done.add(src)
             return
         with self.ctx.spans("apply"):
             self.flat.data.copy_(elastic_pull(self.flat.data, message[1:], self.alpha))
@@ -80,12 +78,10 @@ class TreeElasticWorker(DecentralisedWorker):
 
     def finish(self) -> None:
         with self.ctx.spans("wait"):
-            if self.neighbours:
-                self._send(DONE, self.neighbours)
-                while len(self.done) < len(self.neighbours):
-                    self._handle(*self.inbox.take(block=True))
-                for work in self.sends:
-                    work.wait()
+            self._send(DONE, self.neighbours)
+            while (arrived := self.messages.take(block=True)) is not None:
+                self._handle(*arrived)
+            self.messages.settle()
         average_models(self.ctx, self.flat.data, self.batch_weight)
 
     def summary(self) -> dict:
