@@ -22,7 +22,15 @@ the same run's median step interval before it (a step's compute and its sum).
 Local SGD, D-PSGD, gossip, TreeEASGD and Strategy-Switch's first half go on on the same
 membership: not measured apart.
 
-    python benchmarks/elastic.py          # 5 runs of each, about two minutes
+Then the time a loss costs a whole run, the elastic way against today's other way: an
+allreduce run of 3 workers (4 epochs of 20 steps, a checkpoint after each), worker 2's
+process SIGKILLed as the checkpoint of epoch 2 completes. Elastic (--on-worker-failure
+continue): the run goes on with two workers to its end. Restart (abort, the default): the
+run fails, and `polyrhythm train --resume RUN_ID` starts every rank again from that
+checkpoint, three workers again. Each one's time lost is its wall time (launch to exit, both
+commands for the restart) less an uninterrupted run's, measured side by side in turn.
+
+    python benchmarks/elastic.py          # 5 runs of each, 3 of the whole runs: 4 minutes
     python benchmarks/elastic.py --quick  # smoke run: 1 run of each
 
 Exit 1 if a run did not complete without worker 2 (whatever the figures).
@@ -36,9 +44,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
+import psutil
+
 from polyrhythm.metrics.store import RunStore
+from polyrhythm.runtime.checkpoint import complete_epochs
 
 DIES_AFTER, LOST = 25, 2
 RUN = ["--workers", "3", "--dataset", "digits", "--epochs", "3", "--steps-per-epoch", "20",
@@ -47,13 +59,17 @@ RUN = ["--workers", "3", "--dataset", "digits", "--epochs", "3", "--steps-per-ep
 STRATEGIES = {"bsp": ["--strategy", "bsp", "--servers", "1"],
               "allreduce": ["--strategy", "allreduce"]}
 TARGET_S = 1.0
+WHOLE = ["--strategy", "allreduce", "--workers", "3", "--dataset", "digits", "--epochs", "4",
+         "--steps-per-epoch", "20", "--threads", "1", "--worker-delay-s", "0.02,0.02,0.02",
+         "--timeout", "60"]
+KILLED_AT = 2  # epochs whose checkpoint is complete when worker 2 is killed
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smoke run: 1 run")
     args = parser.parse_args(argv)
-    args.runs = 1 if args.quick else 5
+    args.runs, args.wholes = (1, 1) if args.quick else (5, 3)
     return args
 
 
@@ -104,11 +120,59 @@ def measure(strategy: str, runs: int, tmp: Path) -> None:
           "interval before it")
 
 
+def timed(out: Path, args: list[str], kill: bool = False) -> tuple[float, int]:
+    """(wall seconds, exit code) of `polyrhythm train` with `args` under `out`; with `kill`,
+    worker 2's process (rank 2) SIGKILLed as the checkpoint of KILLED_AT epochs completes."""
+    began = time.perf_counter()
+    launcher = subprocess.Popen([sys.executable, "-m", "polyrhythm.cli", "train", "--json",
+                                 "--out", str(out), *args], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    if kill:
+        while launcher.poll() is None and not any(
+                (complete_epochs(d, 3, 0) or [0])[-1] >= KILLED_AT for d in out.glob("2*")):
+            time.sleep(0.01)
+        for proc in psutil.Process(launcher.pid).children(recursive=True):
+            if proc.name() == f"polyrhythm-r{LOST}":
+                proc.kill()
+    _, stderr = launcher.communicate(timeout=600)
+    if launcher.returncode not in (0, 1):
+        raise SystemExit(f"the run failed unexpectedly: {stderr.strip()[-500:]}")
+    return time.perf_counter() - began, launcher.returncode
+
+
+def whole_runs(runs: int, tmp: Path) -> None:
+    """Time lost to the loss, elastic and restarted, each against an uninterrupted run."""
+    print(f"allreduce, 3 workers, {runs} time(s) each: uninterrupted, elastic, restarted; "
+          f"worker {LOST} killed as the checkpoint of epoch {KILLED_AT} completes")
+    elastic_lost, restart_lost = [], []
+    for i in range(runs):
+        plain, _ = timed(tmp / f"plain{i}", WHOLE)
+        elastic, code = timed(tmp / f"elastic{i}", [*WHOLE, "--on-worker-failure", "continue"],
+                              kill=True)
+        if code != 0:
+            raise SystemExit("the elastic run did not complete without worker 2")
+        failed, code = timed(tmp / f"restart{i}", WHOLE, kill=True)
+        (row,) = RunStore(tmp / f"restart{i}" / "polyrhythm.db").runs()
+        if code != 1 or row["status"] != "failed":
+            raise SystemExit("the run told to abort did not fail on the loss")
+        resumed, code = timed(tmp / f"restart{i}", ["--resume", row["run_id"]])
+        if code != 0:
+            raise SystemExit("the resumed run did not complete")
+        elastic_lost.append(elastic - plain)
+        restart_lost.append(failed + resumed - plain)
+        print(f"  run {i + 1}/{runs}  uninterrupted {plain:.2f} s  elastic {elastic:.2f} s  "
+              f"failed + resumed {failed:.2f} + {resumed:.2f} s")
+    elastic, restart = statistics.median(elastic_lost), statistics.median(restart_lost)
+    print(f"time lost to the loss (median of {runs}): elastic {elastic:.2f} s, restarted "
+          f"{restart:.2f} s")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="polyrhythm-elastic-") as tmp:
         for strategy in STRATEGIES:
             measure(strategy, args.runs, Path(tmp))
+        whole_runs(args.wholes, Path(tmp))
     return 0
 
 

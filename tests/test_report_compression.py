@@ -16,7 +16,7 @@ import pytest
 import polyrhythm
 from helpers import small_config
 from polyrhythm.cli import runs
-from polyrhythm.metrics.store import RunStore
+from polyrhythm.metrics.store import SCHEMA_VERSION, RunStore
 from polyrhythm.report import write_report
 from polyrhythm.report.compression import bytes_vs_accuracy
 from polyrhythm.report.data import group_runs, load_runs
@@ -145,7 +145,7 @@ def test_a_schema_4_store_from_before_compression_still_reports(tmp_path):
         conn.execute("PRAGMA user_version = 4")
     text = write_report(store.path, ids, tmp_path / "md", "Old", fmt="md").read_text()
     with sqlite3.connect(store.path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone() == (6,)
+        assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
     assert "## Compression" not in text and "bytes_vs_accuracy" not in text
     header = next(line for line in text.split("## Time breakdown")[1].splitlines()
                   if line.startswith("| group"))

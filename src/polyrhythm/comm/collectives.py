@@ -158,7 +158,8 @@ def schedule_steps(transport: Transport, flat: torch.Tensor, schedule: Schedule,
 
 
 def _steps(transport: Transport, flat: torch.Tensor, plan: _Plan, ranks: list[int],
-           tags: int = TAG_BASE, wait: Wait | None = None) -> Iterator[int]:
+           tags: int = TAG_BASE, wait: Wait | None = None,
+           posted: list[Pending] | None = None) -> Iterator[int]:
     """Round r's messages carry tag TAG_BASE + r. Every receive is posted first, then each
     round posts its sends, waits for its messages and applies its adds in schedule order.
 
@@ -169,10 +170,14 @@ def _steps(transport: Transport, flat: torch.Tensor, plan: _Plan, ranks: list[in
     it keeps what is in flight to two rounds' sends.
 
     `tags`: round r's tag is `tags` + r (a group whose members change gives each generation
-    tags of its own); `wait`: how each message is waited for (its own watch on the members).
+    tags of its own); `wait`: how each message is waited for (its own watch on the members);
+    `posted`: where every message posted is kept too (one abandoned mid-way must outlive its
+    posting: Gloo may still read into or out of its buffer).
     """
     scratch = _take_scratch(flat.dtype, plan.scratch_numel) if plan.scratch_numel else None
     pending: list = [None] * plan.messages
+    if posted is not None:
+        posted.append(pending)  # filled in as they are posted
     for k, (r, op, offset) in enumerate(plan.receives):
         into = (flat[op.start:op.stop] if op.op == RECV_COPY
                 else scratch[offset:offset + op.numel])
@@ -193,10 +198,11 @@ def _steps(transport: Transport, flat: torch.Tensor, plan: _Plan, ranks: list[in
 
 
 def all_reduce(transport: Transport, tensor: torch.Tensor, ranks: list[int], rank: int,
-               algorithm: str, tags: int = TAG_BASE, wait: Wait | None = None) -> None:
+               algorithm: str, tags: int = TAG_BASE, wait: Wait | None = None,
+               posted: list | None = None) -> None:
     """Sum `tensor` in place over the processes `ranks` (global ranks, the same list in the
     same order on every member; `rank` is this process's), leaving identical bits on all.
-    `tags` and `wait`: as _steps takes them."""
+    `tags`, `wait` and `posted`: as _steps takes them."""
     if algorithm not in ALGORITHMS:
         raise ValueError(f"unknown all-reduce algorithm {algorithm!r}; "
                          f"known: {', '.join(ALGORITHMS)}")
@@ -205,7 +211,7 @@ def all_reduce(transport: Transport, tensor: torch.Tensor, ranks: list[int], ran
         return
     contiguous = tensor.is_contiguous()
     flat = (tensor if contiguous else tensor.contiguous()).view(-1)
-    for _ in _steps(transport, flat, plan, ranks, tags, wait):
+    for _ in _steps(transport, flat, plan, ranks, tags, wait, posted):
         pass
     if not contiguous:
         tensor.copy_(flat.view(tensor.shape))

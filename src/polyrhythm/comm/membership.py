@@ -21,13 +21,15 @@ the generation's alarm:
   greeting receive failing (Gloo fails it the moment that member's connection breaks, on
   every survivor alike), ends every wait of the generation at once: nobody waits out a
   timeout for a peer that is not its neighbour in the ring;
-- the greetings carry how many all-reduces each member completed, and the members greeted,
-  with the member itself, are the next generation. Counts differ by one at most (nobody
-  completes an all-reduce without everybody's part of it); a member that completed the one
-  interrupted hands its result to those that did not, so every survivor goes on from the
-  same step, bit for bit; where none did, each redoes it over the survivors from its own
-  input (a fresh buffer: a message of the abandoned generation may still land in the old).
-  An exchange has no result to hand: a member the others went on past goes on without what
+- the greetings carry how many operations each member completed, and the members greeted,
+  with the member itself, are the next generation, which goes on from the operation the
+  furthest are in. For an all-reduce counts differ by one at most (nobody completes one
+  without everybody's part of it): a member that completed the one interrupted hands its
+  result to those that did not, so every survivor goes on from the same step, bit for bit;
+  where none did, each redoes it over the survivors from its own input (a fresh buffer: a
+  message of the abandoned generation may still land in the old). An exchange needs only
+  its neighbours' part, so a member may be further behind; it has no result to hand: a
+  member the others went on past goes on past the exchanges they are beyond, without what
   it would have received, and where none completed it, all redo it over the members left;
 - a lost member's share of a sum is missing from then on, as a parameter server leaves it
   out (the survivors keep their weights: strategies/allreduce.py).
@@ -113,6 +115,11 @@ class Membership:
         # it, the ranks lost, time.perf_counter()).
         self.changes: list[tuple[int, list[int], float]] = []
         self._last: torch.Tensor | None = None  # the last all-reduce's result
+        self._skipped = 0  # exchanges the others are past, for this member to go on past
+        # The messages of attempts abandoned mid-way, kept: a work of Gloo's freed while
+        # posted leaves its connection waiting for a buffer that is gone, and every later
+        # message on it stalls behind (measured: a regrouped ring all-reduce hung so).
+        self._abandoned: list = []
         self._greeted: list = []  # greetings sent: kept, as Gloo's sends must be, till done
         self._lock = threading.Lock()
         self._open()
@@ -194,11 +201,12 @@ class Membership:
     def all_reduce(self, tensor: torch.Tensor, algorithm: str) -> None:
         """Sum `tensor` in place over the members, going on without any lost meanwhile."""
         while True:
-            attempt = tensor.clone()
+            attempt, posted = tensor.clone(), []
             try:
                 all_reduce(self.transport, attempt, self.members, self.rank, algorithm,
-                           self._tags(), self._wait)
+                           self._tags(), self._wait, posted)
             except (MembersChanged, PeerFault):
+                self._abandoned.append((attempt, posted))
                 behind, handed = self._regroup(tensor)
                 if not behind:
                     continue  # redone over the survivors
@@ -215,17 +223,22 @@ class Membership:
         where the others went on past the exchange without this member (one was lost as
         they completed it): it goes on without what it would have received. Redone over the
         members left where none had completed it."""
+        if self._skipped:  # the others went on past it as well (_agree)
+            self._skipped -= 1
+            self._done(None)
+            return None
         while True:
             sends, receives = plan(self.members)
-            tag = self._tags() + EXCHANGE
+            tag, pending = self._tags() + EXCHANGE, []
             try:
-                pending = [*(self.transport.irecv(box, rank, tag)
-                             for rank, box in receives.items()),
-                           *(self.transport.isend(data, rank, tag)
-                             for rank, data in sends.items())]
+                for rank, box in receives.items():
+                    pending.append(self.transport.irecv(box, rank, tag))
+                for rank, data in sends.items():
+                    pending.append(self.transport.isend(data, rank, tag))
                 for each in pending:
                     self._wait(each)
             except (MembersChanged, PeerFault):
+                self._abandoned.append(pending)
                 behind, _ = self._regroup(None)
                 if not behind:
                     continue
@@ -269,6 +282,11 @@ class Membership:
         ahead = max(counts.values())
         source = min(m for m, c in counts.items() if c == ahead)
         behind = [m for m, c in counts.items() if c < ahead]
+        # Everybody goes on from the operation the first members are in. Nobody completes
+        # an all-reduce without everybody's part of it, so there counts differ by one at
+        # most; an exchange needs only its neighbours', so a member may be further behind,
+        # and goes on past the exchanges the others are beyond (exchange).
+        self._skipped = max(0, ahead - self.completed - 1)
         self.members = [m for m in self.members if m in counts]
         self.generation += 1
         self.changes.append((min(training), lost, time.perf_counter()))
@@ -294,6 +312,7 @@ class Membership:
         try:
             pending.wait(self.timeout)
         except PeerFault as exc:
+            self._abandoned.append(pending)
             raise MembersChanged(pending.peer, exc) from exc
 
 
