@@ -507,3 +507,12 @@ def test_elastic_benchmark_smoke_prints_the_wait_after_a_loss():
         assert is_quotient(ratio, wait_s, interval), (wait_s, interval, ratio)
         assert wait == wait_s and row_ratio == ratio  # one run: its figures
         assert follows(verdict, wait, lambda s, t=float(target): s < t), (wait, verdict)
+    # The whole runs: the time each way lost to the loss, from the walls printed.
+    run = re.search(rf"^  run 1/1  uninterrupted ({NUMBER}) s  elastic ({NUMBER}) s  failed "
+                    rf"\+ resumed ({NUMBER}) \+ ({NUMBER}) s$", out, re.MULTILINE)
+    lost = re.search(rf"^time lost to the loss \(median of 1\): elastic ({NUMBER}) s, "
+                     rf"restarted ({NUMBER}) s$", out, re.MULTILINE)
+    assert run and lost, out
+    plain, elastic, failed, resumed = map(float, run.groups())
+    assert float(lost.group(1)) == pytest.approx(elastic - plain, abs=0.011)
+    assert float(lost.group(2)) == pytest.approx(failed + resumed - plain, abs=0.011)
