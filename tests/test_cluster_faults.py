@@ -110,14 +110,22 @@ def test_a_run_resumed_on_two_hosts_ends_where_an_uninterrupted_one_ends(tmp_pat
     assert max_diff(stored_parameters(summary), stored_parameters(whole)) <= 1e-5
 
 
-@pytest.mark.parametrize("how", ["killed", "cut off"])
-def test_asp_on_three_hosts_goes_on_without_a_lost_worker_host(tmp_path, clusters, how):
-    """asp with its server on host 0 and a worker on each of hosts 1 and 2: host 2 lost
-    (its processes killed; or its link down for good, its worker then silent past the
-    timeout) leaves the run going on with worker 0 to completion, worker 1 recorded lost."""
+@pytest.mark.parametrize(("strategy", "how"), [
+    ("asp", "killed"), ("asp", "cut off"), ("allreduce", "killed"), ("allreduce", "cut off")])
+def test_a_run_on_three_hosts_goes_on_without_a_lost_worker_host(tmp_path, clusters, strategy,
+                                                                 how):
+    """asp with its server on host 0 and a worker on each of hosts 1 and 2, or allreduce
+    told to continue with a worker on each host: host 2 lost (its processes killed; or its
+    link down for good, its worker then silent past the timeout) leaves the run going on
+    without its worker to completion, the loss recorded with its host. Under allreduce the
+    workers left regroup over the emulated links (comm/membership.py)."""
     out = tmp_path / "runs"
-    launcher = _launch(out, strategy="asp", servers=1, workers=2, epochs=6, hosts=3, timeout=3)
-    wait_for_checkpoint(out, launcher, 2, 1, epochs=1)
+    job = ({"strategy": "asp", "servers": 1, "workers": 2} if strategy == "asp" else
+           {"strategy": "allreduce", "workers": 3, "on_worker_failure": "continue",
+            "worker_delay_s": "0.03,0.03,0.03"})
+    launcher = _launch(out, **job, epochs=6, hosts=3, timeout=3)
+    workers, servers = job["workers"], job.get("servers", 0)
+    wait_for_checkpoint(out, launcher, workers, servers, epochs=1)
     if how == "killed":
         clusters[3].host_group(2).kill()
     else:
@@ -125,12 +133,14 @@ def test_asp_on_three_hosts_goes_on_without_a_lost_worker_host(tmp_path, cluster
     stdout, stderr = finished(launcher, f"after host 2 was {how}")
     assert launcher.returncode == 0, stderr
     summary = _completed(out, stdout, 6)
-    assert [lost["worker"] for lost in summary["lost_workers"]] == [1]
+    gone = workers - 1  # the worker on host 2, rank 2 either way
+    assert [lost["worker"] for lost in summary["lost_workers"]] == [gone]
     assert [(e["worker"], e["rank"], e["host"], e["cause"], e["workers"])
-            for e in summary["membership"]] == [(1, 2, 2, "lost", 1)]  # its emulated host
+            for e in summary["membership"]] == [(gone, 2, 2, "lost", workers - 1)]
     # Cut off, it may time out itself before the run ends, or be ended by its launcher.
-    said = ("polyrhythm: host 2 (worker 1) lost: was killed by SIGKILL; the others go on"
-            if how == "killed" else "polyrhythm: host 2 (worker 1) lost: its link is down; the ")
+    said = (f"polyrhythm: host 2 (worker {gone}) lost: was killed by SIGKILL; the others go on"
+            if how == "killed" else
+            f"polyrhythm: host 2 (worker {gone}) lost: its link is down; the ")
     assert said in stderr, stderr
 
 

@@ -12,7 +12,7 @@ from helpers import small_config, stored_parameters
 from polyrhythm.comm.messages import PUSH_HEADER, REPLY_HEADER
 from polyrhythm.compression.wire import extent_of, kept, lowrank_sizes
 from polyrhythm.layout import GATHERS
-from polyrhythm.strategies.averaging import GOSSIP_HEADER
+from polyrhythm.strategies.gossip import GOSSIP_HEADER
 from test_collectives import simulate
 from test_instrumentation import ring_bytes
 
