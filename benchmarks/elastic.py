@@ -30,6 +30,13 @@ run fails, and `polyrhythm train --resume RUN_ID` starts every rank again from t
 checkpoint, three workers again. Each one's time lost is its wall time (launch to exit, both
 commands for the restart) less an uninterrupted run's, measured side by side in turn.
 
+And what going on costs while nobody is lost: allreduce with --on-worker-failure continue
+sums over polyrhythm's ring on the membership (point-to-point messages, each waited for on a
+thread that watches the alarm) where abort sums by Gloo's own all-reduce: the cnn on mnist5k,
+3 workers of one thread, both runs at once, each pinned to a core of its own (its launcher's
+affinity, which its ranks inherit), their samples/s (warm-up excluded), elastic over native;
+then `ring` the same way, whose sum is the same ring either way: the membership's own cost.
+
     python benchmarks/elastic.py          # 5 runs of each, 3 of the whole runs: 4 minutes
     python benchmarks/elastic.py --quick  # smoke run: 1 run of each
 
@@ -63,6 +70,8 @@ WHOLE = ["--strategy", "allreduce", "--workers", "3", "--dataset", "digits", "--
          "--steps-per-epoch", "20", "--threads", "1", "--worker-delay-s", "0.02,0.02,0.02",
          "--timeout", "60"]
 KILLED_AT = 2  # epochs whose checkpoint is complete when worker 2 is killed
+PRICED = ["--strategy", "allreduce", "--workers", "3", "--dataset", "mnist5k", "--epochs", "1",
+          "--steps-per-epoch", "30", "--checkpoint-every", "0", "--threads", "1"]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -167,12 +176,50 @@ def whole_runs(runs: int, tmp: Path) -> None:
           f"{restart:.2f} s")
 
 
+def side_by_side(runs: dict[str, tuple[Path, list[str]]]) -> dict[str, float]:
+    """Samples/s of each named run, all started at once, the i-th pinned to core i."""
+    started = {}
+    for core, (name, (out, args)) in enumerate(runs.items()):
+        started[name] = subprocess.Popen(
+            ["taskset", "-c", str(core), sys.executable, "-m", "polyrhythm.cli", "train",
+             "--json", "--out", str(out), *args], stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True)
+    rates = {}
+    for name, proc in started.items():
+        stdout, stderr = proc.communicate(timeout=600)
+        if proc.returncode != 0:
+            raise SystemExit(f"the {name} run failed: {stderr.strip()[-500:]}")
+        rates[name] = json.loads(stdout.splitlines()[-1])["samples_per_s"]
+    return rates
+
+
+def price(strategy: str, runs: int, tmp: Path) -> None:
+    """Samples/s of `strategy` going on (continue) over abort's, nobody lost."""
+    print(f"{strategy}, cnn on mnist5k, 3 workers, nobody lost: {runs} run(s) each way, "
+          "side by side")
+    args = [strategy if a == "allreduce" else a for a in PRICED]
+    ratios = []
+    for i in range(runs):
+        pair = [("abort", (tmp / f"{strategy}-abort{i}", args)),
+                ("continue", (tmp / f"{strategy}-continue{i}",
+                              [*args, "--on-worker-failure", "continue"]))]
+        rates = side_by_side(dict(pair if i % 2 == 0 else pair[::-1]))  # cores swapped
+        native, elastic = rates["abort"], rates["continue"]
+        ratios.append(elastic / native)
+        print(f"  run {i + 1}/{runs}  abort {native:.0f} samples/s  continue {elastic:.0f} "
+              f"samples/s  ratio {elastic / native:.2f}")
+    print(f"{strategy}: going on costs (median of {runs}): {statistics.median(ratios):.2f}x "
+          "abort's samples/s")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="polyrhythm-elastic-") as tmp:
         for strategy in STRATEGIES:
             measure(strategy, args.runs, Path(tmp))
         whole_runs(args.wholes, Path(tmp))
+        for strategy in ("allreduce", "ring"):  # Gloo's own sum, then the same ring's
+            price(strategy, args.wholes, Path(tmp))
     return 0
 
 

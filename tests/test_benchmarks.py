@@ -516,3 +516,11 @@ def test_elastic_benchmark_smoke_prints_the_wait_after_a_loss():
     plain, elastic, failed, resumed = map(float, run.groups())
     assert float(lost.group(1)) == pytest.approx(elastic - plain, abs=0.011)
     assert float(lost.group(2)) == pytest.approx(failed + resumed - plain, abs=0.011)
+    # What going on costs, nobody lost: each strategy's ratio of the rates printed.
+    priced = re.findall(rf"^  run 1/1  abort ({NUMBER}) samples/s  continue ({NUMBER}) "
+                        rf"samples/s  ratio ({NUMBER})$", out, re.MULTILINE)
+    costs = re.findall(rf"^(allreduce|ring): going on costs \(median of 1\): ({NUMBER})x "
+                       "abort's samples/s$", out, re.MULTILINE)
+    assert len(priced) == 2 and [c[0] for c in costs] == ["allreduce", "ring"], out
+    for (native, elastic, ratio), (_, cost) in zip(priced, costs, strict=True):
+        assert is_quotient(ratio, elastic, native) and cost == ratio
