@@ -247,6 +247,21 @@ def test_an_asp_script_goes_on_without_a_killed_worker_and_records_it(tmp_path: 
     assert ranks_left() == []
 
 
+def test_an_allreduce_script_told_to_continue_sums_on_without_a_killed_worker(
+        tmp_path: Path) -> None:
+    """Worker 2 SIGKILLs itself after 5 of its 16 steps under allreduce told to continue: the
+    other two sum on over themselves (comm/membership.py) and take all theirs; worker 2 took
+    part in 5 sums of gradients (the check that every worker starts alike is bookkeeping,
+    not one of them)."""
+    summary = run(tmp_path, "--kill", "2", "5", strategy="allreduce", workers=3,
+                  on_worker_failure="continue")
+    (lost,) = summary["lost_workers"]
+    assert (lost["worker"], lost["rank"], lost["pushes"]) == (2, 2, 5)
+    assert [(w["worker"], w["steps"]) for w in summary["per_worker"]] == [(0, 16), (1, 16)]
+    assert summary["membership"][0]["workers"] == 2
+    assert ranks_left() == []
+
+
 @pytest.mark.parametrize(("script_args", "config", "says"), [
     (["--kill", "2", "5"], {"strategy": "bsp"}, "rank 3 (worker 2) was killed by SIGKILL"),
     (["--kill", "2", "0"], {}, "rank 3 (worker 2) was killed by SIGKILL"),  # before training
