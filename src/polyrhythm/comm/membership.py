@@ -131,8 +131,9 @@ class Membership:
         the alarm when it ends, whether it brings a greeting or its peer's connection broke."""
         if self.generation >= GENERATIONS:
             raise PeerLost(None, RuntimeError(f"the workers changed {GENERATIONS} times"))
-        self._alarm = False
-        self._in_flight: set[_Done] = set()
+        with self._lock:  # no earlier generation's greeting thread rings it (_raise_alarm)
+            self._alarm = False
+            self._in_flight: set[_Done] = set()
         self._waiters: dict[int, _Waiter] = {}
         self._greetings: dict[int, _Done] = {}
         for peer in self._others():
@@ -145,24 +146,33 @@ class Membership:
                 done.set()
                 self._raise_alarm()
                 continue
-            threading.Thread(target=self._await_greeting, args=(work, box, done),
-                             daemon=True, name=f"greeting-{peer}").start()
+            threading.Thread(target=self._await_greeting,
+                             args=(work, box, done, self.generation), daemon=True,
+                             name=f"greeting-{peer}").start()
 
     def _others(self) -> list[int]:
         return [m for m in self.members if m != self.rank]
 
-    def _await_greeting(self, work, box: torch.Tensor, done: _Done) -> None:
+    def _await_greeting(self, work, box: torch.Tensor, done: _Done, generation: int) -> None:
         try:
             work.wait(NEVER)
             done.count, done.training = (int(v) for v in box.tolist())
         except BaseException as exc:
             done.error = exc
+        # The alarm first: a member that has read the greeting may open the next generation
+        # at once, whose alarm this one must not ring (measured: a generation's last greeting
+        # thread, descheduled between the two, rang the next generation's; a member then
+        # regrouped alone after its peers had left their last all-reduce, and each side
+        # waited out the timeout before calling the other lost).
+        self._raise_alarm(generation)
         done.set()
-        self._raise_alarm()
 
-    def _raise_alarm(self) -> None:
-        """End every wait of the generation now."""
+    def _raise_alarm(self, generation: int | None = None) -> None:
+        """End every wait of the generation now (`generation`: only if it is still this
+        one)."""
         with self._lock:
+            if generation is not None and generation != self.generation:
+                return
             self._alarm = True
             waits, self._in_flight = self._in_flight, set()
         for done in waits:
@@ -288,7 +298,8 @@ class Membership:
         # and goes on past the exchanges the others are beyond (exchange).
         self._skipped = max(0, ahead - self.completed - 1)
         self.members = [m for m in self.members if m in counts]
-        self.generation += 1
+        with self._lock:
+            self.generation += 1
         self.changes.append((min(training), lost, time.perf_counter()))
         self._open()
         if len(self.members) < self.least:
