@@ -24,6 +24,11 @@ class PeerMessages:
         self.done: set[int] = set()  # peers whose DONE is in
         self.gone: set[int] = set()  # peers left out
         self.goes_on = ctx.transport.membership is not None
+        # A wait that keeps its own time and ends when the peer is seen gone, where the run
+        # goes on without it: a send being written as its peer died is left neither done nor
+        # failed by Gloo, whose own timeout would then hold this worker for --timeout (and
+        # close every connection it has), its peers calling it lost meanwhile.
+        self.within = ctx.config.timeout if self.goes_on else None
         self.inbox = (ctx.transport.receiver(self.ranks, numel, tag, last=is_done)
                       if self.ranks else None)
         self._sends: list[Pending] = []
@@ -64,7 +69,7 @@ class PeerMessages:
         """The sends made are done (a peer that went meanwhile is left out)."""
         for work in self._sends:
             try:
-                work.wait()
+                work.wait(self.within)
             except PeerFault as fault:
                 self.lose(fault)
         self._sends = []
