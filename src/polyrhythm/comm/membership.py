@@ -48,7 +48,7 @@ from polyrhythm.comm.collectives import TAG_BASE, all_reduce
 from polyrhythm.comm.faults import PeerFault, PeerLost, translated
 from polyrhythm.comm.messages import MEMBERS
 from polyrhythm.comm.posting import post_receive, post_send
-from polyrhythm.comm.waiting import NEVER
+from polyrhythm.comm.waiting import NEVER, Waiter
 
 if TYPE_CHECKING:
     from polyrhythm.comm.transport import Pending, Transport
@@ -71,32 +71,6 @@ class _Done(threading.Event):
     error: BaseException | None = None
     count = training = 0  # a greeting's
     interrupted = False
-
-
-class _Waiter:
-    """A thread waiting on one peer's messages of one generation, in the order given."""
-
-    def __init__(self, peer: int) -> None:
-        self.queue: list = []
-        self._ready = threading.Condition()
-        threading.Thread(target=self._run, daemon=True, name=f"member-{peer}").start()
-
-    def hand(self, pending: Pending, done: _Done) -> None:
-        with self._ready:
-            self.queue.append((pending, done))
-            self._ready.notify()
-
-    def _run(self) -> None:
-        while True:
-            with self._ready:
-                while not self.queue:
-                    self._ready.wait()
-                pending, done = self.queue.pop(0)
-            try:
-                pending.wait_unbounded()
-            except BaseException as exc:  # told to the caller, on its thread
-                done.error = exc
-            done.set()
 
 
 class Membership:
@@ -134,7 +108,7 @@ class Membership:
         with self._lock:  # no earlier generation's greeting thread rings it (_raise_alarm)
             self._alarm = False
             self._in_flight: set[_Done] = set()
-        self._waiters: dict[int, _Waiter] = {}
+        self._waiters: dict[int, Waiter] = {}
         self._greetings: dict[int, _Done] = {}
         for peer in self._others():
             box, done = torch.zeros(2, dtype=torch.float64), _Done()
@@ -190,8 +164,8 @@ class Membership:
             self._in_flight.add(done)
         waiter = self._waiters.get(pending.peer)
         if waiter is None:
-            waiter = self._waiters[pending.peer] = _Waiter(pending.peer)
-        waiter.hand(pending, done)
+            waiter = self._waiters[pending.peer] = Waiter(pending.peer)
+        waiter.works.put((pending.work, done))
         ended = done.wait(self.timeout)
         with self._lock:
             self._in_flight.discard(done)

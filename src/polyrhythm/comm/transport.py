@@ -24,7 +24,7 @@ from polyrhythm.comm.faults import PeerFault, PeerLost, PeerSilent, on_the_wire
 from polyrhythm.comm.network_threads import calm_network_threads, sharing_cores
 from polyrhythm.comm.posting import post_receive, post_send
 from polyrhythm.comm.receiver import Receiver, first_message
-from polyrhythm.comm.waiting import NEVER, wait_within
+from polyrhythm.comm.waiting import wait_within
 
 if TYPE_CHECKING:
     from polyrhythm.comm.membership import Membership
@@ -91,16 +91,16 @@ class Pending:
         return True
 
 
-    def wait_unbounded(self) -> None:
-        """Wait with no timeout of Gloo's, on a thread of its own, for a caller that keeps
-        its own time and goes on without it (comm/membership.py); `settle` once it is done."""
-        if self._work is not None:
-            with on_the_wire(self.peer):
-                self._work.wait(NEVER)
+    @property
+    def work(self) -> dist.Work | Posted | None:
+        """What is on its way, for a caller that waits for it on a thread of its own, with
+        no timeout of Gloo's, keeping its own time (comm/membership.py); `settle` once it
+        is done."""
+        return self._work
 
     def settle(self) -> None:
-        """Done (wait_unbounded returned): a receive's bytes are counted now, on the caller's
-        thread."""
+        """Done (its work waited for elsewhere): a receive's bytes are counted now, on the
+        caller's thread."""
         self._work = None
         if self._receiver is not None:
             self._receiver.count_received(self._received)

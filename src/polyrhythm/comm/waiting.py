@@ -38,8 +38,10 @@ from polyrhythm.comm.posting import post_receive
 NEVER = timedelta(days=365)  # Gloo's timeout for a wait this module keeps time for
 
 
-class _Waiter:
-    """A thread waiting on one peer's works, in the order given."""
+class Waiter:
+    """A thread waiting on one peer's works, in the order given (`works.put((work, done))`;
+    `done`, an event with an `error`, is set when the work ends, with what it failed with).
+    Here, one per peer for the process; comm/membership.py, one per peer and generation."""
 
     def __init__(self, peer: int) -> None:
         self.works: queue.SimpleQueue = queue.SimpleQueue()
@@ -60,7 +62,7 @@ class _Done(threading.Event):
 
 
 _lock = threading.Lock()
-_waiters: dict[int, _Waiter] = {}
+_waiters: dict[int, Waiter] = {}
 _watched: set[int] = set()
 _gone: dict[int, Exception] = {}  # by peer: Gloo's error for its broken connection
 _waits: dict[int, set[_Done]] = {}  # by peer: the waits on it in progress
@@ -79,7 +81,7 @@ def wait_within(work, peer: int, within: float) -> None:
     with _lock:
         if peer in _gone:
             raise translated(_gone[peer], peer)
-        waiter = _waiters.get(peer) or _waiters.setdefault(peer, _Waiter(peer))
+        waiter = _waiters.get(peer) or _waiters.setdefault(peer, Waiter(peer))
         _waits.setdefault(peer, set()).add(done)
     waiter.works.put((work, done))
     try:
