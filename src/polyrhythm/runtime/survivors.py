@@ -2,8 +2,9 @@
 
 A server sees a worker die when its connection breaks mid-run (runtime/server/server.py), but a
 worker that dies after its last message is seen by nobody, until a collective waits for it.
-So before the end-of-run collectives (running statistics, reports), rank 0, which is server
-0 whenever a run may continue, calls the roll: it asks each worker not known to be lost and
+So before the end-of-run collectives (running statistics, reports), rank 0 (server 0, or
+worker 0 where there are no servers) calls the roll, the workers the members saw go
+(comm/membership.py) left out: it asks each worker not known to be lost and
 waits for the answer (a dead worker's broken connection fails the wait at once; a worker cut
 off says nothing within the timeout), then tells every survivor which workers are gone. These
 waits keep their own time (comm/waiting.py): Gloo's timeout would close every connection.
