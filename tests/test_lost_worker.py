@@ -140,6 +140,7 @@ def test_allreduce_told_to_continue_sums_on_without_a_killed_worker_but_not_work
     assert event == {"t": lost["at_s"], "worker": 2, "rank": 2, "host": None,
                      "cause": "lost", "workers": 2}
     assert summary["membership"] == [event]
+    assert summary["sums_by"] == "ring"  # not Gloo's own all-reduce, which cannot regroup
     run = _kill_during_training(tmp_path / "b", 0, "--strategy", "allreduce",
                                 "--on-worker-failure", "continue", servers=0)
     _aborted(run, tmp_path / "b", 0, "worker 0", servers=0)

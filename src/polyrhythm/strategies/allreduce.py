@@ -70,6 +70,13 @@ class AllReduceWorker(Strategy):
         with self.ctx.spans("apply"):
             self.optimizer.step(grad, lr_at(self.ctx.config.optimizer, epoch))
 
+    def summary(self) -> dict:
+        """Where the workers may change, Gloo's own all-reduce cannot be theirs: the run says
+        its sums travelled by the ring (comm/membership.py) instead."""
+        if self.algorithm == NATIVE and self.ctx.transport.membership is not None:
+            return {"sums_by": "ring"}
+        return {}
+
     def state_dict(self) -> dict:
         state = {"optimizer": self.optimizer.state_dict()}
         if self.compressed is not None:
