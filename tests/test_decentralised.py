@@ -237,13 +237,17 @@ def test_gossip_drains_every_message_when_workers_finish_at_different_times(tmp_
 
 def test_dpsgd_told_to_continue_goes_on_over_the_ring_left(tmp_path):
     """D-PSGD, 4 workers; worker 3 dies after its step 7: the others form a ring of three
-    and train on (each step's exchange with the neighbours left), to the consensus."""
+    and train on (each step's exchange with the neighbours left), to the consensus. Its
+    exchanges recorded are those every survivor had completed when it was found gone: an
+    exchange needs only the neighbours' part, so its neighbours had completed at least 6
+    (for its 7th they were in theirs) and the worker opposite at least 5, whichever the
+    timing (a fresh clone's make test saw 6)."""
     summary = polyrhythm.train(small_config(tmp_path, strategy="dpsgd", workers=4,
                                             dataset="digits", epochs=3,
                                             on_worker_failure="continue",
                                             dies_after_steps=[0, 0, 0, 7]))
     (lost,) = summary["lost_workers"]
-    assert (lost["worker"], lost["pushes"]) == (3, 7)
+    assert lost["worker"] == 3 and 5 <= lost["pushes"] <= 7
     assert [w["steps"] for w in summary["per_worker"]] == [30, 30, 30]
     assert summary["membership"][0]["workers"] == 3
     epochs = RunStore(tmp_path / "runs" / "polyrhythm.db").epochs(summary["run_id"])
