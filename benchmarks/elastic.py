@@ -19,8 +19,8 @@ themselves (comm/membership.py); the figure is the time from its death (the end 
 which the sum ends alike for every worker) to the end of the survivors' next step, against
 the same run's median step interval before it (a step's compute and its sum).
 
-Local SGD, D-PSGD, TreeEASGD and Strategy-Switch's first half go on on the same membership:
-not measured apart.
+Local SGD, D-PSGD, gossip, TreeEASGD and Strategy-Switch's first half go on on the same
+membership: not measured apart.
 
 Then the time a loss costs a whole run, the elastic way against today's other way: an
 allreduce run of 3 workers (4 epochs of 20 steps, a checkpoint after each), worker 2's

@@ -3,6 +3,7 @@
 import math
 import os
 from fractions import Fraction
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -27,6 +28,7 @@ from polyrhythm.strategies.gossip import (
     decode_gossip,
     encode_gossip,
 )
+from polyrhythm.strategies.peers import PeerMessages
 
 # --- gossip: the alphas (and the alpha-weighted model mass) are conserved ------------------
 
@@ -93,6 +95,44 @@ def test_gossip_message_carries_alpha_bit_for_bit(alpha):
 def test_gossip_merge_is_the_alpha_weighted_mean():
     w, alpha = gossip_merge(torch.tensor([0.0, 4.0]), 0.75, torch.tensor([4.0, 0.0]), 0.25)
     assert alpha == 1.0 and torch.equal(w, torch.tensor([1.0, 3.0]))
+
+
+# --- the messages gossip and TreeEASGD send: their outbox ----------------------------------
+
+
+class _Sends:
+    """A transport's sends, each done only when waited for (as a Gloo send may still be read
+    from its tensor until then); what each send's tensor held when it was done."""
+
+    membership = None
+
+    def __init__(self) -> None:
+        self.delivered: list[float] = []
+
+    def receiver(self, *args, **kwargs):
+        return None
+
+    def isend(self, tensor, rank, tag):
+        sends = self
+
+        class Send:
+            def wait(self, within=None):
+                sends.delivered.append(tensor[0].item())
+        return Send()
+
+
+def test_peer_messages_compose_no_message_over_one_on_its_way():
+    """compose() hands out the outbox only once the last message's sends are done: a DONE
+    written over a model still being sent reached the peer as that model (gossip's finish,
+    a hang under load)."""
+    sends = _Sends()
+    ctx = SimpleNamespace(transport=sends, config=SimpleNamespace(timeout=30.0))
+    messages = PeerMessages(ctx, [], 3, tag=7, is_done=lambda m: m[0] == DONE)
+    for kind in (MODEL, MODEL, DONE):
+        messages.compose()[0] = kind
+        messages.send([1, 2])
+    messages.settle()
+    assert sends.delivered == [MODEL] * 4 + [DONE] * 2
 
 
 # --- dpsgd: the ring's mixing matrix --------------------------------------------------------

@@ -127,22 +127,30 @@ def test_bsp_going_on_without_a_lost_worker_equals_its_gradients_until_it_died(t
     assert max_diff(stored, reference_parameters(config, leaves={2: 0})) > 20 * 1e-5
 
 
-@pytest.mark.parametrize(("strategy", "dies_after"), [("allreduce", 7), ("tree", 13)])
+@pytest.mark.parametrize(("strategy", "dies_after", "summed"),
+                         [("allreduce", 7, (6, 7)), ("tree", 13, (13,))])
 def test_allreduce_going_on_without_a_lost_worker_equals_its_gradients_until_it_died(
-        tmp_path, strategy, dies_after):
+        tmp_path, strategy, dies_after, summed):
     """allreduce (its sum then the ring's) and tree, 3 workers; worker 2 dies (SIGKILL, on
     cue) right after its step k. The other two sum on without it: the run's parameters equal
-    a reference that took all 3 workers' gradients for the first k steps and the 2
-    survivors' after them, each keeping its weight b_i/B; the learning rate follows the
-    epochs, which the survivors step through together."""
+    a reference that took all 3 workers' gradients for the steps the run records it in and
+    the 2 survivors' after them, each keeping its weight b_i/B; the learning rate follows
+    the epochs, which the survivors step through together.
+
+    Under tree, worker 2 (a leaf) has step k's sum from its parent, which had its gradient:
+    its k steps are summed. Under Gloo's ring all-reduce it has its sum once its own last
+    chunk is handed to its socket, which the kill may close before the chunk left (a
+    socket closed with data unread is reset, what it had yet to send dropped): the
+    survivors may redo step k without it.
+    Either way what is recorded is what was trained."""
     config = equivalence_config(tmp_path, strategy=strategy, workers=3, batch_size=64,
                                 on_worker_failure="continue",
                                 dies_after_steps=[0, 0, dies_after])
     summary = polyrhythm.train(config)
     (lost,) = summary["lost_workers"]
-    assert lost["worker"] == 2 and lost["pushes"] == dies_after
+    assert lost["worker"] == 2 and lost["pushes"] in summed
     stored = stored_parameters(summary)
-    leaves = {2: dies_after}
+    leaves = {2: lost["pushes"]}
     assert max_diff(stored, reference_parameters(config, leaves=leaves,
                                                  lr_by_epoch=True)) <= 1e-5
     assert max_diff(stored, reference_parameters(config, lr_by_epoch=True)) > 20 * 1e-5

@@ -221,15 +221,19 @@ def test_rank_0_listens_on_the_job_address_and_loopback_only(monkeypatch, where)
 
 def test_under_torchrun_the_gate_is_on_gloos_address_and_published(monkeypatch):
     """torchrun's agent holds a store at MASTER_ADDR:MASTER_PORT: rank 0's gate listens on
-    the address Gloo uses, a free port, and says where in torchrun's store."""
+    the address Gloo uses, a free port, and says where in torchrun's store, under this
+    attempt's prefix (the agent's store outlives its restarts: the earlier attempt's gate,
+    closed, is never read)."""
     agent = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=30),
                           wait_for_workers=False)
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(agent.port))
     monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
+    agent.set("polyrhythm/attempt-0/polyrhythm/gate", "127.0.0.1 1")  # the first attempt's
     store = gated_store(SECRET, 0, 2, timedelta(seconds=30))
-    host, port = agent.get("polyrhythm/gate").decode().split()
+    host, port = agent.get("polyrhythm/attempt-1/polyrhythm/gate").decode().split()
     assert host == "127.0.0.1" and int(port) not in (agent.port, store.port)
     gated_store(SECRET, 1, 2, timedelta(seconds=30)).set("through", "the gate")
     assert store.get("through") == b"the gate"

@@ -148,7 +148,7 @@ def test_allreduce_told_to_continue_sums_on_without_a_killed_worker_but_not_work
 
 @pytest.mark.parametrize(("strategy", "dies_after"), [
     ("bsp", 6), ("asp", 6), ("ssp", 6), ("allreduce", 6), ("localsgd", 6), ("dpsgd", 6),
-    ("tree-easgd", 6),
+    ("gossip", 6), ("tree-easgd", 6),
     ("switch", 6), ("switch", 14),  # before its switch (after epoch 1 of 2), and after
 ])
 def test_every_strategy_that_goes_on_completes_without_a_killed_worker(tmp_path, strategy,
@@ -212,7 +212,7 @@ def test_min_workers_or_a_fault_on_cue_that_cannot_be_is_one_line(fields, said):
 
 
 def test_continue_is_refused_where_every_worker_waits_for_the_others():
-    for strategy in ("mapreduce", "gossip"):
+    for strategy in ("mapreduce",):
         with pytest.raises(ConfigError, match="needs a strategy whose servers, or whose "
                                               "workers' sums and exchanges, go on without a "
                                               "lost worker"):
@@ -227,7 +227,7 @@ def test_a_collective_strategy_goes_on_when_told_and_sums_uncompressed():
     """continue is allowed under the collective strategies, local SGD and Strategy-Switch
     (abort stays their default); their compressed sums keep state per member: one line."""
     for strategy in ("allreduce", "ring", "tree", "reduce-broadcast", "localsgd", "dpsgd",
-                     "tree-easgd", "switch"):
+                     "gossip", "tree-easgd", "switch"):
         assert load_config(strategy=strategy, workers=3).on_worker_failure == "abort"
         config = load_config(strategy=strategy, workers=3, on_worker_failure="continue")
         assert config.on_worker_failure == "continue"

@@ -10,6 +10,16 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+# How long a rank waits in the job's store for the others to join: ranks start at different
+# times (hosts, imports, a loaded machine), which --timeout, the bound on a peer's silence in
+# training, is not about (a run with --timeout 3 failed to start under load).
+JOIN_WAIT_S = 120.0
+
+
+def join_wait(timeout_s: float) -> float:
+    """The bound on a store's waits for a job whose --timeout is `timeout_s`."""
+    return max(timeout_s, JOIN_WAIT_S)
+
 
 def join(rank: int, world: int, timeout_s: float, store: dist.Store | None = None,
          init_method: str | None = None) -> None:
@@ -19,11 +29,11 @@ def join(rank: int, world: int, timeout_s: float, store: dist.Store | None = Non
                             world_size=world, timeout=timedelta(seconds=timeout_s))
 
 
-def file_store(path: str | Path, world: int, wait_s: float) -> dist.FileStore:
+def file_store(path: str | Path, world: int, timeout_s: float) -> dist.FileStore:
     """A store in the file `path`, which the `world` ranks on this machine meet through (no
-    port to race for, nothing listening); each of its waits bounded by `wait_s`."""
+    port to race for, nothing listening); each of its waits bounded by join_wait."""
     store = dist.FileStore(str(path), world)
-    store.set_timeout(timedelta(seconds=wait_s))
+    store.set_timeout(timedelta(seconds=join_wait(timeout_s)))
     return store
 
 

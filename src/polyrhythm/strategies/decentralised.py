@@ -47,10 +47,7 @@ DPSGD = StrategySpec(
 GOSSIP = StrategySpec(
     "gossip", "GoSGD: after a step, with probability p, send the model and half its weight "
     "to a random peer", source="GoSGD, Blot et al. 2016", family=DECENTRALISED,
-    # Not `regroups` yet: going on without a lost peer stalled for --timeout now and then
-    # under load in tests/test_lost_worker.py (a live worker then called lost), cause not
-    # found; continue is refused in one line until it is.
-    worker="polyrhythm.strategies.gossip:GossipWorker", params=(
+    worker="polyrhythm.strategies.gossip:GossipWorker", regroups=True, params=(
         Param("gossip_p", float, "probability of sending the model to a random peer after a "
               "step", 0.2, rule=within(0, 1, low_open=True)),))
 

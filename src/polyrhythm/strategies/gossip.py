@@ -72,14 +72,14 @@ class GossipWorker(DecentralisedWorker):
             self.senders = {r: ChangeSender(made(r), self.flat.data) for r in self.peers}
             self.copies = {r: Copy(made(r), self.flat.data) for r in self.peers}
         words = next(iter(self.senders.values())).codec.words if self.senders else n
-        self.outbox = torch.empty(GOSSIP_HEADER + words)
+        self.width = GOSSIP_HEADER + words  # a message's float32 values
         self.messages: PeerMessages | None = None
 
     def consensus_weight(self) -> float:
         return self.alpha
 
     def start(self) -> None:
-        self.messages = PeerMessages(self.ctx, self.peers, len(self.outbox), GOSSIP_TAG,
+        self.messages = PeerMessages(self.ctx, self.peers, self.width, GOSSIP_TAG,
                                      is_done=lambda message: message[0] == DONE)
 
     def step(self, epoch: int) -> None:
@@ -103,15 +103,15 @@ class GossipWorker(DecentralisedWorker):
         self.flat.data.copy_(merged)
 
     def _send(self, rank: int) -> None:
-        self.messages.settle()  # before the outbox changes
+        box = self.messages.compose()
         self.alpha, share = gossip_send_share(self.alpha)
         if self.senders:
-            encode_gossip(self.outbox, MODEL, share)
+            encode_gossip(box, MODEL, share)
             with self.ctx.spans("compress"):
-                self.senders[rank].encode(self.flat.data, self.outbox[GOSSIP_HEADER:])
+                self.senders[rank].encode(self.flat.data, box[GOSSIP_HEADER:])
         else:
-            encode_gossip(self.outbox, MODEL, share, self.flat.data)
-        if not self.messages.send(self.outbox, [rank]):  # never left: its share stays here
+            encode_gossip(box, MODEL, share, self.flat.data)
+        if not self.messages.send([rank]):  # never left: its share stays here
             self.alpha += share
 
     def finish(self) -> None:
@@ -119,7 +119,8 @@ class GossipWorker(DecentralisedWorker):
             # A DONE follows this worker's last model to each peer (messages between two
             # ranks keep their order); each peer's receive thread waits for it. It is as
             # long as a model message, the size of the receives posted for it.
-            self.messages.send(encode_gossip(self.outbox, DONE, 0.0), self.peers)
+            encode_gossip(self.messages.compose(), DONE, 0.0)
+            self.messages.send(self.peers)
             while (arrived := self.messages.take(block=True)) is not None:
                 self._handle(*arrived)
             self.messages.settle()

@@ -16,7 +16,12 @@ from polyrhythm.context import RankContext
 
 class PeerMessages:
     """A worker's messages of `numel` float32 values with the peers `ranks`, on `tag`;
-    `is_done(message)`: a peer's last."""
+    `is_done(message)`: a peer's last.
+
+    A message is written into the one outbox `compose()` gives, then `send()`: compose
+    waits for the last message's sends first, as Gloo reads the outbox while it sends (a
+    DONE written over a model still on its way reached the peer as that model: its
+    receives ended there, and the real DONE waited for ever)."""
 
     def __init__(self, ctx: RankContext, ranks: list[int], numel: int, tag: int,
                  is_done: Callable[[torch.Tensor], bool]) -> None:
@@ -31,6 +36,7 @@ class PeerMessages:
         self.within = ctx.config.timeout if self.goes_on else None
         self.inbox = (ctx.transport.receiver(self.ranks, numel, tag, last=is_done)
                       if self.ranks else None)
+        self._outbox = torch.empty(numel)
         self._sends: list[Pending] = []
 
     def take(self, block: bool) -> tuple[int, torch.Tensor] | None:
@@ -50,16 +56,20 @@ class PeerMessages:
         """Every peer's DONE is in, or it is gone."""
         return len(self.done | self.gone) >= len(self.ranks)
 
-    def send(self, box: torch.Tensor, ranks: list[int]) -> list[int]:
-        """Send `box` to those of `ranks` not gone, once the last sends are done (each peer's
-        receive is always posted: this is short); the ranks it left for."""
+    def compose(self) -> torch.Tensor:
+        """The outbox to write the next message into, once the last one's sends are done
+        (each peer's receive is always posted: this is short)."""
         self.settle()
+        return self._outbox
+
+    def send(self, ranks: list[int]) -> list[int]:
+        """Send the message composed to those of `ranks` not gone; the ranks it left for."""
         sent = []
         for rank in ranks:
             if rank in self.gone:
                 continue
             try:
-                self._sends.append(self.ctx.transport.isend(box, rank, self.tag))
+                self._sends.append(self.ctx.transport.isend(self._outbox, rank, self.tag))
                 sent.append(rank)
             except PeerFault as fault:  # its connection broke already
                 self.lose(fault)

@@ -40,12 +40,11 @@ class TreeElasticWorker(DecentralisedWorker):
         self.neighbours = [r for r in (self.parent, *self.children) if r is not None]
         self.up, self.down = Periodic(self.settings.tau_up), Periodic(self.settings.tau_down)
         self.alpha = self.settings.alpha
-        self.outbox = torch.empty(1 + len(self.flat))
         self.messages: PeerMessages | None = None
         self.pulls = 0  # models received and pulled toward
 
     def start(self) -> None:
-        self.messages = PeerMessages(self.ctx, self.neighbours, len(self.outbox), TREE_TAG,
+        self.messages = PeerMessages(self.ctx, self.neighbours, 1 + len(self.flat), TREE_TAG,
                                      is_done=lambda message: message[0] == DONE)
 
     def step(self, epoch: int) -> None:
@@ -60,13 +59,12 @@ class TreeElasticWorker(DecentralisedWorker):
         self.local_step(epoch)
 
     def _send(self, kind: float, ranks: list[int]) -> None:
-        """Send the model (or DONE) to `ranks`, once the last sends of the outbox are done
-        (each neighbour's receive is always posted: this is short)."""
-        self.messages.settle()  # before the outbox changes
-        self.outbox[0] = kind
+        """Send the model (or DONE) to `ranks`."""
+        box = self.messages.compose()
+        box[0] = kind
         if kind == MODEL:
-            self.outbox[1:] = self.flat.data
-        self.messages.send(self.outbox, ranks)
+            box[1:] = self.flat.data
+        self.messages.send(ranks)
 
     def _handle(self, src: int, message: torch.Tensor) -> None:
         if message[0] == DONE:  # a faster neighbour may be done while this worker trains

@@ -21,8 +21,6 @@ from polyrhythm.launch.rank.life import leave_now, lifecycle
 from polyrhythm.metrics.records import RunRecord
 from polyrhythm.runtime.checkpoint import Resume
 
-RENDEZVOUS_WAIT_S = 120.0
-
 
 def process_name(rank: int) -> str:
     """The name each rank's process shows in ps/top (/proc/PID/comm)."""
@@ -47,7 +45,7 @@ def rank_main(config_values: dict, rank: int, rendezvous: str, record: RunRecord
 
     def join() -> None:
         group.join(rank, config.world_size, config.timeout,
-                   store=group.file_store(rendezvous, config.world_size, RENDEZVOUS_WAIT_S))
+                   store=group.file_store(rendezvous, config.world_size, config.timeout))
 
     try:
         lifecycle(config, rank, join, record if rank == 0 else None,

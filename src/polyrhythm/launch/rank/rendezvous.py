@@ -41,17 +41,19 @@ _OPEN: list = []
 
 
 def join_group(rank: int, world: int, timeout: timedelta) -> None:
-    """Join the job's Gloo process group as `rank` of `world` (module docstring)."""
+    """Join the job's Gloo process group as `rank` of `world` (module docstring); the store
+    waits group.join_wait for the others to join, Gloo's own waits `timeout`."""
     secret = job_secret()
+    wait = timedelta(seconds=group.join_wait(timeout.total_seconds()))
     if secret is None:
         if rank == 0:
             print(f"polyrhythm: warning: no {SECRET_FILE_VARIABLE}: the job's store (torchrun's, "
                   f"at {os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}) admits "
                   "anyone who reaches it", file=sys.stderr, flush=True)
-        group.join(rank, world, timeout.total_seconds(), init_method="env://")
+        group.join(rank, world, timeout.total_seconds(), store=_open_store(rank, world, wait))
         return
     group.join(rank, world, timeout.total_seconds(),
-               store=gated_store(secret, rank, world, timeout))
+               store=gated_store(secret, rank, world, wait))
 
 
 def _master() -> tuple[str, int]:
@@ -101,7 +103,21 @@ def gated_store(secret: bytes, rank: int, world: int, timeout: timedelta) -> dis
 
 
 def _torchrun_store(master: tuple[str, int], timeout: timedelta) -> dist.Store:
-    return dist.TCPStore(master[0], master[1], None, False, timeout)
+    """torchrun's agent's store, under a prefix of this attempt's: the agent keeps its store
+    across the restarts it makes, and a key of an earlier attempt (its gate's address, its
+    ranks' Gloo addresses) must not be read as this one's."""
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"polyrhythm/attempt-{attempt}",
+                            dist.TCPStore(master[0], master[1], None, False, timeout))
+
+
+def _open_store(rank: int, world: int, timeout: timedelta) -> dist.Store:
+    """The job's store at the master address, with no gate: torchrun's agent's, else rank
+    0's (as torch's env:// makes it, but waiting `timeout`)."""
+    master = _master()
+    if _under_torchrun():
+        return _torchrun_store(master, timeout)
+    return dist.TCPStore(master[0], master[1], world, rank == 0, timeout)
 
 
 def job_address(master: str) -> str:
