@@ -176,21 +176,22 @@ def whole_runs(runs: int, tmp: Path) -> None:
           f"{restart:.2f} s")
 
 
-def side_by_side(runs: dict[str, tuple[Path, list[str]]]) -> dict[str, float]:
-    """Samples/s of each named run, all started at once, the i-th pinned to core i."""
+def side_by_side(runs: dict[str, tuple[Path, list[str]]]) -> dict[str, dict]:
+    """The summary of each named run (`polyrhythm train` with its args under its folder),
+    all started at once, the i-th pinned to core i (benchmarks/fault_schedule.py's too)."""
     started = {}
     for core, (name, (out, args)) in enumerate(runs.items()):
         started[name] = subprocess.Popen(
             ["taskset", "-c", str(core), sys.executable, "-m", "polyrhythm.cli", "train",
              "--json", "--out", str(out), *args], stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True)
-    rates = {}
+    summaries = {}
     for name, proc in started.items():
         stdout, stderr = proc.communicate(timeout=600)
         if proc.returncode != 0:
             raise SystemExit(f"the {name} run failed: {stderr.strip()[-500:]}")
-        rates[name] = json.loads(stdout.splitlines()[-1])["samples_per_s"]
-    return rates
+        summaries[name] = json.loads(stdout.splitlines()[-1])
+    return summaries
 
 
 def price(strategy: str, runs: int, tmp: Path) -> None:
@@ -203,8 +204,8 @@ def price(strategy: str, runs: int, tmp: Path) -> None:
         pair = [("abort", (tmp / f"{strategy}-abort{i}", args)),
                 ("continue", (tmp / f"{strategy}-continue{i}",
                               [*args, "--on-worker-failure", "continue"]))]
-        rates = side_by_side(dict(pair if i % 2 == 0 else pair[::-1]))  # cores swapped
-        native, elastic = rates["abort"], rates["continue"]
+        summaries = side_by_side(dict(pair if i % 2 == 0 else pair[::-1]))  # cores swapped
+        native, elastic = (summaries[way]["samples_per_s"] for way in ("abort", "continue"))
         ratios.append(elastic / native)
         print(f"  run {i + 1}/{runs}  abort {native:.0f} samples/s  continue {elastic:.0f} "
               f"samples/s  ratio {elastic / native:.2f}")

@@ -524,3 +524,24 @@ def test_elastic_benchmark_smoke_prints_the_wait_after_a_loss():
     assert len(priced) == 2 and [c[0] for c in costs] == ["allreduce", "ring"], out
     for (native, elastic, ratio), (_, cost) in zip(priced, costs, strict=True):
         assert is_quotient(ratio, elastic, native) and cost == ratio
+
+
+def test_fault_schedule_benchmark_smoke_prints_what_a_run_keeps_and_its_prediction():
+    out = smoke("fault_schedule.py")
+    signed = r"[+-]\d+\.\d"
+    pair = re.search(rf"^  pair 1/1  faulty ({NUMBER}) samples/s over ({NUMBER}) s \(deaths "
+                     rf"at ({NUMBER}), ({NUMBER}) s\)  fault-free ({NUMBER})  kept ({NUMBER})  "
+                     rf"predicted ({NUMBER}) samples/s, kept ({NUMBER})  error ({signed})%$",
+                     out, re.MULTILINE)
+    row = re.search(rf"^allreduce: the simulator's error under the schedule \(median of 1\): "
+                    rf"({signed})% \(target within 20%\) (PASS|MISS)$", out, re.MULTILINE)
+    assert pair and row, out
+    faulty, span, first, second, free, kept, guess, guess_kept, error = pair.groups()
+    assert 0 < float(first) < float(second) < float(span)  # two deaths within the run
+    assert is_quotient(kept, faulty, free)
+    # Workers 3 and 2 lost: the run keeps less than all, more than half (2 of 4 to the end).
+    assert 0.5 < float(kept) < 1 and 0.5 < float(guess_kept) < 1
+    # The error is the prediction over the measurement, less 1 (to the printed digits).
+    assert abs(float(guess) / float(faulty) - 1 - float(error) / 100) < 0.001
+    assert row.group(1) == error  # one pair: its error is the median
+    assert follows(row.group(2), error.lstrip("+-"), lambda e: e <= 20)

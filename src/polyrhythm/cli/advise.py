@@ -7,6 +7,7 @@ import argparse
 import json
 from dataclasses import replace
 
+from polyrhythm.cli.fault_flags import add_fault_flags, fault_schedule, going_on
 from polyrhythm.cli.flags import add_component_flags, config_flags, list_of
 from polyrhythm.compression import COMPRESSORS
 from polyrhythm.errors import ConfigError
@@ -61,6 +62,7 @@ def add_parser(commands) -> None:
                      "(default: runs)")
     adv.add_argument("--json", action="store_true",
                      help="print the ranking as JSON on the last line")
+    add_fault_flags(adv, min_workers=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -74,11 +76,15 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--hosts must be at least 2, got {args.hosts}")
     if args.epoch_samples < 1:
         raise ConfigError(f"--epoch-samples must be at least 1, got {args.epoch_samples}")
+    schedule = fault_schedule(args)
     given = sectioned(config_flags(args))
     job = {"model": given["model"], "data": given["data"], "out": args.out}  # every option's
     base = {**job, "worker_batch_size": args.worker_batch_size, "compute": "emulated",
             "bandwidth": args.bandwidth or [DEFAULT_BANDWIDTH], "latency": args.latency,
             **({"cpu": args.cpu} if args.cpu else {})}
+    if schedule is not None:
+        base = going_on({**base, **({"min_workers": args.min_workers}
+                                    if args.min_workers else {})})
     # The job and the hosts' settings checked (one line) before a step is timed.
     make_config({**base, **options(args.hosts)[0][1], "compute_time": "0ms"})
     names = list(dict.fromkeys(args.compressors or COMPRESSORS_ADVISED))
@@ -89,7 +95,9 @@ def run(args: argparse.Namespace) -> int:
     costs = time_codecs(costs, compressions)
     print(f"{compute}; {sized}")
     runs = stored_runs(args.out, config.model.name, config.data.name)
-    ranked = advise(base, costs, args.hosts, runs=runs, compressors=names)
+    ranked = advise(base, costs, args.hosts, runs=runs, compressors=names, schedule=schedule)
+    if schedule is not None:
+        print(f"under faults: {schedule.describe()}; samples/s below are what each keeps")
     print(format_evidence(runs, ranked, f"{config.model.name} on {config.data.name}",
                           args.out))
     timed = describe_codecs(costs, [settings_key(c) for c in compressions])
@@ -101,7 +109,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps([{"option": o.label, **o.fields, "samples_per_s": o.samples_per_s,
                            "epoch_s": o.epoch_s(args.epoch_samples),
                            "staleness_mean": o.staleness, "flag": o.flag,
-                           "caution": o.caution, "evidence": list(o.evidence)}
+                           "caution": o.caution, "evidence": list(o.evidence),
+                           **({"kept": o.kept} if o.kept is not None else {})}
                           for o in ranked]))
     return 0
 
@@ -173,8 +182,11 @@ def format_evidence(runs, ranked, job: str, out: str) -> str:
 
 
 def format_ranking(ranked, epoch_samples: int) -> str:
-    lines = [f"{'#':>3}  {'option':<52} {'samples/s':>10} {'epoch s':>9} {'stale':>6}  flag"]
+    faults = any(o.kept is not None for o in ranked)
+    lines = [f"{'#':>3}  {'option':<52} {'samples/s':>10} {'epoch s':>9} {'stale':>6}  "
+             + ("kept   " if faults else "") + "flag"]
     for i, o in enumerate(ranked, 1):
+        kept = f"{o.kept:>5.3f}  " if o.kept is not None else ""
         lines.append(f"{i:>3}  {o.label:<52} {o.samples_per_s:>10.1f} "
-                     f"{o.epoch_s(epoch_samples):>9.1f} {o.staleness:>6.2f}  {o.flag}")
+                     f"{o.epoch_s(epoch_samples):>9.1f} {o.staleness:>6.2f}  {kept}{o.flag}")
     return "\n".join(lines)

@@ -8,6 +8,7 @@ import json
 import time
 from pathlib import Path
 
+from polyrhythm.cli.fault_flags import add_fault_flags, describe, fault_schedule, going_on
 from polyrhythm.cli.flags import add_config_flags, config_flags, list_of
 from polyrhythm.config import load_toml
 from polyrhythm.errors import ConfigError
@@ -53,31 +54,46 @@ def add_parser(commands) -> None:
                      "OUT/simulations/<time>.png)")
     sim.add_argument("--json", action="store_true",
                      help="print the predictions as JSON on the last line")
+    add_fault_flags(sim)
     add_config_flags(sim, exclude=("strategy", "workers"))
 
 
 def run(args: argparse.Namespace) -> int:
     from polyrhythm.sim.calibrate import calibrate
+    from polyrhythm.sim.faults import under_faults
     from polyrhythm.sim.study import predict, predict_runs
 
     if args.iterations < 1:
         raise ConfigError(f"--iterations must be at least 1, got {args.iterations}")
     if args.plot and Path(args.plot).suffix.lower() != ".png":
         raise ConfigError(f"--plot writes a PNG file: {args.plot!r} does not end in .png")
+    schedule = fault_schedule(args)
     flags = {k: v for k, v in config_flags(args).items() if k not in ("strategy", "workers")}
+    if schedule is not None:
+        flags = going_on(flags)
     out = flags.get("out", "runs")
     calibrations = [calibrate(out, run_id) for run_id in args.calibrate]
     configs = _configs(args, flags) if (args.sweep or not calibrations or args.strategy
                                         or args.workers) else []
     predictions = predict_runs(calibrations)
     costs: dict = {}  # one sizing for each model on each data set
+    faults = {}  # by prediction: its throughput under the fault schedule
     for config in configs:
         key = repr((config.model.to_dict(), config.data.to_dict()))
         if key not in costs:
             costs[key] = _costs(args, config)
         costs[key] = _codecs_timed(costs[key], config)
         predictions += predict([config], costs[key], args.iterations)
+        if schedule is not None:
+            faults[id(predictions[-1])] = under_faults(config, costs[key], schedule,
+                                                       args.iterations)
     print(format_predictions(predictions))
+    if schedule is not None:
+        print(f"under faults ({schedule.describe()}):")
+        for p in predictions:
+            if id(p) in faults:
+                print(f"  {p.result.strategy:<18} {p.result.workers:>5} workers: "
+                      f"{describe(faults[id(p)])}")
     from polyrhythm.sim.plot import scaling_png
 
     path = Path(args.plot or Path(out) / "simulations" / f"{time.strftime('%Y%m%d-%H%M%S')}.png")
@@ -88,7 +104,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"cannot write {str(path)!r}: {exc.strerror}") from None
     print(f"wrote {path}")
     if args.json:
-        rows = [_row(p) for p in predictions]
+        rows = [{**_row(p), **({"faults": faults[id(p)].summary()} if id(p) in faults
+                               else {})} for p in predictions]
         print(json.dumps(rows[0] if len(rows) == 1 else rows))
     return 0
 

@@ -12,6 +12,7 @@ from polyrhythm.compression import NONE
 from polyrhythm.config import make_config
 from polyrhythm.sim.compressed import settings_key
 from polyrhythm.sim.evidence import StoredRun, judge
+from polyrhythm.sim.faults import FaultSchedule, under_faults
 from polyrhythm.sim.run import simulate
 from polyrhythm.sim.setup import Costs
 from polyrhythm.strategies import STRATEGIES
@@ -35,6 +36,7 @@ class Option:
     flag: str = ""
     caution: bool = False
     evidence: tuple[str, ...] = ()
+    kept: float | None = None  # of its fault-free samples/s, under a fault schedule
 
     def epoch_s(self, samples: int) -> float:
         return samples / self.samples_per_s if self.samples_per_s else float("inf")
@@ -62,12 +64,13 @@ def options(hosts: int) -> list[tuple[str, dict]]:
 
 
 def advise(base: dict, costs: Costs, hosts: int, iterations: int = 60,
-           runs: Sequence[StoredRun] = (), compressors: Sequence[str] = (NONE,)
-           ) -> list[Option]:
+           runs: Sequence[StoredRun] = (), compressors: Sequence[str] = (NONE,),
+           schedule: FaultSchedule | None = None) -> list[Option]:
     """Every option with every compressor of `compressors` (its defaults), fastest first;
     `base`: the fields every option shares (cluster links, compute, batch, model and data),
     `runs` the stored runs that say what staleness and compression cost
-    (evidence.stored_runs); `costs` has each compressor's codec timed (Costs.codec_s)."""
+    (evidence.stored_runs); `costs` has each compressor's codec timed (Costs.codec_s).
+    Under a fault `schedule`, ranked by the samples/s each keeps under it."""
     ranked = []
     for label, strategy in options(hosts):
         for name in compressors:
@@ -76,9 +79,13 @@ def advise(base: dict, costs: Costs, hosts: int, iterations: int = 60,
             result = simulate(config, costs, iterations)
             said = judge(fields["strategy"], fields["workers"], result.staleness_mean, runs,
                          settings_key(config.compression))
-            ranked.append(Option(label if name == NONE else f"{label} + {name}", fields,
-                                 result.samples_per_s, result.staleness_mean, said.text,
-                                 said.caution, said.run_ids))
+            option = Option(label if name == NONE else f"{label} + {name}", fields,
+                            result.samples_per_s, result.staleness_mean, said.text,
+                            said.caution, said.run_ids)
+            if schedule is not None:
+                fault = under_faults(config, costs, schedule, iterations)
+                option.samples_per_s, option.kept = fault.samples_per_s, fault.kept
+            ranked.append(option)
     return sorted(ranked, key=lambda o: -o.samples_per_s)
 
 

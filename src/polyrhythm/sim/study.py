@@ -81,6 +81,6 @@ def _one_worker(config: RunConfig) -> RunConfig:
     if config.cluster.hosts:
         cluster["workers_per_host"] = 1
     values.update(workers=1, batch_size=per_worker, cluster=cluster)
-    values.pop("servers", None)
-    values.pop("slowdown", None)
+    for key in ("servers", "slowdown", "min_workers"):  # min_workers: of the run's workers
+        values.pop(key, None)
     return make_config(values)

@@ -1,0 +1,173 @@
+"""A fault schedule and what a strategy keeps under it: a worker lost every T seconds, each
+replaced R seconds later (or never), over a span of time; the throughput predicted from
+simulations of each worker count the schedule passes through.
+
+The workers left keep their own batch (a run told `--on-worker-failure continue` does: each
+gradient keeps its weight b_i/B), so n workers train as a run of n workers with n of those
+batches would. A loss costs the strategies whose steps wait for every worker one more step:
+the step it interrupted is redone over the workers left (an all-reduce's sum found short,
+a synchronous server's round); the others lose only the lost worker's step in flight, which
+it never reports. A replacement trains from its first step (its start and the model it is
+sent are the schedule's R).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from polyrhythm.config import RunConfig, make_config
+from polyrhythm.errors import ConfigError
+from polyrhythm.settings import number
+from polyrhythm.sim.run import simulate
+from polyrhythm.sim.setup import Costs
+from polyrhythm.strategies import STRATEGIES
+from polyrhythm.strategies.spec import EVERY_WORKERS, PARAMETER_SERVER
+
+
+@dataclass(frozen=True)
+class FaultSchedule:
+    """A worker lost every `every_s` seconds (the first at `every_s`), each replaced
+    `replaced_after_s` later (None: never), over `over_s` seconds."""
+
+    every_s: float
+    over_s: float
+    replaced_after_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.every_s > 0:
+            raise ConfigError(f"--lose-every must be a positive duration, got "
+                              f"{number(self.every_s)}s")
+        if not self.over_s > 0:
+            raise ConfigError(f"--over must be a positive duration, got {number(self.over_s)}s")
+        if self.replaced_after_s is not None and self.replaced_after_s < 0:
+            raise ConfigError("--replace-after must not be negative, got "
+                              f"{number(self.replaced_after_s)}s")
+
+    def describe(self) -> str:
+        replaced = ("never replaced" if self.replaced_after_s is None else
+                    f"each replaced after {number(self.replaced_after_s)} s")
+        return (f"a worker lost every {number(self.every_s)} s, {replaced}, over "
+                f"{number(self.over_s)} s")
+
+    def timeline(self, workers: int, min_workers: int) -> Timeline:
+        """The worker count through the span, from `workers`; it ends early, failed, where a
+        loss would leave fewer than `min_workers`."""
+        events = [(k * self.every_s, 1, -1) for k in range(1, int(self.over_s // self.every_s)
+                                                           + 1)]
+        if self.replaced_after_s is not None:  # a replacement before a loss at the same time
+            events += [(t + self.replaced_after_s, 0, +1) for t, _, _ in events]
+        timeline = Timeline()
+        n, since = workers, 0.0
+        for t, _, change in sorted(events):
+            if t >= self.over_s:
+                break
+            if n + change < min_workers:
+                timeline.add(since, t, n)
+                timeline.fails_at_s = t
+                return timeline
+            timeline.add(since, t, n)
+            n, since = n + change, t
+            if change < 0:
+                timeline.losses.append((t, n + 1))
+            else:
+                timeline.replaced += 1
+        timeline.add(since, self.over_s, n)
+        return timeline
+
+
+@dataclass
+class Timeline:
+    """(start, end, workers) spans in order; each loss's (time, workers before it); how many
+    were replaced; when the run failed (None: it did not)."""
+
+    spans: list[tuple[float, float, int]] = field(default_factory=list)
+    losses: list[tuple[float, int]] = field(default_factory=list)
+    replaced: int = 0
+    fails_at_s: float | None = None
+
+    def add(self, start: float, end: float, workers: int) -> None:
+        if end > start:
+            self.spans.append((start, end, workers))
+
+    @property
+    def end_s(self) -> float:
+        return self.spans[-1][1] if self.spans else 0.0
+
+    def counts(self) -> set[int]:
+        return {n for _, _, n in self.spans} | {n for _, n in self.losses}
+
+
+@dataclass
+class FaultPrediction:
+    """A strategy's throughput under a fault schedule: samples trained per second of the
+    span (or of the time it lasted, where it failed), against the same run without faults;
+    each worker count's samples/s and iteration seconds."""
+
+    schedule: FaultSchedule
+    timeline: Timeline
+    samples_per_s: float
+    fault_free_samples_per_s: float
+    by_workers: dict[int, tuple[float, float]]
+
+    @property
+    def kept(self) -> float:
+        free = self.fault_free_samples_per_s
+        return self.samples_per_s / free if free else 0.0
+
+    def summary(self) -> dict:
+        return {"lose_every_s": self.schedule.every_s, "over_s": self.schedule.over_s,
+                "replaced_after_s": self.schedule.replaced_after_s,
+                "samples_per_s": self.samples_per_s, "kept": self.kept,
+                "fault_free_samples_per_s": self.fault_free_samples_per_s,
+                "lost": len(self.timeline.losses), "replaced": self.timeline.replaced,
+                "fails_at_s": self.timeline.fails_at_s,
+                "workers_samples_per_s": {str(n): x for n, (x, _) in
+                                          sorted(self.by_workers.items())}}
+
+
+def redoes_a_step(strategy: str) -> bool:
+    """Whether a loss costs the workers left a step: theirs wait for every worker (the
+    collective, decentralised and switching strategies, and the parameter-server ones whose
+    updates take every worker's gradient)."""
+    spec = STRATEGIES[strategy]
+    return spec.family != PARAMETER_SERVER or spec.updates_from == EVERY_WORKERS
+
+
+def under_faults(config: RunConfig, costs: Costs, schedule: FaultSchedule,
+                 iterations: int) -> FaultPrediction:
+    """`config`'s throughput under `schedule`, its workers going on with
+    `--on-worker-failure continue` down to its min_workers."""
+    timeline = schedule.timeline(config.workers, config.min_workers)
+    by_workers = {n: _rate(config, costs, n, iterations) for n in timeline.counts()
+                  | {config.workers}}
+    samples = sum((end - start) * by_workers[n][0] for start, end, n in timeline.spans)
+    if redoes_a_step(config.strategy.name):
+        samples -= sum(by_workers[n - 1][0] * by_workers[n][1] for _, n in timeline.losses
+                       if n > 1)
+    lasted = timeline.end_s or schedule.over_s
+    return FaultPrediction(schedule, timeline, max(0.0, samples) / lasted,
+                           by_workers[config.workers][0], by_workers)
+
+
+def _rate(config: RunConfig, costs: Costs, workers: int,
+          iterations: int) -> tuple[float, float]:
+    """(samples/s, iteration seconds) of `config` with `workers` workers, each keeping its
+    batch."""
+    if workers == config.workers:
+        result = simulate(config, costs, iterations)
+    else:
+        values = config.to_dict()
+        values.update(workers=workers,
+                      batch_size=config.batch_size // config.workers * workers)
+        values.pop("slowdown", None)  # the first workers' slowdowns, as given, would stay
+        cluster = dict(values.get("cluster", {}))
+        if cluster.get("workers_per_host"):  # the hosts left: those of the workers left
+            cluster.pop("hosts", None)
+            values["cluster"] = cluster
+        try:
+            smaller = make_config(values)
+        except ConfigError as exc:
+            raise ConfigError(f"the fault schedule needs {config.strategy.name} with "
+                              f"{workers} workers, which is not a run: {exc}") from None
+        result = simulate(smaller, costs, iterations)
+    return result.samples_per_s, result.iteration_s
