@@ -27,7 +27,8 @@ WORLD_SIZE, STEPS = 5, 30
 TIMEOUT_S, JOIN_S = 30.0, 25
 
 
-def _rank(rank: int, out: str, victim: int, dies: str, algorithm: str, least: int) -> None:
+def _rank(rank: int, out: str, victim: int, dies: str, algorithm: str, least: int,
+          at: int) -> None:
     out = Path(out)
     group.join(rank, WORLD_SIZE, TIMEOUT_S,
                store=group.file_store(out / "store", WORLD_SIZE, TIMEOUT_S))
@@ -39,9 +40,16 @@ def _rank(rank: int, out: str, victim: int, dies: str, algorithm: str, least: in
         if algorithm == "exchange":
             result["sums"] = _exchanges(rank, victim, transport)
         else:
-            result["sums"] = _sums(rank, victim, transport, dies, algorithm, out)
+            result["sums"] = _sums(rank, victim, transport, dies, algorithm, out, at)
         # The end of a run: the survivors meet in a group of their own (the first done
-        # waits there for the others, which may be an exchange or two behind).
+        # waits there for the others, which may be an exchange or two behind). One that
+        # completed the last sum as the victim died learns of it as it answers the others
+        # (Membership.finish), on a thread of its own: waited for here, with a bound.
+        transport.membership.finish()
+        deadline = time.monotonic() + JOIN_S
+        while (at == STEPS - 1 and not transport.membership.changes
+               and time.monotonic() < deadline):
+            time.sleep(0.005)
         transport.exclude(set(transport.membership.changes[0][1])
                           if transport.membership.changes else set())
         transport.barrier()
@@ -54,16 +62,17 @@ def _rank(rank: int, out: str, victim: int, dies: str, algorithm: str, least: in
 
 
 def _sums(rank: int, victim: int, transport: Transport, dies: str, algorithm: str,
-          out: Path) -> list[float]:
-    """Each step, an all-reduce of a value: its sum, each step's."""
+          out: Path, at: int) -> list[float]:
+    """Each step, an all-reduce of a value: its sum, each step's; the victim dies at step
+    `at`."""
     sums, numel = [], 3_000_000 if dies == "mid-step" else 10_000
     for step in range(STEPS):
-        if rank == victim and step == 12:
-            _die(transport, dies, numel, out)
+        if rank == victim and step == at:
+            _die(transport, dies, numel, out, at)
         total = torch.full((numel,), float((rank + 1) * (step + 1)))
         transport.all_reduce(total, WORKERS, algorithm)
-        if step == 12:  # a sum the victim may wait to see done (sent-to-one)
-            (out / f"{rank}-summed-12").touch()
+        if step == at:  # a sum the victim may wait to see done (sent-to-one)
+            (out / f"{rank}-summed").touch()
         assert bool((total == total[0]).all())
         sums.append(total[0].item())
     return sums
@@ -90,8 +99,8 @@ def _exchanges(rank: int, victim: int, transport: Transport) -> list[float | Non
     return sums
 
 
-def _die(transport: Transport, how: str, numel: int, out: Path) -> None:
-    """Rank `victim`'s end, at step 12: killed before its all-reduce (between steps), 10 ms
+def _die(transport: Transport, how: str, numel: int, out: Path, at: int) -> None:
+    """Rank `victim`'s end, at step `at`: killed before its all-reduce (between steps), 10 ms
     into it (mid-step), or as the root of a reduce-broadcast that has summed every member's
     tensor and sent the sum to member 1 only (the others never get it from the root), once
     member 1 has it (its all-reduce completed: no alarm ended it first)."""
@@ -99,22 +108,23 @@ def _die(transport: Transport, how: str, numel: int, out: Path) -> None:
         threading.Timer(0.01, os.kill, (os.getpid(), signal.SIGKILL)).start()
         return
     if how == "sent-to-one":
-        total = torch.full((numel,), 13.0)
+        total = torch.full((numel,), float(at + 1))  # its own value: rank 0's at step `at`
         for peer in range(1, WORLD_SIZE):
             part = torch.empty(numel)
             transport.irecv(part, peer, TAG_BASE).wait()
             total += part
         transport.isend(total, 1, TAG_BASE + 1).wait()
         deadline = time.monotonic() + JOIN_S
-        while not (out / "1-summed-12").exists() and time.monotonic() < deadline:
+        while not (out / "1-summed").exists() and time.monotonic() < deadline:
             time.sleep(0.005)
     os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _run(tmp_path: Path, victim: int, dies: str, algorithm: str = "ring",
-         least: int = 1) -> dict[int, dict]:
+         least: int = 1, at: int = 12) -> dict[int, dict]:
     ctx = forkserver.context()
-    procs = [ctx.Process(target=_rank, args=(r, str(tmp_path), victim, dies, algorithm, least))
+    procs = [ctx.Process(target=_rank, args=(r, str(tmp_path), victim, dies, algorithm, least,
+                                             at))
              for r in range(WORLD_SIZE)]
     for p in procs:
         p.start()
@@ -175,6 +185,19 @@ def test_a_sum_one_survivor_completed_is_handed_to_the_others(tmp_path):
         assert result["changes"] == [[12, [0]]]
         assert result["sums"] == [_expected(s, list(range(WORLD_SIZE))) for s in range(13)] + \
             [_expected(s, [1, 2, 3, 4]) for s in range(13, STEPS)]
+
+
+def test_the_last_sum_one_survivor_completed_is_handed_over_though_it_has_finished(tmp_path):
+    """As above, at the last step: member 1 completes it and finishes (nothing left to sum)
+    while the others, their sum cut short, greet it. It answers as it comes and hands its
+    sum over (Membership.finish): every survivor's last step is the five's sum, and none
+    waits out the timeout (longer than the harness waits) to call it lost."""
+    results = _run(tmp_path, 0, "sent-to-one", "reduce-broadcast", at=STEPS - 1)
+    for r, result in results.items():
+        assert result["raised"] is None, (r, result["raised"])
+        assert result["changes"] == [[STEPS - 1, [0]]], (r, result["changes"])
+        assert result["sums"] == [_expected(s, list(range(WORLD_SIZE))) for s in range(STEPS)]
+        assert result["world"] == [1, 2, 3, 4]
 
 
 def test_an_exchange_with_ring_neighbours_goes_on_over_the_ring_left(tmp_path):

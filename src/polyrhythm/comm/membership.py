@@ -32,11 +32,15 @@ the generation's alarm:
   member the others went on past goes on past the exchanges they are beyond, without what
   it would have received, and where none completed it, all redo it over the members left;
 - a lost member's share of a sum is missing from then on, as a parameter server leaves it
-  out (the survivors keep their weights: strategies/allreduce.py).
+  out (the survivors keep their weights: strategies/allreduce.py);
+- a member done with its last operation (`finish`) has no next one to hear the alarm in: it
+  answers greetings as they come, so that those whose last operation a loss cut short
+  still get its result rather than wait out the timeout and call it lost.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -96,6 +100,8 @@ class Membership:
         self._abandoned: list = []
         self._greeted: list = []  # greetings sent: kept, as Gloo's sends must be, till done
         self._lock = threading.Lock()
+        self._finished = False  # its last operation done: greetings answered as they come
+        self._answering = threading.Lock()  # one answer at a time (finish)
         self._open()
 
     # --- a generation ---------------------------------------------------------------------
@@ -141,6 +147,8 @@ class Membership:
         # live worker lost under gossip in a fresh clone's make test; not reproduced here).
         self._raise_alarm(generation)
         done.set()
+        if self._finished and done.error is None:
+            self._answer(generation)
 
     def _raise_alarm(self, generation: int | None = None) -> None:
         """End every wait of the generation now (`generation`: only if it is still this
@@ -236,6 +244,25 @@ class Membership:
         self.completed += 1
         self.training += not self.transport.counting_paused
         self._last = result
+
+    def finish(self) -> None:
+        """This member's last operation is done. A member interrupted in that operation by a
+        loss (one that this member completed) greets it, and would otherwise wait out the
+        timeout for it and call it lost: from now on a greeting is answered as it comes, on
+        its own thread, as the next operation would have answered it (the members agree,
+        and the first of those that completed the operation hands its result over)."""
+        with self._lock:
+            self._finished, generation, alarm = True, self.generation, self._alarm
+        if alarm:  # a greeting came before this: answer it
+            threading.Thread(target=self._answer, args=(generation,), daemon=True,
+                             name="membership-answer").start()
+
+    def _answer(self, generation: int) -> None:
+        with self._answering:
+            if generation != self.generation:  # answered already: the members regrouped
+                return
+            with contextlib.suppress(PeerLost):  # too few left: the run's end says so
+                self._regroup(self._last)
 
     # --- a change of members --------------------------------------------------------------
 

@@ -29,6 +29,8 @@ def agree_on_lost(ctx: RankContext, seen: set[int]) -> set[int]:
     on_worker_failure = continue, nobody is lost (a death ends the run)."""
     if ctx.config.on_worker_failure != CONTINUE:
         return set()
+    if ctx.transport.membership is not None:  # its last operation done: answer any behind
+        ctx.transport.membership.finish()
     seen = set(seen) | {entry["rank"] for entry in lost_by_members(ctx)}
     topology, transport = ctx.topology, ctx.transport
     flags = torch.zeros(topology.world_size)
