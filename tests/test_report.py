@@ -552,3 +552,23 @@ def test_switch_runs_get_a_table_of_when_and_how_long_they_switched(tmp_path, pl
     (row,) = [line for line in switch_table.splitlines() if line.startswith("| asp")]
     assert row.endswith("| empirical | 1, – | 0.020 | allreduce 2.2 ± 1.1 | asp 0.8 ± 1.1 |")
     assert "## Strategy-Switch" not in plain_report
+
+
+def test_throughput_over_time_counts_each_workers_own_batch():
+    """A script's workers train their loaders' batches (its summary's), not its config's
+    batch_size (a script run's config has the default, or none): 3 steps of worker 0 (32
+    samples) and 2 of worker 1 (16), all in the first second."""
+    from polyrhythm.report.data import Run
+    from polyrhythm.report.training import _samples_per_s, worker_batches
+
+    series = {"iterations": {"worker": np.array([0, 0, 0, 1, 1]),
+                             "t": np.array([0.1, 0.3, 0.5, 0.2, 0.6]),
+                             "total_s": np.full(5, 0.1)}}
+    row = {"run_id": "r", "status": "completed", "workers": 2}
+    script = Run(row, {}, {"worker_batch_size": [32, 16]}, series=series)
+    train = Run(row, {"batch_size": 65}, {}, series=series)
+    assert worker_batches(script).tolist() == [32, 16]
+    assert worker_batches(train).tolist() == [33, 32]  # as the workers split a global batch
+    edges = np.array([0.0, 1.0])
+    assert _samples_per_s(script, edges).tolist() == [3 * 32 + 2 * 16]
+    assert _samples_per_s(train, edges).tolist() == [3 * 33 + 2 * 32]

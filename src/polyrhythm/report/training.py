@@ -133,13 +133,22 @@ def throughput_vs_time(groups: list[Group]):
     return fig
 
 
+def worker_batches(run: Run) -> np.ndarray:
+    """Each worker's samples a step: a script's, its loaders' (its summary's: its config's
+    batch_size is not what it trained); else the config's global batch, split as the
+    workers split it."""
+    given = run.summary.get("worker_batch_size")
+    if given:
+        return np.array(given, dtype=float)
+    batch, n = int(run.config.get("batch_size", 0)), run.workers
+    return np.array([batch // n + (i < batch % n) for i in range(n)], dtype=float)
+
+
 def _samples_per_s(run: Run, edges: np.ndarray) -> np.ndarray:
     """Samples finished per second in each bin; NaN past the run's last iteration."""
     worker = run.column("iterations", "worker").astype(int)
     ends = _ends(run)
-    batch, n = int(run.config.get("batch_size", 0)), run.workers
-    sizes = np.array([batch // n + (i < batch % n) for i in range(n)], dtype=float)
-    samples, _ = np.histogram(ends, bins=edges, weights=sizes[worker])
+    samples, _ = np.histogram(ends, bins=edges, weights=worker_batches(run)[worker])
     rate = samples / np.diff(edges)
     rate[edges[:-1] > ends.max()] = np.nan
     return rate
