@@ -123,17 +123,22 @@ def test_a_run_resumed_on_two_hosts_ends_where_an_uninterrupted_one_ends(tmp_pat
 
 
 @pytest.mark.parametrize(("strategy", "how"), [
-    ("asp", "killed"), ("asp", "cut off"), ("allreduce", "killed"), ("allreduce", "cut off")])
+    ("asp", "killed"), ("asp", "cut off"), ("allreduce", "killed"), ("allreduce", "cut off"),
+    ("bsp", "killed"), ("ssp", "killed"), ("localsgd", "killed"), ("dpsgd", "killed"),
+    ("switch", "killed")])
 def test_a_run_on_three_hosts_goes_on_without_a_lost_worker_host(tmp_path, clusters, strategy,
                                                                  how):
-    """asp with its server on host 0 and a worker on each of hosts 1 and 2, or allreduce
-    told to continue with a worker on each host: host 2 lost (its processes killed; or its
-    link down for good, its worker then silent past the timeout) leaves the run going on
-    without its worker to completion, the loss recorded with its host. Under allreduce the
-    workers left regroup over the emulated links (comm/membership.py)."""
+    """A parameter-server strategy (or switch, which ends as asp) with its server on host 0
+    and a worker on each of hosts 1 and 2, or a collective or decentralised one with a
+    worker on each host, told to
+    continue: host 2 lost (its processes killed; or its link down for good, its worker then
+    silent past the timeout) leaves the run going on without its worker to completion, the
+    loss recorded with its host. Without servers the workers left regroup over the emulated
+    links (comm/membership.py)."""
     out = tmp_path / "runs"
-    job = ({"strategy": "asp", "servers": 1, "workers": 2} if strategy == "asp" else
-           {"strategy": "allreduce", "workers": 3, "on_worker_failure": "continue",
+    job = ({"strategy": strategy, "servers": 1, "workers": 2, "on_worker_failure": "continue"}
+           if strategy in ("asp", "bsp", "ssp", "switch") else
+           {"strategy": strategy, "workers": 3, "on_worker_failure": "continue",
             "worker_delay_s": "0.03,0.03,0.03"})
     launcher = _launch(out, **job, epochs=6, hosts=3, timeout=3)
     workers, servers = job["workers"], job.get("servers", 0)
