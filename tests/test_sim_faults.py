@@ -51,7 +51,8 @@ def test_a_loss_below_min_workers_fails_the_run_there():
 
 @pytest.mark.parametrize("fields", [{"every_s": 0, "over_s": 10},
                                     {"every_s": 5, "over_s": -1},
-                                    {"every_s": 5, "over_s": 10, "replaced_after_s": -2}])
+                                    {"every_s": 5, "over_s": 10, "replaced_after_s": -2},
+                                    {"every_s": 1e-6, "over_s": 3600}])
 def test_a_schedule_that_cannot_be_is_one_line(fields):
     with pytest.raises(ConfigError):
         FaultSchedule(**fields)

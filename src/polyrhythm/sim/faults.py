@@ -23,6 +23,8 @@ from polyrhythm.sim.setup import Costs
 from polyrhythm.strategies import STRATEGIES
 from polyrhythm.strategies.spec import EVERY_WORKERS, PARAMETER_SERVER
 
+MAX_LOSSES = 1_000_000  # in a schedule's span: the timeline walks each
+
 
 @dataclass(frozen=True)
 class FaultSchedule:
@@ -39,6 +41,11 @@ class FaultSchedule:
                               f"{number(self.every_s)}s")
         if not self.over_s > 0:
             raise ConfigError(f"--over must be a positive duration, got {number(self.over_s)}s")
+        if self.over_s / self.every_s > MAX_LOSSES:  # each one an event to walk through
+            raise ConfigError(f"--over {number(self.over_s)}s holds more than "
+                              f"{MAX_LOSSES:,} losses of --lose-every "
+                              f"{number(self.every_s)}s: give a shorter span or a longer "
+                              "period")
         if self.replaced_after_s is not None and self.replaced_after_s < 0:
             raise ConfigError("--replace-after must not be negative, got "
                               f"{number(self.replaced_after_s)}s")
