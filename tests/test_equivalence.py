@@ -138,10 +138,10 @@ def test_allreduce_going_on_without_a_lost_worker_equals_its_gradients_until_it_
     the epochs, which the survivors step through together.
 
     Under tree, worker 2 (a leaf) has step k's sum from its parent, which had its gradient:
-    its k steps are summed. Under Gloo's ring all-reduce it has its sum once its own last
-    chunk is handed to its socket, which the kill may close before the chunk left (a
-    socket closed with data unread is reset, what it had yet to send dropped): the
-    survivors may redo step k without it.
+    its k steps are summed. Under allreduce, whose sums then travel by polyrhythm's ring
+    (comm/membership.py), it has its sum once its own last chunk is handed to its socket,
+    which the kill may close before the chunk left (a socket closed with data unread is
+    reset, what it had yet to send dropped): the survivors may redo step k without it.
     Either way what is recorded is what was trained."""
     config = equivalence_config(tmp_path, strategy=strategy, workers=3, batch_size=64,
                                 on_worker_failure="continue",

@@ -221,19 +221,15 @@ def test_rank_0_listens_on_the_job_address_and_loopback_only(monkeypatch, where)
 
 def test_under_torchrun_the_gate_is_on_gloos_address_and_published(monkeypatch):
     """torchrun's agent holds a store at MASTER_ADDR:MASTER_PORT: rank 0's gate listens on
-    the address Gloo uses, a free port, and says where in torchrun's store, under this
-    attempt's prefix (the agent's store outlives its restarts: the earlier attempt's gate,
-    closed, is never read)."""
+    the address Gloo uses, a free port, and says where in torchrun's store."""
     agent = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=30),
                           wait_for_workers=False)
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(agent.port))
     monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
-    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
-    agent.set("polyrhythm/attempt-0/polyrhythm/gate", "127.0.0.1 1")  # the first attempt's
     store = gated_store(SECRET, 0, 2, timedelta(seconds=30))
-    host, port = agent.get("polyrhythm/attempt-1/polyrhythm/gate").decode().split()
+    host, port = agent.get("polyrhythm/gate").decode().split()
     assert host == "127.0.0.1" and int(port) not in (agent.port, store.port)
     gated_store(SECRET, 1, 2, timedelta(seconds=30)).set("through", "the gate")
     assert store.get("through") == b"the gate"
@@ -253,3 +249,61 @@ def test_the_job_address_is_gloos_interface_the_master_here_or_the_host_name(mon
 def test_spark_tasks_all_on_one_host_meet_on_loopback():
     assert rendezvous_host(["10.0.0.5", "10.0.0.5", "10.0.0.5"]) == "127.0.0.1"
     assert rendezvous_host(["10.0.0.5", "10.0.0.6"]) == "10.0.0.5"
+
+
+# --- joining: every rank comes to the store before Gloo connects them -----------------------
+
+LATE_TIMEOUT_S = 1.0  # the group's timeout (--timeout) in the late-rank case
+
+
+def _join_late(rank: int, path: str, out: str) -> None:
+    """Join a 2-rank job with --timeout 1 s, rank 1 starting once rank 0 has waited past it."""
+    from pathlib import Path
+
+    from polyrhythm.comm import group
+
+    marker = Path(out) / "waiting"
+    if rank == 1:
+        deadline = time.monotonic() + HANG_GUARD_S
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(3 * LATE_TIMEOUT_S)  # the lateness under test, past rank 0's --timeout
+    else:
+        marker.touch()
+    try:
+        group.join(rank, 2, LATE_TIMEOUT_S, store=group.file_store(path, 2, LATE_TIMEOUT_S))
+        group.leave()
+        (Path(out) / f"{rank}.joined").touch()
+    except BaseException as exc:  # the test reads it
+        (Path(out) / f"{rank}.failed").write_text(repr(exc))
+
+
+def test_a_rank_starting_later_than_the_timeout_still_joins(tmp_path):
+    """Ranks start at different times: the store waits for all of them (group.join_wait,
+    120 s) before Gloo connects them, whose own wait is --timeout (here 1 s; a host
+    starting 3 s late had failed the job's start)."""
+    from polyrhythm.launch.process import forkserver
+
+    ctx = forkserver.context()
+    procs = [ctx.Process(target=_join_late, args=(r, str(tmp_path / "store"), str(tmp_path)))
+             for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(HANG_GUARD_S)
+    failed = {f.name: f.read_text() for f in tmp_path.glob("*.failed")}
+    assert not failed and {f.name for f in tmp_path.glob("*.joined")} == {"0.joined",
+                                                                          "1.joined"}, failed
+
+
+def test_a_rank_that_never_comes_is_named():
+    """The store's wait runs out (here a store of 1 s) with the ranks missing named."""
+    from polyrhythm.comm import group
+    from polyrhythm.comm.faults import PeerSilent
+
+    store = dist.TCPStore("127.0.0.1", 0, 3, True, timedelta(seconds=1),
+                          wait_for_workers=False)
+    store.set(f"{group.HERE}1", "1")  # rank 1 came; rank 2 never does
+    with pytest.raises(PeerSilent, match=r"^rank 2 did not join the job: not within the "
+                                         r"store's wait of 1 s \(missing: rank 2\)$"):
+        group.join(0, 3, 1.0, store=store)

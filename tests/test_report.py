@@ -568,6 +568,8 @@ def test_throughput_over_time_counts_each_workers_own_batch():
     script = Run(row, {}, {"worker_batch_size": [32, 16]}, series=series)
     train = Run(row, {"batch_size": 65}, {}, series=series)
     assert worker_batches(script).tolist() == [32, 16]
+    lost = Run(row, {}, {"worker_batch_size": [32, None]}, series=series)  # worker 1 lost
+    assert worker_batches(lost).tolist() == [32, 0]
     assert worker_batches(train).tolist() == [33, 32]  # as the workers split a global batch
     edges = np.array([0.0, 1.0])
     assert _samples_per_s(script, edges).tolist() == [3 * 32 + 2 * 16]

@@ -44,6 +44,21 @@ def test_a_replacement_due_with_a_loss_comes_first():
     assert timeline.spans == [(0.0, 10, 3), (10, 20, 2), (20, 30, 2), (30, 40, 2)]
 
 
+def test_a_replacement_after_no_time_follows_its_own_loss():
+    timeline = FaultSchedule(10, 30, replaced_after_s=0).timeline(3, 1)
+    assert timeline.spans == [(0.0, 10, 3), (10, 20, 3), (20, 30, 3)]
+    assert timeline.losses == [(10, 3), (20, 3)] and timeline.replaced == 2
+
+
+def test_times_that_meet_in_decimals_meet_in_floats():
+    """0.3 s periods: the 3rd loss (3 x 0.3) and the 2nd one's replacement (2 x 0.3 + 0.3)
+    are the same instant, though not the same float; scaled by 1,000 alike."""
+    small = FaultSchedule(0.3, 3, replaced_after_s=0.3).timeline(3, 2)
+    large = FaultSchedule(300, 3000, replaced_after_s=300).timeline(3, 2)
+    assert small.fails_at_s is large.fails_at_s is None
+    assert [n for *_, n in small.spans] == [n for *_, n in large.spans]
+
+
 def test_a_loss_below_min_workers_fails_the_run_there():
     timeline = FaultSchedule(10, 100).timeline(3, 2)
     assert timeline.spans == [(0.0, 10, 3), (10, 20, 2)] and timeline.fails_at_s == 20
@@ -109,3 +124,31 @@ def test_simulate_refuses_a_schedule_that_cannot_be_in_one_line(args, said, tmp_
                  "--out", str(tmp_path), *args])
     err = capsys.readouterr().err
     assert code == 2 and said in err and err.count("\n") == 1, err
+
+
+def test_a_run_the_schedule_fails_trains_nothing_after():
+    """asp, 3 workers, --min-workers 2: the second loss (at 4 s) would leave one, so the
+    run ends there; over the 6 s span it trained 2 s at 3 workers' pace, 2 s at 2's."""
+    got = under_faults(config("asp", 3, min_workers=2), COSTS, FaultSchedule(2.0, 6.0), 40)
+    rates = {n: simulate(config("asp", n), COSTS, 40).samples_per_s for n in (3, 2)}
+    assert got.timeline.fails_at_s == 4.0
+    assert got.samples_per_s == pytest.approx((2 * rates[3] + 2 * rates[2]) / 6, rel=1e-12)
+
+
+def test_advise_ranks_what_each_keeps_and_leaves_out_what_cannot_go_on(tmp_path, capsys):
+    """3 hosts, a worker lost every 10 s over 15 s, at least 2 left: the 3-worker options
+    keep going; the one with a server on a host of its own (2 workers) fails at its loss and
+    is cautioned against; a compressed collective sum cannot go on, and is not ranked."""
+    code = main(["advise", "--hosts", "3", "--compute-time", "50ms", "--lose-every", "10s",
+                 "--over", "15s", "--min-workers", "2", "--compressors", "none", "fp16",
+                 "--out", str(tmp_path), "--json"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert ("not ranked: allreduce + fp16: it cannot go on without a lost worker" in out), out
+    rows = {row["option"]: row for row in json.loads(out.strip().splitlines()[-1])}
+    own = rows["bsp, 1 server on a host of its own"]
+    assert own["caution"] and own["flag"].startswith("fails at 10 s")
+    assert not rows["allreduce"]["caution"] and 0 < rows["allreduce"]["kept"] < 1
+    assert "allreduce + fp16" not in rows
+    recommended = next(line for line in out.splitlines() if line.startswith("Recommended"))
+    assert "host of its own" not in recommended

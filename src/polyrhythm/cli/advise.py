@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
             **({"cpu": args.cpu} if args.cpu else {})}
     if schedule is not None:
         base = going_on({**base, **({"min_workers": args.min_workers}
-                                    if args.min_workers else {})})
+                                    if args.min_workers is not None else {})})
     # The job and the hosts' settings checked (one line) before a step is timed.
     make_config({**base, **options(args.hosts)[0][1], "compute_time": "0ms"})
     names = list(dict.fromkeys(args.compressors or COMPRESSORS_ADVISED))
@@ -95,9 +95,16 @@ def run(args: argparse.Namespace) -> int:
     costs = time_codecs(costs, compressions)
     print(f"{compute}; {sized}")
     runs = stored_runs(args.out, config.model.name, config.data.name)
-    ranked = advise(base, costs, args.hosts, runs=runs, compressors=names, schedule=schedule)
+    unranked: list[tuple[str, str]] = []
+    ranked = advise(base, costs, args.hosts, runs=runs, compressors=names, schedule=schedule,
+                    unranked=unranked)
     if schedule is not None:
         print(f"under faults: {schedule.describe()}; samples/s below are what each keeps")
+        for label, why in unranked:
+            print(f"  not ranked: {label}: it cannot go on without a lost worker ({why})")
+    if not ranked:
+        raise ConfigError("no option can go on without a lost worker under this schedule "
+                          "(above): lower --min-workers, or give --compressors none")
     print(format_evidence(runs, ranked, f"{config.model.name} on {config.data.name}",
                           args.out))
     timed = describe_codecs(costs, [settings_key(c) for c in compressions])

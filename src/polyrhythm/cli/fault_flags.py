@@ -35,7 +35,9 @@ def fault_schedule(args: argparse.Namespace) -> FaultSchedule | None:
     """The schedule the flags give; None without --lose-every (the others then one line)."""
     if args.lose_every is None:
         given = [flag for flag, value in (("--replace-after", args.replace_after),
-                                          ("--over", args.over)) if value is not None]
+                                          ("--over", args.over),
+                                          ("--min-workers", getattr(args, "min_workers", None)))
+                 if value is not None]
         if given:
             raise ConfigError(f"{given[0]} is part of a fault schedule: give --lose-every too")
         return None
@@ -55,7 +57,7 @@ def going_on(flags: dict) -> dict:
 
 def describe(fault) -> str:
     """One line of a FaultPrediction: what the strategy keeps, and through which counts."""
-    counts = ", ".join(f"{n} workers {x:.1f}" for n, (x, _) in
+    counts = ", ".join(f"{n} worker{'s' * (n != 1)} {x:.1f}" for n, (x, _) in
                        sorted(fault.by_workers.items(), reverse=True))
     timeline = fault.timeline
     failed = (f"; FAILS at {timeline.fails_at_s:g} s: fewer than --min-workers would be left"

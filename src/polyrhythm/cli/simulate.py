@@ -76,8 +76,11 @@ def run(args: argparse.Namespace) -> int:
     configs = _configs(args, flags) if (args.sweep or not calibrations or args.strategy
                                         or args.workers) else []
     predictions = predict_runs(calibrations)
-    costs: dict = {}  # one sizing for each model on each data set
     faults = {}  # by prediction: its throughput under the fault schedule
+    if schedule is not None:
+        faults = {id(p): under_faults(cal.config, cal.costs, schedule, cal.iterations)
+                  for p, cal in zip(predictions, calibrations, strict=True)}
+    costs: dict = {}  # one sizing for each model on each data set
     for config in configs:
         key = repr((config.model.to_dict(), config.data.to_dict()))
         if key not in costs:

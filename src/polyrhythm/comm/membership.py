@@ -43,7 +43,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import torch
@@ -100,8 +100,10 @@ class Membership:
         self._abandoned: list = []
         self._greeted: list = []  # greetings sent: kept, as Gloo's sends must be, till done
         self._lock = threading.Lock()
-        self._finished = False  # its last operation done: greetings answered as they come
-        self._answering = threading.Lock()  # one answer at a time (finish)
+        # Training done (finish): greetings are answered as they come, but in an operation
+        # (BatchNorm statistics' sum after training), which answers them itself.
+        self._finished = self._operating = False
+        self._answering = threading.Lock()  # an answer, or an operation's start and end
         self._open()
 
     # --- a generation ---------------------------------------------------------------------
@@ -191,8 +193,29 @@ class Membership:
     def _tags(self) -> int:
         return TAG_BASE + self.generation * GENERATION_TAGS
 
+    @contextlib.contextmanager
+    def _operation(self) -> Iterator[None]:
+        """An operation of the members: no greeting is answered on its own thread meanwhile
+        (an answer under way ends first, so the operation is in the generation it left);
+        once training is done, one that came as it ended is answered after it."""
+        with self._answering:
+            self._operating = True
+        try:
+            yield
+        finally:
+            with self._answering:
+                self._operating = False
+            with self._lock:
+                generation, alarm = self.generation, self._alarm
+            if self._finished and alarm:
+                self._answer_later(generation)
+
     def all_reduce(self, tensor: torch.Tensor, algorithm: str) -> None:
         """Sum `tensor` in place over the members, going on without any lost meanwhile."""
+        with self._operation():
+            self._all_reduce(tensor, algorithm)
+
+    def _all_reduce(self, tensor: torch.Tensor, algorithm: str) -> None:
         while True:
             attempt, posted = tensor.clone(), []
             try:
@@ -216,6 +239,10 @@ class Membership:
         where the others went on past the exchange without this member (one was lost as
         they completed it): it goes on without what it would have received. Redone over the
         members left where none had completed it."""
+        with self._operation():
+            return self._exchange(plan)
+
+    def _exchange(self, plan: Plan) -> dict[int, torch.Tensor] | None:
         if self._skipped:  # the others went on past it as well (_agree)
             self._skipped -= 1
             self._done(None)
@@ -251,15 +278,20 @@ class Membership:
         timeout for it and call it lost: from now on a greeting is answered as it comes, on
         its own thread, as the next operation would have answered it (the members agree,
         and the first of those that completed the operation hands its result over)."""
+        self._finished = True
         with self._lock:
-            self._finished, generation, alarm = True, self.generation, self._alarm
+            generation, alarm = self.generation, self._alarm
         if alarm:  # a greeting came before this: answer it
-            threading.Thread(target=self._answer, args=(generation,), daemon=True,
-                             name="membership-answer").start()
+            self._answer_later(generation)
+
+    def _answer_later(self, generation: int) -> None:
+        threading.Thread(target=self._answer, args=(generation,), daemon=True,
+                         name="membership-answer").start()
 
     def _answer(self, generation: int) -> None:
         with self._answering:
-            if generation != self.generation:  # answered already: the members regrouped
+            # Answered already (the members regrouped), or an operation answers it.
+            if generation != self.generation or self._operating:
                 return
             with contextlib.suppress(PeerLost):  # too few left: the run's end says so
                 self._regroup(self._last)

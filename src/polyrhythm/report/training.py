@@ -138,8 +138,8 @@ def worker_batches(run: Run) -> np.ndarray:
     batch_size is not what it trained); else the config's global batch, split as the
     workers split it."""
     given = run.summary.get("worker_batch_size")
-    if given:
-        return np.array(given, dtype=float)
+    if given and len(given) == run.workers:  # by worker index; None: one lost, unrecorded
+        return np.array([b or 0 for b in given], dtype=float)
     batch, n = int(run.config.get("batch_size", 0)), run.workers
     return np.array([batch // n + (i < batch % n) for i in range(n)], dtype=float)
 

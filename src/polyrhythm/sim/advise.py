@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from polyrhythm.compression import NONE
 from polyrhythm.config import make_config
+from polyrhythm.errors import ConfigError
 from polyrhythm.sim.compressed import settings_key
 from polyrhythm.sim.evidence import StoredRun, judge
 from polyrhythm.sim.faults import FaultSchedule, under_faults
@@ -65,26 +66,41 @@ def options(hosts: int) -> list[tuple[str, dict]]:
 
 def advise(base: dict, costs: Costs, hosts: int, iterations: int = 60,
            runs: Sequence[StoredRun] = (), compressors: Sequence[str] = (NONE,),
-           schedule: FaultSchedule | None = None) -> list[Option]:
+           schedule: FaultSchedule | None = None,
+           unranked: list[tuple[str, str]] | None = None) -> list[Option]:
     """Every option with every compressor of `compressors` (its defaults), fastest first;
     `base`: the fields every option shares (cluster links, compute, batch, model and data),
     `runs` the stored runs that say what staleness and compression cost
     (evidence.stored_runs); `costs` has each compressor's codec timed (Costs.codec_s).
-    Under a fault `schedule`, ranked by the samples/s each keeps under it."""
+    Under a fault `schedule` (`base` going on without lost workers), ranked by the
+    samples/s each keeps under it; one that the schedule fails is cautioned against, and
+    one that cannot go on (a compressed collective sum, fewer workers than min_workers) is
+    left out, with why, in `unranked`."""
     ranked = []
     for label, strategy in options(hosts):
         for name in compressors:
             fields = {**strategy, "compress": name}
-            config = make_config({**base, **fields})
+            named = label if name == NONE else f"{label} + {name}"
+            try:
+                config = make_config({**base, **fields})
+            except ConfigError as exc:
+                if schedule is None or unranked is None:
+                    raise
+                unranked.append((named, str(exc)))
+                continue
             result = simulate(config, costs, iterations)
             said = judge(fields["strategy"], fields["workers"], result.staleness_mean, runs,
                          settings_key(config.compression))
-            option = Option(label if name == NONE else f"{label} + {name}", fields,
-                            result.samples_per_s, result.staleness_mean, said.text,
-                            said.caution, said.run_ids)
+            option = Option(named, fields, result.samples_per_s, result.staleness_mean,
+                            said.text, said.caution, said.run_ids)
             if schedule is not None:
                 fault = under_faults(config, costs, schedule, iterations)
                 option.samples_per_s, option.kept = fault.samples_per_s, fault.kept
+                if fault.timeline.fails_at_s is not None:
+                    option.caution = True
+                    option.flag = "; ".join(filter(None, [
+                        f"fails at {fault.timeline.fails_at_s:g} s: fewer than min_workers "
+                        "would be left", option.flag]))
             ranked.append(option)
     return sorted(ranked, key=lambda o: -o.samples_per_s)
 

@@ -4,11 +4,12 @@ simulations of each worker count the schedule passes through.
 
 The workers left keep their own batch (a run told `--on-worker-failure continue` does: each
 gradient keeps its weight b_i/B), so n workers train as a run of n workers with n of those
-batches would. A loss costs the strategies whose steps wait for every worker one more step:
-the step it interrupted is redone over the workers left (an all-reduce's sum found short,
-a synchronous server's round); the others lose only the lost worker's step in flight, which
-it never reports. A replacement trains from its first step (its start and the model it is
-sent are the schedule's R).
+batches would. A loss costs the strategies whose steps wait for every worker's gradient one
+more step: the step it interrupted is redone over the workers left (an all-reduce's sum
+found short, a synchronous server's round); the others lose only the lost worker's step in
+flight, which it never reports (local SGD's workers redo an average, taken as free). A
+replacement trains from its first step (its start and the model it is sent are the
+schedule's R).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from polyrhythm.settings import number
 from polyrhythm.sim.run import simulate
 from polyrhythm.sim.setup import Costs
 from polyrhythm.strategies import STRATEGIES
-from polyrhythm.strategies.spec import EVERY_WORKERS, PARAMETER_SERVER
+from polyrhythm.strategies.spec import COLLECTIVE, EVERY_WORKERS, PARAMETER_SERVER, SWITCHING
 
 MAX_LOSSES = 1_000_000  # in a schedule's span: the timeline walks each
 
@@ -59,14 +60,19 @@ class FaultSchedule:
     def timeline(self, workers: int, min_workers: int) -> Timeline:
         """The worker count through the span, from `workers`; it ends early, failed, where a
         loss would leave fewer than `min_workers`."""
-        events = [(k * self.every_s, 1, -1) for k in range(1, int(self.over_s // self.every_s)
-                                                           + 1)]
-        if self.replaced_after_s is not None:  # a replacement before a loss at the same time
-            events += [(t + self.replaced_after_s, 0, +1) for t, _, _ in events]
+        # (time, order, change): at one time an earlier loss's replacement comes first, then
+        # a loss, then the replacement of that very loss (replaced after 0 s). Times on a
+        # grid of a nanosecond: k·T and (k-1)·T + R computed apart must meet where equal.
+        events = []
+        for k in range(1, int(self.over_s / self.every_s) + 2):
+            events.append((_on_grid(k * self.every_s), 1, -1))
+            if self.replaced_after_s is not None:
+                events.append((_on_grid(k * self.every_s + self.replaced_after_s),
+                               0 if self.replaced_after_s > 0 else 2, +1))
         timeline = Timeline()
         n, since = workers, 0.0
         for t, _, change in sorted(events):
-            if t >= self.over_s:
+            if t >= _on_grid(self.over_s):
                 break
             if n + change < min_workers:
                 timeline.add(since, t, n)
@@ -80,6 +86,10 @@ class FaultSchedule:
                 timeline.replaced += 1
         timeline.add(since, self.over_s, n)
         return timeline
+
+
+def _on_grid(seconds: float) -> float:
+    return round(seconds, 9)
 
 
 @dataclass
@@ -96,10 +106,6 @@ class Timeline:
         if end > start:
             self.spans.append((start, end, workers))
 
-    @property
-    def end_s(self) -> float:
-        return self.spans[-1][1] if self.spans else 0.0
-
     def counts(self) -> set[int]:
         return {n for _, _, n in self.spans} | {n for _, n in self.losses}
 
@@ -107,8 +113,8 @@ class Timeline:
 @dataclass
 class FaultPrediction:
     """A strategy's throughput under a fault schedule: samples trained per second of the
-    span (or of the time it lasted, where it failed), against the same run without faults;
-    each worker count's samples/s and iteration seconds."""
+    span (nothing after it failed, where it did), against the same run without faults; each
+    worker count's samples/s and iteration seconds."""
 
     schedule: FaultSchedule
     timeline: Timeline
@@ -133,11 +139,13 @@ class FaultPrediction:
 
 
 def redoes_a_step(strategy: str) -> bool:
-    """Whether a loss costs the workers left a step: theirs wait for every worker (the
-    collective, decentralised and switching strategies, and the parameter-server ones whose
-    updates take every worker's gradient)."""
+    """Whether a loss costs the workers left a step: each of their steps waits for every
+    worker's gradient (the collective strategies, Strategy-Switch's first half, taken for
+    the whole, and the parameter-server ones whose updates take every worker's). Local
+    SGD's workers redo an average, not a step; asynchronous ones wait for nobody."""
     spec = STRATEGIES[strategy]
-    return spec.family != PARAMETER_SERVER or spec.updates_from == EVERY_WORKERS
+    return spec.family in (COLLECTIVE, SWITCHING) or (
+        spec.family == PARAMETER_SERVER and spec.updates_from == EVERY_WORKERS)
 
 
 def under_faults(config: RunConfig, costs: Costs, schedule: FaultSchedule,
@@ -151,8 +159,8 @@ def under_faults(config: RunConfig, costs: Costs, schedule: FaultSchedule,
     if redoes_a_step(config.strategy.name):
         samples -= sum(by_workers[n - 1][0] * by_workers[n][1] for _, n in timeline.losses
                        if n > 1)
-    lasted = timeline.end_s or schedule.over_s
-    return FaultPrediction(schedule, timeline, max(0.0, samples) / lasted,
+    # Over the whole span: a run the schedule fails trains nothing after it failed.
+    return FaultPrediction(schedule, timeline, max(0.0, samples) / schedule.over_s,
                            by_workers[config.workers][0], by_workers)
 
 

@@ -37,6 +37,7 @@ class PeerMessages:
         self.inbox = (ctx.transport.receiver(self.ranks, numel, tag, last=is_done)
                       if self.ranks else None)
         self._outbox = torch.empty(numel)
+        self._given_up: list[torch.Tensor] = []  # outboxes of sends given up on (settle)
         self._sends: list[Pending] = []
 
     def take(self, block: bool) -> tuple[int, torch.Tensor] | None:
@@ -82,6 +83,10 @@ class PeerMessages:
                 work.wait(self.within)
             except PeerFault as fault:
                 self.lose(fault)
+                # A send given up on may still be read by Gloo (a live peer fallen silent):
+                # the next message goes in a fresh outbox, the old one kept for it.
+                self._given_up.append(self._outbox)
+                self._outbox = torch.empty_like(self._outbox)
         self._sends = []
 
     def lose(self, fault: PeerFault) -> None:

@@ -1,6 +1,8 @@
 """How a torchrun-style rank (polyrhythm.node; a script's `polyrhythm.init()` under torchrun)
 joins its job's process group: through the job's store behind rank 0's gate
-(launch/rank/gate.py) when the job has a secret, else through torch's own env:// rendezvous.
+(launch/rank/gate.py) when the job has a secret, else through torchrun's store (or rank 0's
+at the master address) as torch's env:// rendezvous would, with the store's waits bounded
+by group.join_wait.
 
 With a secret, rank 0 holds the job's TCPStore on loopback (torch's server binds every
 interface unless handed a socket bound already) and its gate on the job's address:
@@ -103,17 +105,12 @@ def gated_store(secret: bytes, rank: int, world: int, timeout: timedelta) -> dis
 
 
 def _torchrun_store(master: tuple[str, int], timeout: timedelta) -> dist.Store:
-    """torchrun's agent's store, under a prefix of this attempt's: the agent keeps its store
-    across the restarts it makes, and a key of an earlier attempt (its gate's address, its
-    ranks' Gloo addresses) must not be read as this one's."""
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return dist.PrefixStore(f"polyrhythm/attempt-{attempt}",
-                            dist.TCPStore(master[0], master[1], None, False, timeout))
+    return dist.TCPStore(master[0], master[1], None, False, timeout)
 
 
 def _open_store(rank: int, world: int, timeout: timedelta) -> dist.Store:
     """The job's store at the master address, with no gate: torchrun's agent's, else rank
-    0's (as torch's env:// makes it, but waiting `timeout`)."""
+    0's (as torch's env:// makes them, but waiting `timeout`, not --timeout)."""
     master = _master()
     if _under_torchrun():
         return _torchrun_store(master, timeout)

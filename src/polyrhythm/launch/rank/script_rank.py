@@ -292,10 +292,12 @@ def _result(ctx: RankContext, reports: list[dict], flat: torch.Tensor,
     if logged:
         summary["last_logged"] = {**logged, "worker": first["worker"]}
     # The global batch is the workers' loaders', not the config's (the simulator's
-    # calibration sizes a run's steps by it), and each worker's.
-    batches = [r["batch_size"] for r in sorted(reports, key=lambda r: r["rank"])
-               if "batch_size" in r]
-    summary["batch_size"], summary["worker_batch_size"] = sum(batches), batches
+    # calibration sizes a run's steps by it), and each worker's, by worker index (None: a
+    # worker lost, whose report went with it).
+    batches = {ctx.topology.worker_index(r["rank"]): r["batch_size"] for r in reports
+               if "batch_size" in r}
+    summary["batch_size"] = sum(batches.values())
+    summary["worker_batch_size"] = [batches.get(w) for w in range(ctx.config.workers)]
     # From the clock's start (the workers' first step) until now, in the machine's time: the
     # window an emulated cluster's fidelity guard judges, as for polyrhythm train's job.
     summary["training_window"] = [ctx.clock_began, time.time()]
