@@ -132,8 +132,10 @@ def lost_line(lost: dict) -> str:
     """A worker the run went on without (on_worker_failure = continue)."""
     when = ("after its last message" if lost["at_s"] is None
             else f"at {lost['at_s']:.1f} s")
-    return (f"worker {lost['worker']} was lost {when}, having pushed "
-            f"{count(lost['pushes'], 'gradient')}; the others carried on without it")
+    did = (f"after {count(lost['pushes'], 'round')} with the others"
+           if lost.get("counted") == "rounds"  # runtime/survivors.py's ROUNDS
+           else f"having pushed {count(lost['pushes'], 'gradient')}")
+    return f"worker {lost['worker']} was lost {when}, {did}; the others carried on without it"
 
 
 def switch_line(s: dict) -> str:

@@ -22,6 +22,10 @@ from polyrhythm.comm.transport import PeerFault, PeerLost
 from polyrhythm.config.servers import CONTINUE
 from polyrhythm.context import RankContext
 
+# What a lost worker's `pushes` counts where the workers left saw it go: their rounds with it
+# (a server's entry counts the gradients it pushed).
+ROUNDS = "rounds"
+
 
 def agree_on_lost(ctx: RankContext, seen: set[int]) -> set[int]:
     """The workers (indices) every survivor agrees were lost; `seen`: the ranks this rank
@@ -63,12 +67,13 @@ def agree_on_lost(ctx: RankContext, seen: set[int]) -> set[int]:
 
 def lost_by_members(ctx: RankContext) -> list[dict]:
     """The workers a collective strategy's members went on without (comm/membership.py), as
-    a server reports those it lost: when they went, and the sums each had taken part in."""
+    a server reports those it lost: when they went, and the rounds (sums, averages,
+    exchanges) each had taken part in: `pushes`, `counted` in ROUNDS."""
     membership = ctx.transport.membership
     if membership is None:
         return []
     return [{"worker": ctx.topology.worker_index(rank), "rank": rank,
-             "at_s": at - ctx.started, "pushes": done}
+             "at_s": at - ctx.started, "pushes": done, "counted": ROUNDS}
             for done, lost, at in membership.changes for rank in lost]
 
 
