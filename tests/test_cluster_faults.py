@@ -125,7 +125,7 @@ def test_a_run_resumed_on_two_hosts_ends_where_an_uninterrupted_one_ends(tmp_pat
 @pytest.mark.parametrize(("strategy", "how"), [
     ("asp", "killed"), ("asp", "cut off"), ("allreduce", "killed"), ("allreduce", "cut off"),
     ("bsp", "killed"), ("ssp", "killed"), ("localsgd", "killed"), ("dpsgd", "killed"),
-    ("switch", "killed")])
+    ("switch", "killed"), ("asp", "rank killed"), ("allreduce", "rank killed")])
 def test_a_run_on_three_hosts_goes_on_without_a_lost_worker_host(tmp_path, clusters, strategy,
                                                                  how):
     """A parameter-server strategy (or switch, which ends as asp) with its server on host 0
@@ -134,7 +134,9 @@ def test_a_run_on_three_hosts_goes_on_without_a_lost_worker_host(tmp_path, clust
     continue: host 2 lost (its processes killed; or its link down for good, its worker then
     silent past the timeout) leaves the run going on without its worker to completion, the
     loss recorded with its host. Without servers the workers left regroup over the emulated
-    links (comm/membership.py)."""
+    links (comm/membership.py). A rank killed alone (as the kernel's OOM killer would),
+    its torchrun left to end itself (exit code 1), is a loss as well: its torchrun's log
+    says how it ended."""
     out = tmp_path / "runs"
     job = ({"strategy": strategy, "servers": 1, "workers": 2, "on_worker_failure": "continue"}
            if strategy in ("asp", "bsp", "ssp", "switch") else
@@ -145,6 +147,11 @@ def test_a_run_on_three_hosts_goes_on_without_a_lost_worker_host(tmp_path, clust
     wait_for_checkpoint(out, launcher, workers, servers, epochs=1)
     if how == "killed":
         clusters[3].host_group(2).kill()
+    elif how == "rank killed":
+        (rank,) = [p for p in map(psutil.Process, clusters[3].host_group(2).pids())
+                   if "polyrhythm.node" in p.cmdline()  # the rank, not its torchrun
+                   and "torch.distributed.run" not in p.cmdline()]
+        rank.kill()
     else:
         clusters[3].set_link(2, False)
     stdout, stderr = finished(launcher, f"after host 2 was {how}")
@@ -156,9 +163,21 @@ def test_a_run_on_three_hosts_goes_on_without_a_lost_worker_host(tmp_path, clust
             for e in summary["membership"]] == [(gone, 2, 2, "lost", workers - 1)]
     # Cut off, it may time out itself before the run ends, or be ended by its launcher.
     said = (f"polyrhythm: host 2 (worker {gone}) lost: was killed by SIGKILL; the others go on"
-            if how == "killed" else
+            if how in ("killed", "rank killed") else
             f"polyrhythm: host 2 (worker {gone}) lost: its link is down; the ")
     assert said in stderr, stderr
+
+
+def test_a_rank_killed_alone_fails_a_run_told_to_abort_naming_its_host(tmp_path, clusters):
+    """allreduce on 3 hosts (abort, its default), worker 2's rank killed on cue after its
+    step 12, its torchrun ending itself (exit code 1): the run fails naming host 2 and how
+    its rank ended (its torchrun's log says), not a survivor that lost it as a peer."""
+    out = tmp_path / "runs"
+    launcher = _launch(out, strategy="allreduce", workers=3, epochs=3, hosts=3,
+                       worker_delay_s="0.03,0.03,0.03", dies_after_steps="0,0,12")
+    _, stderr = finished(launcher, "after worker 2's rank was killed")
+    assert launcher.returncode == 1, stderr
+    assert "failed: host 2 (ranks 2) was killed by SIGKILL" in stderr, stderr
 
 
 def test_a_lost_server_host_fails_the_run_saying_how_to_go_on(tmp_path, clusters):

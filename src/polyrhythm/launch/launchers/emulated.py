@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -228,10 +229,26 @@ class EmulatedSupervisor(Supervisor):
     def log_of(self, rank: int) -> Path:
         return _host_log(self.record, self._host(rank))
 
+    def code_of(self, rank: int) -> int | None:
+        """Rank `rank`'s exit code, None while it runs. A host's torchrun exits 1 when a rank
+        of it dies (ending the others): a rank that reported a failure gives 1; one that did
+        not, the code torchrun's log gives it (negative: the signal that killed it), else
+        SIGKILL's (ended by its torchrun). A host's torchrun killed: its own signal."""
+        host = self._host(rank)
+        code = self.procs[host].poll()
+        if code in (None, 0):
+            return code
+        if rank in self.reports():
+            return 1
+        if code < 0:
+            return code
+        said = _exit_in_log(_host_log(self.record, host), self.layout[host].index(rank))
+        return -signal.SIGKILL if said is None else said
+
     def say_lost(self, ranks: list[int], line: str) -> None:
         host = self._host(ranks[0])
-        self._say_lost(host, _why(host, self.procs, self.layout, self.record, self.cluster),
-                       "the others go on")
+        self._say_lost(host, _why(host, self.code_of(ranks[0]), self.layout, self.record,
+                                  self.cluster), "the others go on")
 
     def done(self) -> bool:
         """A worker the completed run went on without may still run (frozen, cut off), and
@@ -263,16 +280,27 @@ class EmulatedSupervisor(Supervisor):
               flush=True)
 
 
-def _why(host: int, hosts: list, layout: list[list[int]], record: RunRecord,
+def _why(host: int, code: int, layout: list[list[int]], record: RunRecord,
          cluster: EmulatedCluster) -> str:
-    """How host `host` was lost, for a line that starts with it."""
+    """How host `host` was lost (`code`: its first rank's exit, EmulatedSupervisor.code_of),
+    for a line that starts with it."""
     if host in cluster.links_down():
         return "its link is down"
     reports = read_reports(record.dir)
     said = [reports[r] for r in layout[host] if r in reports]
-    code = hosts[host].poll()
     return how(code if code < 0 or not said else 1, said[0] if said else None,
                _host_log(record, host))
+
+
+def _exit_in_log(log: Path, local_rank: int) -> int | None:
+    """The exit code torchrun's failure summary in `log` gives its rank `local_rank` (a
+    block of `rank : R (local_rank: L)` then `exitcode : -9 (pid: P)`); None if none."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return None
+    found = re.findall(rf"\(local_rank: {local_rank}\)\s*\n\s*exitcode\s*:\s*(-?\d+)", text)
+    return int(found[-1]) if found else None
 
 
 def _host_log(record: RunRecord, host: int) -> Path:
@@ -310,13 +338,24 @@ def _failure(host: int, layout: list[list[int]], topology: Topology, record: Run
         where = next(h for h, ranks in enumerate(layout) if first in ranks)
         return rank_failed(first, None, failures[first], _host_log(record, where), topology)
     down = cluster.links_down()
-    killed = [h for h, p in enumerate(hosts) if (p.poll() or 0) < 0]
+
+    def killed_by(h: int) -> int | None:
+        """The signal that ended host `h`'s torchrun, or (it ended itself, exit code 1) a
+        rank of it that reported nothing, as its log says; None: neither."""
+        code = hosts[h].poll() or 0
+        if code <= 0:
+            return code or None
+        ends = [_exit_in_log(_host_log(record, h), i) for i, r in enumerate(layout[h])
+                if r not in failures]
+        return next((c for c in ends if c is not None and c < 0), None)
+
+    killed = [h for h in range(len(hosts)) if killed_by(h) is not None]
     host = (down or killed or [host])[0]
     ranks = ", ".join(map(str, layout[host]))
     if down:
         return RunFailed(f"host {host} (ranks {ranks}) was cut off: its link is down, and "
                          "its peers heard nothing from it within the timeout (--timeout)")
     said = [f"failed: {failures[r].error[:300]}" for r in layout[host] if r in failures]
-    code = hosts[host].poll()
+    code = killed_by(host) or hosts[host].poll()
     why = (said or [how(code, None, "") if code < 0 else f"failed: torchrun exit code {code}"])
     return RunFailed(f"host {host} (ranks {ranks}) {why[0]} (log: {_host_log(record, host)})")
