@@ -17,7 +17,8 @@ and update costs: `polyrhythm simulate --calibrate`), under the schedule the fau
 through (a worker lost every T seconds, T the first death's time from the first step's start;
 over its span; --min-workers 2), against the measured figure (target: within 20 %).
 
-    python benchmarks/fault_schedule.py          # allreduce and asp, 3 pairs each: 3 minutes
+    python benchmarks/fault_schedule.py          # allreduce and asp, 3 pairs each: 1 minute
+    python benchmarks/fault_schedule.py --hosts  # the same on an emulated cluster (root)
     python benchmarks/fault_schedule.py --quick  # smoke run: 1 pair of allreduce
 
 Exit 1 if a faulty run did not complete without workers 2 and 3.
@@ -48,6 +49,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smoke run: 1 pair of allreduce")
     parser.add_argument("--pairs", type=int, default=3, help="pairs of runs per strategy")
+    parser.add_argument("--hosts", action="store_true", help="on an emulated cluster, a host "
+                        "per worker (and the server's own), instead of loopback (root)")
     args = parser.parse_args(argv)
     if args.quick:
         args.pairs, args.strategies, args.epochs, args.compute = 1, ["allreduce"], 3, "50ms"
@@ -65,7 +68,7 @@ def run_args(strategy: str, args: argparse.Namespace, faulty: bool) -> list[str]
             str(WORKERS * BATCH), "--dataset", "mnist5k", "--epochs", str(args.epochs),
             "--steps-per-epoch", str(STEPS_PER_EPOCH), "--compute", "emulated",
             "--compute-time", args.compute, "--warmup-steps", "0", "--checkpoint-every", "0",
-            *faults]
+            *(["--workers-per-host", "1"] if args.hosts else []), *faults]
 
 
 def trained(out: Path, summary: dict) -> tuple[float, float, list[float]]:
@@ -98,7 +101,8 @@ def predicted(out: Path, run_id: str, schedule: FaultSchedule) -> tuple[float, f
 
 
 def measure(strategy: str, args: argparse.Namespace, tmp: Path) -> list[float]:
-    print(f"{strategy}, {WORKERS} workers on loopback, emulated compute {args.compute} a "
+    where = "a host each (emulated cluster)" if args.hosts else "loopback"
+    print(f"{strategy}, {WORKERS} workers on {where}, emulated compute {args.compute} a "
           f"step, {args.epochs * STEPS_PER_EPOCH} steps; workers 3 and 2 lost at 2/5 and 4/5 "
           f"of them, against no faults: {args.pairs} pair(s)")
     errors = []
