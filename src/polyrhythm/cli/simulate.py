@@ -78,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
     predictions = predict_runs(calibrations)
     faults = {}  # by prediction: its throughput under the fault schedule
     if schedule is not None:
-        faults = {id(p): under_faults(cal.config, cal.costs, schedule, cal.iterations)
+        faults = {id(p): under_faults(cal.config, cal.costs, schedule, cal.iterations,
+                                      p.result)
                   for p, cal in zip(predictions, calibrations, strict=True)}
     costs: dict = {}  # one sizing for each model on each data set
     for config in configs:
@@ -89,14 +90,13 @@ def run(args: argparse.Namespace) -> int:
         predictions += predict([config], costs[key], args.iterations)
         if schedule is not None:
             faults[id(predictions[-1])] = under_faults(config, costs[key], schedule,
-                                                       args.iterations)
+                                                       args.iterations, predictions[-1].result)
     print(format_predictions(predictions))
     if schedule is not None:
         print(f"under faults ({schedule.describe()}):")
-        for p in predictions:
-            if id(p) in faults:
-                print(f"  {p.result.strategy:<18} {p.result.workers:>5} workers: "
-                      f"{describe(faults[id(p)])}")
+        for p in predictions:  # each has its faults' prediction
+            print(f"  {p.result.strategy:<18} {p.result.workers:>5} workers: "
+                  f"{describe(faults[id(p)])}")
     from polyrhythm.sim.plot import scaling_png
 
     path = Path(args.plot or Path(out) / "simulations" / f"{time.strftime('%Y%m%d-%H%M%S')}.png")

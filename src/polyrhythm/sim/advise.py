@@ -94,7 +94,7 @@ def advise(base: dict, costs: Costs, hosts: int, iterations: int = 60,
             option = Option(named, fields, result.samples_per_s, result.staleness_mean,
                             said.text, said.caution, said.run_ids)
             if schedule is not None:
-                fault = under_faults(config, costs, schedule, iterations)
+                fault = under_faults(config, costs, schedule, iterations, result)
                 option.samples_per_s, option.kept = fault.samples_per_s, fault.kept
                 if fault.timeline.fails_at_s is not None:
                     option.caution = True

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from polyrhythm.config import RunConfig, make_config
 from polyrhythm.errors import ConfigError
 from polyrhythm.settings import number
+from polyrhythm.sim.result import SimResult
 from polyrhythm.sim.run import simulate
 from polyrhythm.sim.setup import Costs
 from polyrhythm.strategies import STRATEGIES
@@ -149,12 +150,15 @@ def redoes_a_step(strategy: str) -> bool:
 
 
 def under_faults(config: RunConfig, costs: Costs, schedule: FaultSchedule,
-                 iterations: int) -> FaultPrediction:
+                 iterations: int, simulated: SimResult | None = None) -> FaultPrediction:
     """`config`'s throughput under `schedule`, its workers going on with
-    `--on-worker-failure continue` down to its min_workers."""
+    `--on-worker-failure continue` down to its min_workers; `simulated`: `config`'s own
+    simulation, where the caller has it (a large one is not run twice)."""
     timeline = schedule.timeline(config.workers, config.min_workers)
+    simulated = simulated or simulate(config, costs, iterations)
     by_workers = {n: _rate(config, costs, n, iterations) for n in timeline.counts()
-                  | {config.workers}}
+                  if n != config.workers}
+    by_workers[config.workers] = (simulated.samples_per_s, simulated.iteration_s)
     samples = sum((end - start) * by_workers[n][0] for start, end, n in timeline.spans)
     if redoes_a_step(config.strategy.name):
         samples -= sum(by_workers[n - 1][0] * by_workers[n][1] for _, n in timeline.losses
@@ -166,23 +170,19 @@ def under_faults(config: RunConfig, costs: Costs, schedule: FaultSchedule,
 
 def _rate(config: RunConfig, costs: Costs, workers: int,
           iterations: int) -> tuple[float, float]:
-    """(samples/s, iteration seconds) of `config` with `workers` workers, each keeping its
-    batch."""
-    if workers == config.workers:
-        result = simulate(config, costs, iterations)
-    else:
-        values = config.to_dict()
-        values.update(workers=workers,
-                      batch_size=config.batch_size // config.workers * workers)
-        values.pop("slowdown", None)  # the first workers' slowdowns, as given, would stay
-        cluster = dict(values.get("cluster", {}))
-        if cluster.get("workers_per_host"):  # the hosts left: those of the workers left
-            cluster.pop("hosts", None)
-            values["cluster"] = cluster
-        try:
-            smaller = make_config(values)
-        except ConfigError as exc:
-            raise ConfigError(f"the fault schedule needs {config.strategy.name} with "
-                              f"{workers} workers, which is not a run: {exc}") from None
-        result = simulate(smaller, costs, iterations)
+    """(samples/s, iteration seconds) of `config` with fewer workers, `workers`, each
+    keeping its batch."""
+    values = config.to_dict()
+    values.update(workers=workers, batch_size=config.batch_size // config.workers * workers)
+    values.pop("slowdown", None)  # the first workers' slowdowns, as given, would stay
+    cluster = dict(values.get("cluster", {}))
+    if cluster.get("workers_per_host"):  # the hosts left: those of the workers left
+        cluster.pop("hosts", None)
+        values["cluster"] = cluster
+    try:
+        smaller = make_config(values)
+    except ConfigError as exc:
+        raise ConfigError(f"the fault schedule needs {config.strategy.name} with "
+                          f"{workers} workers, which is not a run: {exc}") from None
+    result = simulate(smaller, costs, iterations)
     return result.samples_per_s, result.iteration_s
